@@ -1,0 +1,281 @@
+/*
+ * mixprec.h: the one public header of mixprec's C API.
+ *
+ * mixprec's kernels are plain C11 (CPU) and CUDA C (GPU). This header declares
+ * every entry point; it needs neither torch nor CUDA. The torch shim is one
+ * client of it, ctypes or another framework can be another.
+ *
+ * A worked example: unscale two gradients of different dtypes in place, learn
+ * whether any held inf/NaN, and get their L2 norm from the same pass.
+ *
+ *     float g32[1000];  mixprec_bf16 g16[500];      // filled by backward
+ *     mixprec_tensor list[2] = {
+ *         { g32, 1000, MIXPREC_F32 },
+ *         { g16, 500,  MIXPREC_BF16 },
+ *     };
+ *     float inv_scale = 1.0f / 65536.0f, found_inf = 0.0f, norm_sq[2], total_sq;
+ *     mixprec_status st = mixprec_unscale(list, 2, &inv_scale, &found_inf,
+ *                                         norm_sq, &total_sq);
+ *     if (st != MIXPREC_OK) fprintf(stderr, "%s\n", mixprec_status_string(st));
+ *     // found_inf != 0 -> skip the optimizer step; sqrtf(total_sq) -> clip.
+ *
+ * Conventions.
+ * - Every entry point returns a mixprec_status; results go through
+ *   out-parameters. Nothing aborts, exits, throws, or prints.
+ * - Element counts are int64_t. Enum values are pinned and append-only.
+ * - FP16 and BF16 are 16-bit storage types: no arithmetic is done on them;
+ *   every computation is in float (FP32) and results are rounded back to
+ *   nearest, ties to even. A NaN stays a NaN.
+ * - mixprec_<op> is the CPU entry point (host pointers). mixprec_cuda_<op>
+ *   (in libmixprec_cuda) takes the same arguments, all of them device pointers
+ *   except the descriptor arrays and parameter structs, which stay on the host,
+ *   plus a cudaStream_t passed as void *; it only enqueues work on that stream
+ *   and never synchronises with the host.
+ * - On any error status no output has been written.
+ */
+#ifndef MIXPREC_MIXPREC_H
+#define MIXPREC_MIXPREC_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#  ifdef MIXPREC_BUILDING
+#    define MIXPREC_API __declspec(dllexport)
+#  else
+#    define MIXPREC_API __declspec(dllimport)
+#  endif
+#else
+#  define MIXPREC_API __attribute__((visibility("default")))
+#endif
+
+#define MIXPREC_VERSION_MAJOR 0
+#define MIXPREC_VERSION_MINOR 1
+#define MIXPREC_VERSION_PATCH 0
+
+/* ------------------------------------------------------------------------ */
+/* Status codes                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* One list generates the enum and the strings; values are pinned. */
+#define MIXPREC_STATUS_LIST(X)                                                 \
+  X(MIXPREC_OK, 0, "success")                                                  \
+  X(MIXPREC_ERR_NULL_POINTER, 1, "a required pointer argument is NULL")        \
+  X(MIXPREC_ERR_BAD_DTYPE, 2, "unsupported or mismatched dtype")               \
+  X(MIXPREC_ERR_BAD_SIZE, 3, "negative or inconsistent element count")         \
+  X(MIXPREC_ERR_BAD_ARGUMENT, 4, "an argument is out of its valid range")      \
+  X(MIXPREC_ERR_OUT_OF_MEMORY, 5, "host memory allocation failed")             \
+  X(MIXPREC_ERR_CUDA, 6, "a CUDA runtime call failed")                         \
+  X(MIXPREC_ERR_UNSUPPORTED, 7, "not supported by this build or this CPU")
+
+typedef enum mixprec_status {
+#define MIXPREC_X_ENUM(name, value, text) name = value,
+  MIXPREC_STATUS_LIST(MIXPREC_X_ENUM)
+#undef MIXPREC_X_ENUM
+} mixprec_status;
+
+/*! mixprec_status_string() :
+ *  @return : a static, never-NULL English description of `status`
+ *            ("unknown status" for a value outside the list). */
+MIXPREC_API const char *mixprec_status_string(mixprec_status status);
+
+/*! mixprec_version() :
+ *  @return : MIXPREC_VERSION_MAJOR * 10000 + MINOR * 100 + PATCH of the
+ *            library actually loaded (may differ from this header's). */
+MIXPREC_API int mixprec_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Dtypes                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef enum mixprec_dtype {
+  MIXPREC_F32 = 0,
+  MIXPREC_F16 = 1, /* IEEE 754 binary16 */
+  MIXPREC_BF16 = 2 /* bfloat16: the top 16 bits of a float */
+} mixprec_dtype;
+
+/* Storage-only 16-bit types: wrapping the bits in a struct stops accidental
+ * arithmetic on them. Layout is exactly one uint16_t. */
+typedef struct mixprec_f16 { uint16_t bits; } mixprec_f16;
+typedef struct mixprec_bf16 { uint16_t bits; } mixprec_bf16;
+
+/*! mixprec_dtype_size() :
+ *  @return : bytes per element of `dtype`, or 0 for an unknown dtype. */
+MIXPREC_API int mixprec_dtype_size(mixprec_dtype dtype);
+
+/*! mixprec_f16_to_f32(), mixprec_f32_to_f16(), mixprec_bf16_to_f32(),
+ *  mixprec_f32_to_bf16() :
+ *  Exact widening; narrowing rounds to nearest, ties to even, overflows to
+ *  inf, keeps subnormals (no flush to zero) and keeps NaN a (quiet) NaN of the
+ *  same sign. The kernels use these same conversions. */
+MIXPREC_API float mixprec_f16_to_f32(mixprec_f16 h);
+MIXPREC_API mixprec_f16 mixprec_f32_to_f16(float f);
+MIXPREC_API float mixprec_bf16_to_f32(mixprec_bf16 h);
+MIXPREC_API mixprec_bf16 mixprec_f32_to_bf16(float f);
+
+/* ------------------------------------------------------------------------ */
+/* CPU dispatch and threads                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Instruction-set paths of the CPU kernels, best first. Results are
+ * bit-identical across paths. */
+typedef enum mixprec_cpu_isa {
+  MIXPREC_ISA_AUTO = 0,   /* the best path this CPU supports */
+  MIXPREC_ISA_SCALAR = 1, /* portable C, any CPU */
+  MIXPREC_ISA_AVX2 = 2,   /* x86-64 AVX2 + FMA + F16C */
+  MIXPREC_ISA_AVX512 = 3  /* x86-64 AVX-512 F/BW/VL (+ F16C) */
+} mixprec_cpu_isa;
+
+/*! mixprec_cpu_isa_supported() :
+ *  @return : 1 if this CPU (and this build) can run `isa`, else 0. */
+MIXPREC_API int mixprec_cpu_isa_supported(mixprec_cpu_isa isa);
+
+/*! mixprec_set_cpu_isa() :
+ *  Forces the CPU kernels onto one path (for tests and benchmarks); AUTO
+ *  restores the default, which is the best supported path, or the one named by
+ *  the environment variable MIXPREC_CPU_ISA (scalar, avx2, avx512) if set.
+ *  Not thread-safe with respect to kernels running concurrently.
+ *  @return : MIXPREC_ERR_UNSUPPORTED if this CPU cannot run `isa`,
+ *            MIXPREC_ERR_BAD_ARGUMENT for an unknown value. */
+MIXPREC_API mixprec_status mixprec_set_cpu_isa(mixprec_cpu_isa isa);
+
+/*! mixprec_get_cpu_isa() :
+ *  @return : the path the CPU kernels use now (never AUTO). */
+MIXPREC_API mixprec_cpu_isa mixprec_get_cpu_isa(void);
+
+/*! mixprec_set_num_threads() :
+ *  Upper bound on the OpenMP threads a CPU kernel uses; 0 restores the
+ *  default (OpenMP's own). Results never depend on the thread count. */
+MIXPREC_API void mixprec_set_num_threads(int n);
+MIXPREC_API int mixprec_get_num_threads(void);
+
+/* ------------------------------------------------------------------------ */
+/* Loss scaling                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* One tensor of a multi-tensor list: `numel` contiguous elements of `dtype`
+ * at `data` (any alignment of the element type). numel may be 0, in which case
+ * data may be NULL. */
+typedef struct mixprec_tensor {
+  void *data;
+  int64_t numel;
+  mixprec_dtype dtype;
+} mixprec_tensor;
+
+/*! mixprec_unscale() :
+ *  Fused multi-tensor unscale and non-finite check, in place; the equivalent
+ *  of torch._amp_foreach_non_finite_check_and_unscale_, plus an optional
+ *  gradient norm from the same pass.
+ *  For every element v of every tensor: the value is widened to float; if it
+ *  is inf or NaN, *found_inf is set to 1.0f; the element is replaced by
+ *  (float)v * (*inv_scale) rounded back to its dtype.
+ *  *found_inf is only ever set to 1.0f, never cleared: zero it first (a value
+ *  already nonzero stays).
+ *  If norm_sq is not NULL, norm_sq[i] receives the sum of squares of tensor i's
+ *  unscaled elements as stored (after rounding), accumulated in double and
+ *  returned as float. If total_norm_sq is not NULL it receives the sum over
+ *  all tensors (accumulated in double). Both are inf/NaN when a gradient is.
+ *  The sums are computed in a fixed order: they do not depend on the number
+ *  of threads.
+ *  Tensors may have different dtypes; they must not overlap one another.
+ *  @param tensors   : array of n_tensors descriptors (n_tensors >= 0).
+ *  @param inv_scale : pointer to one float, the reciprocal of the loss scale.
+ *  @param found_inf : pointer to one float flag (see above).
+ *  @return : MIXPREC_OK; MIXPREC_ERR_NULL_POINTER if tensors (with
+ *            n_tensors > 0), inv_scale, found_inf, or the data of a tensor with
+ *            numel > 0 is NULL; MIXPREC_ERR_BAD_SIZE for negative counts;
+ *            MIXPREC_ERR_BAD_DTYPE for an unknown dtype;
+ *            MIXPREC_ERR_OUT_OF_MEMORY if scratch space could not be had.
+ *            Nothing is written unless the status is MIXPREC_OK. */
+MIXPREC_API mixprec_status mixprec_unscale(const mixprec_tensor *tensors,
+                                           int64_t n_tensors,
+                                           const float *inv_scale,
+                                           float *found_inf, float *norm_sq,
+                                           float *total_norm_sq);
+
+/* Parameters of the dynamic loss-scale update. With hysteresis = 1,
+ * min_scale = 0 and max_scale = inf it is exactly torch's
+ * _amp_update_scale_. */
+typedef struct mixprec_scale_update_params {
+  /* Factors are double because torch multiplies the float scale by a double
+   * factor and rounds the product to float; doing the same keeps factors such
+   * as 0.9 bit-compatible. */
+  double growth_factor;    /* > 1 in practice; torch: 2.0 */
+  double backoff_factor;   /* in (0, 1) in practice; torch: 0.5 */
+  int64_t growth_interval; /* >= 1; torch: 2000 */
+  int64_t hysteresis;      /* >= 1: back off only after this many overflowing
+                              steps without a clean step between them */
+  float min_scale;         /* backoff never goes below this (0: no bound) */
+  float max_scale;         /* growth never goes above this (inf: no bound) */
+} mixprec_scale_update_params;
+
+/*! mixprec_scale_update_params_default() :
+ *  @return : torch's defaults: growth 2.0, backoff 0.5, interval 2000,
+ *            hysteresis 1, min_scale 0, max_scale inf. */
+MIXPREC_API mixprec_scale_update_params mixprec_scale_update_params_default(void);
+
+/*! mixprec_update_scale() :
+ *  One dynamic loss-scale update, in place, from the step's found_inf (any
+ *  nonzero value, NaN included, counts as an overflow):
+ *    overflow: growth_tracker = 0; hysteresis_tracker -= 1; if it is now
+ *      <= 0, scale = max(scale * backoff_factor, min_scale).
+ *    clean step: hysteresis_tracker = hysteresis; growth_tracker += 1; when
+ *      it reaches growth_interval, growth_tracker = 0 and, if
+ *      scale * growth_factor is finite, scale = min(that, max_scale).
+ *    skipped_steps (if not NULL) counts overflowing steps.
+ *  hysteresis_tracker may be NULL only when hysteresis == 1.
+ *  @return : MIXPREC_ERR_NULL_POINTER, MIXPREC_ERR_BAD_ARGUMENT for
+ *            growth_interval < 1, hysteresis < 1, factors that are not finite
+ *            and positive, min_scale < 0 or min_scale > max_scale. */
+MIXPREC_API mixprec_status mixprec_update_scale(
+    float *scale, int32_t *growth_tracker, int32_t *hysteresis_tracker,
+    int64_t *skipped_steps, const float *found_inf,
+    const mixprec_scale_update_params *params);
+
+/* ------------------------------------------------------------------------ */
+/* CUDA entry points (defined in libmixprec_cuda only)                       */
+/* ------------------------------------------------------------------------ */
+
+/*! mixprec_cuda_unscale_workspace_size() :
+ *  @return : bytes of device scratch mixprec_cuda_unscale() needs for this
+ *            list when it computes norms (0 when norm_sq and total_norm_sq
+ *            will both be NULL: pass want_norm = 0). Host-only, no CUDA call.
+ *            Returns -1 for an invalid list (see mixprec_unscale). */
+MIXPREC_API int64_t mixprec_cuda_unscale_workspace_size(
+    const mixprec_tensor *tensors, int64_t n_tensors, int want_norm);
+
+/*! mixprec_cuda_unscale() :
+ *  As mixprec_unscale(); `tensors` is a host array of device pointers;
+ *  inv_scale, found_inf, norm_sq (n_tensors floats) and total_norm_sq are
+ *  device pointers. All tensors and outputs must be on the current device.
+ *  `workspace` is device scratch of at least
+ *  mixprec_cuda_unscale_workspace_size() bytes (may be NULL when that is 0);
+ *  it lets the norms be summed in a fixed order (no atomics: deterministic).
+ *  Enqueued on `stream` (a cudaStream_t); no host synchronisation; capturable
+ *  in a CUDA graph. Long lists take several launches, all on `stream`. */
+MIXPREC_API mixprec_status mixprec_cuda_unscale(const mixprec_tensor *tensors,
+                                                int64_t n_tensors,
+                                                const float *inv_scale,
+                                                float *found_inf,
+                                                float *norm_sq,
+                                                float *total_norm_sq,
+                                                void *workspace,
+                                                int64_t workspace_bytes,
+                                                void *stream);
+
+/*! mixprec_cuda_update_scale() :
+ *  As mixprec_update_scale(), on device pointers, enqueued on `stream`
+ *  (params stays a host pointer). */
+MIXPREC_API mixprec_status mixprec_cuda_update_scale(
+    float *scale, int32_t *growth_tracker, int32_t *hysteresis_tracker,
+    int64_t *skipped_steps, const float *found_inf,
+    const mixprec_scale_update_params *params, void *stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MIXPREC_MIXPREC_H */

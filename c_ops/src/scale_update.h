@@ -1,0 +1,70 @@
+/* The loss-scale update rule, shared verbatim by the CPU entry point and the
+ * CUDA kernel (compiled as host+device code there). */
+#ifndef MIXPREC_SCALE_UPDATE_H
+#define MIXPREC_SCALE_UPDATE_H
+
+#include <stdint.h>
+
+#include "mixprec/mixprec.h"
+
+#ifdef __CUDACC__
+#  define MIXPREC__HD static inline __host__ __device__
+#else
+#  define MIXPREC__HD static inline
+#endif
+
+/* Host-side argument check, the same for both backends. */
+MIXPREC__HD mixprec_status mixprec__check_scale_update(
+    const float *scale, const int32_t *growth_tracker,
+    const int32_t *hysteresis_tracker, const float *found_inf,
+    const mixprec_scale_update_params *p) {
+  if (!scale || !growth_tracker || !found_inf || !p) return MIXPREC_ERR_NULL_POINTER;
+  if (p->hysteresis < 1 || p->growth_interval < 1 || p->growth_interval > INT32_MAX)
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  if (p->hysteresis > 1 && !hysteresis_tracker) return MIXPREC_ERR_NULL_POINTER;
+  /* x == x rejects NaN, the bound rejects inf, without <math.h> tricks. */
+  if (!(p->growth_factor > 0.0 && p->growth_factor < 1e300) ||
+      !(p->backoff_factor > 0.0 && p->backoff_factor < 1e300))
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  if (!(p->min_scale >= 0.0f) || !(p->max_scale >= p->min_scale))
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  return MIXPREC_OK;
+}
+
+MIXPREC__HD int mixprec__is_finite_f(float f) {
+  union { float f; uint32_t u; } v;
+  v.f = f;
+  return (v.u & 0x7f800000u) != 0x7f800000u;
+}
+
+/* One update; see mixprec_update_scale() in mixprec.h. With hysteresis 1,
+ * min 0 and max inf this is exactly torch's _amp_update_scale_ (same double
+ * products rounded to float). */
+MIXPREC__HD void mixprec__scale_update_step(
+    float *scale, int32_t *growth_tracker, int32_t *hysteresis_tracker,
+    int64_t *skipped_steps, float found_inf, double growth_factor,
+    double backoff_factor, int64_t growth_interval, int64_t hysteresis,
+    float min_scale, float max_scale) {
+  if (found_inf != 0.0f || found_inf != found_inf) {
+    *growth_tracker = 0;
+    int32_t left = 0;
+    if (hysteresis_tracker) left = --*hysteresis_tracker;
+    if (left <= 0) {
+      float s = (float)(*scale * backoff_factor);
+      *scale = s < min_scale ? min_scale : s;
+    }
+    if (skipped_steps) ++*skipped_steps;
+  } else {
+    if (hysteresis_tracker) *hysteresis_tracker = (int32_t)hysteresis;
+    int32_t successful = *growth_tracker + 1;
+    if (successful >= growth_interval) {
+      float s = (float)(*scale * growth_factor);
+      if (mixprec__is_finite_f(s)) *scale = s > max_scale ? max_scale : s;
+      *growth_tracker = 0;
+    } else {
+      *growth_tracker = successful;
+    }
+  }
+}
+
+#endif /* MIXPREC_SCALE_UPDATE_H */

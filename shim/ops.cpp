@@ -1,0 +1,26 @@
+// The schemas of every mixprec op: defined once here, implemented per device
+// in cpu.cpp / cuda.cpp. In-place ops return () (never an alias of a mutated
+// input) so functionalization and torch.compile handle them.
+#include <torch/csrc/stable/library.h>
+
+STABLE_TORCH_LIBRARY(mixprec, m) {
+  // torch._amp_foreach_non_finite_check_and_unscale_, for fp32/fp16/bf16
+  // grads, mixed dtypes allowed in one list.
+  m.def("unscale_(Tensor(a!)[] grads, Tensor(b!) found_inf, Tensor inv_scale) -> ()");
+  // The same pass also returns the squared L2 norm of the unscaled grads:
+  // per tensor (float32, shape [len(grads)]) and in total (float32, shape []).
+  m.def(
+      "unscale_norm_(Tensor(a!)[] grads, Tensor(b!) found_inf, Tensor inv_scale)"
+      " -> (Tensor, Tensor)");
+  // torch._amp_update_scale_ (returns nothing instead of an alias of scale).
+  m.def(
+      "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor found_inf,"
+      " float scale_growth_factor, float scale_backoff_factor, int growth_interval) -> ()");
+  // Extended update: hysteresis, scale bounds and a device-side count of
+  // skipped (overflowing) steps.
+  m.def(
+      "update_scale_ex_(Tensor(a!) scale, Tensor(b!) growth_tracker,"
+      " Tensor(c!) hysteresis_tracker, Tensor(d!) skipped_steps, Tensor found_inf,"
+      " float growth_factor, float backoff_factor, int growth_interval,"
+      " int hysteresis, float min_scale, float max_scale) -> ()");
+}
