@@ -1,7 +1,7 @@
 /* Internal helpers shared by the CUDA kernels: 16-bit conversions, the CUDA
  * status mapping, a deterministic block sum, and the multi-tensor-apply
  * packing (chunk prefixes in a __grid_constant__ kernel argument). Included
- * only by kernels/*.cu; every name starts with mixprec__. */
+ * only by the .cu files of kernels/; every name starts with mixprec__. */
 #ifndef MIXPREC_KERNELS_COMMON_CUH
 #define MIXPREC_KERNELS_COMMON_CUH
 
@@ -45,6 +45,47 @@ MIXPREC__DEVICE float mixprec__bf16_to_f32(uint16_t bits) {
 
 MIXPREC__DEVICE uint16_t mixprec__f32_to_bf16(float f) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+/* Bytes per element of a dtype, 0 for a value outside the enum. */
+MIXPREC__HOST_DEVICE int mixprec__dtype_size(mixprec_dtype dtype) {
+  switch (dtype) {
+    case MIXPREC_F32:
+      return 4;
+    case MIXPREC_F16:
+    case MIXPREC_BF16:
+      return 2;
+  }
+  return 0;
+}
+
+/* The list checks of mixprec_unscale and the multi-tensor ops: counts,
+ * dtypes, and data pointers of non-empty tensors. */
+static inline mixprec_status mixprec__check_tensor_list(
+    const mixprec_tensor *tensors, int64_t n_tensors) {
+  if (n_tensors < 0) return MIXPREC_ERR_BAD_SIZE;
+  if (n_tensors > 0 && tensors == NULL) return MIXPREC_ERR_NULL_POINTER;
+  for (int64_t i = 0; i < n_tensors; i++) {
+    if (tensors[i].numel < 0) return MIXPREC_ERR_BAD_SIZE;
+    if (mixprec__dtype_size(tensors[i].dtype) == 0)
+      return MIXPREC_ERR_BAD_DTYPE;
+    if (tensors[i].numel > 0 && tensors[i].data == NULL)
+      return MIXPREC_ERR_NULL_POINTER;
+  }
+  return MIXPREC_OK;
+}
+
+/* A device load of an element that is not aligned to its size faults and
+ * ruins the CUDA context, so such a pointer is refused up front (the C API
+ * promises only element alignment, which this checks). */
+static inline mixprec_status mixprec__check_tensor_alignment(
+    const mixprec_tensor *tensors, int64_t n_tensors) {
+  for (int64_t i = 0; i < n_tensors; i++) {
+    if (tensors[i].numel > 0 &&
+        (uintptr_t)tensors[i].data % (uintptr_t)mixprec__dtype_size(tensors[i].dtype) != 0)
+      return MIXPREC_ERR_BAD_ARGUMENT;
+  }
+  return MIXPREC_OK;
 }
 
 /* ---- CUDA status ------------------------------------------------------- */

@@ -1,0 +1,35 @@
+"""mixprec: mixed-precision training kernels for PyTorch.
+
+``import mixprec`` loads the compiled libraries into torch (``torch.ops.mixprec``)
+and registers their fake kernels. The drop-in classes live in submodules:
+``mixprec.amp.GradScaler``.
+"""
+
+from __future__ import annotations
+
+from ._library import (
+    capi_library_path,
+    cuda_library_path,
+    cuda_ops_loaded,
+    library_path,
+    load,
+)
+
+__version__ = "0.1.0"
+
+load()
+
+from . import _meta  # noqa: E402,F401  (needs the ops defined)
+from . import amp  # noqa: E402
+from . import ops  # noqa: E402
+
+__all__ = [
+    "amp",
+    "ops",
+    "library_path",
+    "cuda_library_path",
+    "capi_library_path",
+    "cuda_ops_loaded",
+    "load",
+    "__version__",
+]

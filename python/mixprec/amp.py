@@ -1,0 +1,457 @@
+"""Drop-in dynamic loss scaling: ``mixprec.amp.GradScaler``.
+
+Same constructor, methods, defaults, state_dict keys and step-by-step
+behaviour as ``torch.amp.GradScaler`` (it is a subclass, so isinstance checks
+keep working), with these differences:
+
+* FP16 and BF16 gradients are unscaled (torch refuses FP16 in ``unscale_`` and
+  has no BF16 unscale on CUDA), in one fused pass per device whatever the mix
+  of dtypes.
+* ``unscale_(optimizer, return_norm=True)`` and ``clip_grad_norm_`` return the
+  total gradient L2 norm computed in that same pass: clipping needs no second
+  read of the gradients.
+* ``skipped_steps`` is a device-side int64 count of overflowing (skipped)
+  steps, readable without a host sync until you ask for its value.
+* Optional ``hysteresis`` (back off only after N overflowing steps in a row),
+  ``min_scale`` and ``max_scale``; the defaults reproduce torch exactly.
+* For optimizers with ``_step_supports_amp_scaling`` (torch's fused ones,
+  mixprec's) nothing synchronises with the host, as in torch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch.amp.grad_scaler import OptState, _MultiDeviceReplicator, _refresh_per_optimizer_state
+
+from . import _library
+
+__all__ = ["GradScaler", "OptState"]
+
+_MIXPREC_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _mixprec_handles(device: torch.device) -> bool:
+    if device.type == "cpu":
+        return True
+    return device.type == "cuda" and _library.cuda_ops_loaded()
+
+
+def _is_dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense in some dimension order (what the fused
+    kernel can walk as one flat array)."""
+    if t.is_contiguous():
+        return True
+    dims = sorted(
+        (i for i in range(t.dim()) if t.size(i) != 1),
+        key=lambda i: (t.stride(i), t.size(i)),
+    )
+    expected = 1
+    for i in dims:
+        if t.stride(i) != expected:
+            return False
+        expected *= t.size(i)
+    return True
+
+
+class GradScaler(torch.amp.GradScaler):
+    """Drop-in for ``torch.amp.GradScaler`` backed by mixprec's fused kernels.
+
+    Args (same as torch's): ``device`` ("cuda" by default), ``init_scale``
+    (2**16), ``growth_factor`` (2.0), ``backoff_factor`` (0.5),
+    ``growth_interval`` (2000), ``enabled`` (True).
+    Keyword-only extras: ``hysteresis`` (1: back off on every overflow),
+    ``min_scale`` (0.0), ``max_scale`` (inf).
+    """
+
+    def __init__(
+        self,
+        device: str = "cuda",
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+        *,
+        hysteresis: int = 1,
+        min_scale: float = 0.0,
+        max_scale: float = float("inf"),
+    ) -> None:
+        self._device = str(device)
+        self._enabled = enabled
+        if self._device == "cuda" and enabled and not torch.cuda.is_available():
+            warnings.warn(
+                "mixprec.amp.GradScaler is enabled, but CUDA is not available.  Disabling.",
+                stacklevel=2,
+            )
+            self._enabled = False
+        if self._enabled:
+            if growth_factor <= 1.0:
+                raise AssertionError("The growth factor must be > 1.0.")
+            if backoff_factor >= 1.0:
+                raise AssertionError("The backoff factor must be < 1.0.")
+            if int(hysteresis) < 1:
+                raise ValueError(f"mixprec.amp.GradScaler: hysteresis must be >= 1, got {hysteresis}")
+            if not 0.0 <= min_scale <= max_scale:
+                raise ValueError(
+                    f"mixprec.amp.GradScaler: need 0 <= min_scale <= max_scale, got {min_scale}, {max_scale}"
+                )
+        self._init_scale = init_scale
+        self._scale: torch.Tensor | None = None
+        self._growth_factor = growth_factor
+        self._backoff_factor = backoff_factor
+        self._growth_interval = growth_interval
+        self._init_growth_tracker = 0
+        self._growth_tracker: torch.Tensor | None = None
+        self._hysteresis = int(hysteresis)
+        self._min_scale = float(min_scale)
+        self._max_scale = float(max_scale)
+        self._init_hysteresis_tracker = self._hysteresis
+        self._hysteresis_tracker: torch.Tensor | None = None
+        self._init_skipped_steps = 0
+        self._skipped_steps: torch.Tensor | None = None
+        self._per_optimizer_states: dict[int, dict[str, Any]] = defaultdict(_refresh_per_optimizer_state)
+
+    # ------------------------------------------------------------ state ----
+    def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
+        if self._growth_tracker is not None:
+            raise AssertionError("_growth_tracker initialized before _scale")
+        self._scale = torch.full((), self._init_scale, dtype=torch.float32, device=dev)
+        self._growth_tracker = torch.full((), self._init_growth_tracker, dtype=torch.int32, device=dev)
+        self._hysteresis_tracker = torch.full((), self._init_hysteresis_tracker, dtype=torch.int32, device=dev)
+        self._skipped_steps = torch.full((), self._init_skipped_steps, dtype=torch.int64, device=dev)
+
+    @property
+    def skipped_steps(self) -> torch.Tensor | None:
+        """Device-side int64 count of overflowing (skipped) steps so far, or
+        None before the first ``scale()``. Reading it does not sync; ``int()``
+        of it does."""
+        return self._skipped_steps
+
+    def get_skipped_steps(self) -> int:
+        """Number of steps skipped so far (synchronises once)."""
+        if not self._enabled:
+            return 0
+        if self._skipped_steps is None:
+            return self._init_skipped_steps
+        return int(self._skipped_steps.item())
+
+    # ----------------------------------------------------------- unscale ----
+    def _unscale_grads_(
+        self,
+        optimizer: torch.optim.Optimizer,
+        inv_scale: torch.Tensor,
+        found_inf: torch.Tensor,
+        allow_fp16: bool,
+        want_norm: bool = False,
+    ):
+        """Unscales every grad of ``optimizer``: one fused call per device for
+        all float32/float16/bfloat16 dense grads; torch's op for the rest
+        (float64, sparse, overlapping views). Returns the per-device found_inf
+        dict and, if ``want_norm``, the total squared norm per device."""
+        per_device_inv_scale = _MultiDeviceReplicator(inv_scale)
+        per_device_found_inf = _MultiDeviceReplicator(found_inf)
+        fused: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
+        other: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = defaultdict(lambda: defaultdict(list))
+        norm_sq: dict[torch.device, torch.Tensor] = {}
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    if param.grad is None:
+                        continue
+                    grad = param.grad
+                    if grad.is_sparse:
+                        if grad.dtype is torch.float16:
+                            param.grad = grad = grad.coalesce()
+                        other[grad.device][grad.dtype].append(grad._values())
+                    elif grad.dtype in _MIXPREC_DTYPES and _mixprec_handles(grad.device) and _is_dense(grad):
+                        fused[grad.device].append(grad)
+                    else:
+                        other[grad.device][grad.dtype].append(grad)
+            for device, grads in fused.items():
+                fi, inv = per_device_found_inf.get(device), per_device_inv_scale.get(device)
+                if want_norm:
+                    _, total = torch.ops.mixprec.unscale_norm_(grads, fi, inv)
+                    norm_sq[device] = total
+                else:
+                    torch.ops.mixprec.unscale_(grads, fi, inv)
+            for device, per_dtype in other.items():
+                fi, inv = per_device_found_inf.get(device), per_device_inv_scale.get(device)
+                for grads in per_dtype.values():
+                    if grads[0].dtype is torch.bfloat16 or grads[0].dtype is torch.float16:
+                        # torch's op may lack these dtypes on this device:
+                        # unscale an FP32 copy and write it back rounded.
+                        wide = [g.float() for g in grads]
+                        torch._amp_foreach_non_finite_check_and_unscale_(wide, fi, inv)
+                        for g, w in zip(grads, wide):
+                            g.copy_(w)
+                    else:
+                        torch._amp_foreach_non_finite_check_and_unscale_(grads, fi, inv)
+                    if want_norm:
+                        sq = torch.stack([g.double().square().sum() for g in grads]).sum().float()
+                        norm_sq[device] = norm_sq[device] + sq if device in norm_sq else sq
+        return per_device_found_inf._per_device_tensors, norm_sq
+
+    def unscale_(self, optimizer: torch.optim.Optimizer, *, return_norm: bool = False) -> torch.Tensor | None:
+        """Divides ("unscales") the optimizer's gradients by the scale, as
+        torch's ``unscale_``, for FP32, FP16 and BF16 gradients.
+
+        With ``return_norm=True`` returns the total L2 norm of the unscaled
+        gradients (0-dim float32 tensor on the scale's device, inf/NaN when a
+        gradient overflowed), computed in the same pass, no host sync."""
+        if not self._enabled:
+            if not return_norm:
+                return None
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            return _plain_total_norm(grads)
+        self._check_scale_growth_tracker("unscale_")
+        optimizer_state = self._per_optimizer_states[id(optimizer)]
+        if optimizer_state["stage"] is OptState.UNSCALED:
+            raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
+        elif optimizer_state["stage"] is OptState.STEPPED:
+            raise RuntimeError("unscale_() is being called after step().")
+        assert self._scale is not None
+        inv_scale = self._scale.double().reciprocal().float()
+        found_inf = torch.full((), 0.0, dtype=torch.float32, device=self._scale.device)
+        found, norm_sq = self._unscale_grads_(optimizer, inv_scale, found_inf, True, want_norm=return_norm)
+        optimizer_state["found_inf_per_device"] = found
+        optimizer_state["stage"] = OptState.UNSCALED
+        if not return_norm:
+            return None
+        dev = self._scale.device
+        if not norm_sq:
+            return torch.zeros((), dtype=torch.float32, device=dev)
+        total = sum(v.to(dev, non_blocking=True) for v in norm_sq.values())
+        return total.sqrt()
+
+    def clip_grad_norm_(
+        self,
+        optimizer: torch.optim.Optimizer,
+        max_norm: float,
+        *,
+        error_if_nonfinite: bool = False,
+    ) -> torch.Tensor:
+        """``unscale_(optimizer)`` + ``torch.nn.utils.clip_grad_norm_`` over the
+        optimizer's gradients (L2 norm), reading the gradients once instead of
+        twice: the norm comes from the unscale pass. Returns the total norm
+        (before clipping). Grads are multiplied by
+        ``min(1, max_norm / (norm + 1e-6))`` exactly like torch."""
+        total = self.unscale_(optimizer, return_norm=True)
+        assert total is not None
+        if error_if_nonfinite and bool(torch.logical_not(torch.isfinite(total))):
+            raise RuntimeError(
+                "mixprec.amp.GradScaler.clip_grad_norm_: the total norm of gradients is non-finite, "
+                "so it cannot be clipped. Set error_if_nonfinite=False to skip the step instead."
+            )
+        _scale_grads_by_clip_coef(optimizer, total, max_norm)
+        return total
+
+    # -------------------------------------------------------------- step ----
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> float | None:
+        """As torch's: unscales if needed, then steps unless a gradient was
+        inf/NaN. Optimizers with ``_step_supports_amp_scaling`` get
+        ``grad_scale`` / ``found_inf`` tensors and skip on the device."""
+        if not self._enabled:
+            return optimizer.step(*args, **kwargs)
+        if "closure" in kwargs:
+            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        self._check_scale_growth_tracker("step")
+        optimizer_state = self._per_optimizer_states[id(optimizer)]
+        if optimizer_state["stage"] is OptState.STEPPED:
+            raise RuntimeError("step() has already been called since the last update().")
+
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            kwargs_ = kwargs
+            has_grad_scaler_kwarg = "grad_scaler" in inspect.signature(optimizer.step).parameters
+            if has_grad_scaler_kwarg:
+                warnings.warn(
+                    "GradScaler is going to stop passing itself as a keyword argument to the passed "
+                    "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
+                    "`found_inf: Tensor` to the passed optimizer and let the optimizer use them directly.",
+                    FutureWarning,
+                    stacklevel=2,
+                )
+                kwargs_.update({"grad_scaler": self})
+            else:
+                if optimizer_state["stage"] is OptState.READY:
+                    self._check_inf_per_device(optimizer)
+                scaler = self._get_scale_async()
+                assert scaler is not None
+                found_inf = sum(
+                    t.to(scaler.device, non_blocking=True) for t in optimizer_state["found_inf_per_device"].values()
+                )
+                optimizer.grad_scale = (  # type: ignore[attr-defined]
+                    getattr(optimizer, "grad_scale", None)
+                    if optimizer_state["stage"] == OptState.UNSCALED
+                    else scaler * getattr(optimizer, "grad_scale", 1)
+                )
+                optimizer.found_inf = found_inf  # type: ignore[attr-defined]
+            retval = optimizer.step(*args, **kwargs_)
+            optimizer_state["stage"] = OptState.STEPPED
+            if not has_grad_scaler_kwarg:
+                del optimizer.grad_scale  # type: ignore[attr-defined]
+                del optimizer.found_inf  # type: ignore[attr-defined]
+            return retval
+
+        if optimizer_state["stage"] is OptState.READY:
+            self.unscale_(optimizer)
+        if len(optimizer_state["found_inf_per_device"]) == 0:
+            raise AssertionError("No inf checks were recorded for this optimizer.")
+        retval = self._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)
+        optimizer_state["stage"] = OptState.STEPPED
+        return retval
+
+    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        _scale, _ = self._check_scale_growth_tracker("_check_inf_per_device")
+        dummy_inv_scale = torch.full((), 1.0, dtype=torch.float32, device=_scale.device)
+        found_inf = torch.full((), 0.0, dtype=torch.float32, device=_scale.device)
+        found, _ = self._unscale_grads_(optimizer, dummy_inv_scale, found_inf, True)
+        self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found
+        return found
+
+    # ------------------------------------------------------------ update ----
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        """As torch's ``update``: backs off on overflow, grows after
+        ``growth_interval`` clean steps (plus hysteresis and bounds if set),
+        on the device, no host sync. Counts skipped steps."""
+        if not self._enabled:
+            return
+        _scale, _growth_tracker = self._check_scale_growth_tracker("update")
+        if new_scale is not None:
+            if isinstance(new_scale, float):
+                _scale.fill_(new_scale)
+            else:
+                reason = (
+                    "new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
+                    "torch.FloatTensor with requires_grad=False."
+                )
+                if new_scale.device.type != self._device:
+                    raise AssertionError(reason)
+                if new_scale.numel() != 1:
+                    raise AssertionError(reason)
+                if new_scale.requires_grad is True:
+                    raise AssertionError(reason)
+                _scale.copy_(new_scale)
+        else:
+            found_infs = [
+                found_inf.to(device=_scale.device, non_blocking=True)
+                for state in self._per_optimizer_states.values()
+                for found_inf in state["found_inf_per_device"].values()
+            ]
+            if len(found_infs) == 0:
+                raise AssertionError("No inf checks were recorded prior to update.")
+            found_inf_combined = found_infs[0]
+            for extra in found_infs[1:]:
+                found_inf_combined = found_inf_combined + extra
+            assert self._hysteresis_tracker is not None and self._skipped_steps is not None
+            if _mixprec_handles(_scale.device):
+                torch.ops.mixprec.update_scale_ex_(
+                    _scale,
+                    _growth_tracker,
+                    self._hysteresis_tracker,
+                    self._skipped_steps,
+                    found_inf_combined,
+                    float(self._growth_factor),
+                    float(self._backoff_factor),
+                    int(self._growth_interval),
+                    self._hysteresis,
+                    self._min_scale,
+                    self._max_scale,
+                )
+            else:
+                self._update_with_torch(_scale, _growth_tracker, found_inf_combined)
+        self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+
+    def _update_with_torch(self, scale: torch.Tensor, tracker: torch.Tensor, found_inf: torch.Tensor) -> None:
+        """The same rule with torch ops, for devices without mixprec kernels."""
+        if self._hysteresis != 1 or self._min_scale != 0.0 or self._max_scale != float("inf"):
+            raise RuntimeError(
+                f"mixprec.amp.GradScaler: hysteresis/min_scale/max_scale need mixprec kernels, "
+                f"which are not available on {scale.device}"
+            )
+        self._skipped_steps += (found_inf != 0).to(torch.int64)
+        torch._amp_update_scale_(
+            scale, tracker, found_inf, self._growth_factor, self._backoff_factor, self._growth_interval
+        )
+
+    # ------------------------------------------------------ persistence ----
+    def _get_hysteresis_tracker(self) -> int:
+        if self._hysteresis_tracker is None:
+            return self._init_hysteresis_tracker
+        return int(self._hysteresis_tracker.item())
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's keys (scale, growth_factor, backoff_factor, growth_interval,
+        _growth_tracker) plus mixprec's (hysteresis, min_scale, max_scale,
+        _hysteresis_tracker, _skipped_steps), which torch's GradScaler ignores
+        when it loads this dict."""
+        if not self._enabled:
+            return {}
+        return {
+            "scale": self.get_scale(),
+            "growth_factor": self._growth_factor,
+            "backoff_factor": self._backoff_factor,
+            "growth_interval": self._growth_interval,
+            "_growth_tracker": self._get_growth_tracker(),
+            "hysteresis": self._hysteresis,
+            "min_scale": self._min_scale,
+            "max_scale": self._max_scale,
+            "_hysteresis_tracker": self._get_hysteresis_tracker(),
+            "_skipped_steps": self.get_skipped_steps(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads a state dict of this class or of ``torch.amp.GradScaler``
+        (mixprec's extra keys then keep their current values)."""
+        if not self._enabled:
+            return
+        if len(state_dict) == 0:
+            raise RuntimeError(
+                "The source state dict is empty, possibly because it was saved "
+                "from a disabled instance of GradScaler."
+            )
+        super().load_state_dict(state_dict)
+        self._hysteresis = int(state_dict.get("hysteresis", self._hysteresis))
+        self._min_scale = float(state_dict.get("min_scale", self._min_scale))
+        self._max_scale = float(state_dict.get("max_scale", self._max_scale))
+        self._init_hysteresis_tracker = int(state_dict.get("_hysteresis_tracker", self._hysteresis))
+        self._init_skipped_steps = int(state_dict.get("_skipped_steps", self._init_skipped_steps))
+        if self._hysteresis_tracker is not None:
+            self._hysteresis_tracker.fill_(self._init_hysteresis_tracker)
+        if self._skipped_steps is not None:
+            self._skipped_steps.fill_(self._init_skipped_steps)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        if self._enabled:
+            state["_init_hysteresis_tracker"] = self._get_hysteresis_tracker()
+            state["_init_skipped_steps"] = self.get_skipped_steps()
+            state["_hysteresis_tracker"] = None
+            state["_skipped_steps"] = None
+        return state
+
+
+def _plain_total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+
+
+def _scale_grads_by_clip_coef(optimizer: torch.optim.Optimizer, total: torch.Tensor, max_norm: float) -> None:
+    """The multiply step of torch.nn.utils.clip_grad_norm_, with torch's own
+    coefficient formula, per device."""
+    clip_coef = float(max_norm) / (total + 1e-6)
+    clip_coef_clamped = torch.clamp(clip_coef, max=1.0)
+    per_device: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                per_device[p.grad.device].append(p.grad)
+    with torch.no_grad():
+        for device, grads in per_device.items():
+            torch._foreach_mul_(grads, clip_coef_clamped.to(device))
+
