@@ -6,13 +6,40 @@ from __future__ import annotations
 import torch
 
 
+_GRAD_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_unscale(op, grads, found_inf, inv_scale):
+    """The device and dtype checks of the real kernels, so a traced or
+    meta-dispatched call fails the same way an eager one does."""
+    for name, t in (("found_inf", found_inf), ("inv_scale", inv_scale)):
+        torch._check(t.dtype == torch.float32, lambda: f"mixprec::{op}: {name} must be float32, got {t.dtype}")
+        torch._check(t.numel() == 1, lambda: f"mixprec::{op}: {name} must have exactly one element")
+        torch._check(
+            t.device == found_inf.device,
+            lambda: f"mixprec::{op}: {name} is on {t.device} but must be on {found_inf.device}",
+        )
+    torch._check(len(grads) > 0, lambda: f"mixprec::{op}: grads must be a non-empty list of tensors")
+    for i, g in enumerate(grads):
+        torch._check(
+            g.dtype in _GRAD_DTYPES,
+            lambda: f"mixprec::{op}: grads[{i}] must be float32, float16 or bfloat16, got {g.dtype}",
+        )
+        torch._check(
+            g.device == found_inf.device,
+            lambda: f"mixprec::{op}: grads[{i}] is on {g.device} but found_inf is on {found_inf.device}",
+        )
+
+
 @torch.library.register_fake("mixprec::unscale_")
 def _unscale_fake(grads, found_inf, inv_scale):
+    _check_unscale("unscale_", grads, found_inf, inv_scale)
     return None
 
 
 @torch.library.register_fake("mixprec::unscale_norm_")
 def _unscale_norm_fake(grads, found_inf, inv_scale):
+    _check_unscale("unscale_norm_", grads, found_inf, inv_scale)
     per_tensor = found_inf.new_empty((len(grads),), dtype=torch.float32)
     total = found_inf.new_empty((), dtype=torch.float32)
     return per_tensor, total

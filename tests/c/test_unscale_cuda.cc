@@ -1,0 +1,707 @@
+/* mixprec_cuda_unscale and mixprec_cuda_update_scale against their CPU twins.
+ * Built only with CUDA (MIXPREC_TEST_CUDA); every test that needs a device
+ * skips itself when there is none. */
+#ifdef MIXPREC_TEST_CUDA
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <random>
+#include <vector>
+
+#include "mixprec/mixprec.h"
+
+namespace {
+
+bool HaveDevice() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+int ElemSize(mixprec_dtype dtype) { return dtype == MIXPREC_F32 ? 4 : 2; }
+
+uint32_t F32Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+float F32FromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* Storage bits of element i (a float's bits, or a 16-bit pattern). */
+uint32_t GetBits(mixprec_dtype dtype, const uint8_t *data, int64_t i) {
+  if (dtype == MIXPREC_F32) {
+    uint32_t u;
+    std::memcpy(&u, data + i * 4, 4);
+    return u;
+  }
+  uint16_t h;
+  std::memcpy(&h, data + i * 2, 2);
+  return h;
+}
+
+void SetBits(mixprec_dtype dtype, uint8_t *data, int64_t i, uint32_t bits) {
+  if (dtype == MIXPREC_F32) {
+    std::memcpy(data + i * 4, &bits, 4);
+  } else {
+    uint16_t h = (uint16_t)bits;
+    std::memcpy(data + i * 2, &h, 2);
+  }
+}
+
+uint32_t ToBits(mixprec_dtype dtype, float f) {
+  switch (dtype) {
+    case MIXPREC_F16:
+      return mixprec_f32_to_f16(f).bits;
+    case MIXPREC_BF16:
+      return mixprec_f32_to_bf16(f).bits;
+    default:
+      return F32Bits(f);
+  }
+}
+
+bool IsNanBits(mixprec_dtype dtype, uint32_t bits) {
+  switch (dtype) {
+    case MIXPREC_F16:
+      return (bits & 0x7fffu) > 0x7c00u;
+    case MIXPREC_BF16:
+      return (bits & 0x7fffu) > 0x7f80u;
+    default:
+      return (bits & 0x7fffffffu) > 0x7f800000u;
+  }
+}
+
+/* A host tensor; `offset` elements of padding before the data put it off
+ * 16-byte alignment on the device too. */
+struct HostTensor {
+  mixprec_dtype dtype;
+  int64_t numel;
+  int64_t offset;
+  std::vector<uint8_t> bytes;
+};
+
+HostTensor MakeTensor(mixprec_dtype dtype, int64_t numel, int64_t offset) {
+  HostTensor t;
+  t.dtype = dtype;
+  t.numel = numel;
+  t.offset = offset;
+  t.bytes.assign((size_t)(numel * ElemSize(dtype)), 0);
+  return t;
+}
+
+/* Scaled-gradient-like values over the dtype's whole finite range: zeros of
+ * both signs, subnormals, and magnitudes whose unscaled results land on
+ * subnormals and on rounding ties of the 16-bit types. */
+float RandomValue(std::mt19937_64 &rng, mixprec_dtype dtype) {
+  const int r = (int)(rng() % 100);
+  const float sign = (rng() & 1) ? -1.0f : 1.0f;
+  if (r < 3) return sign * 0.0f;
+  const int emin = dtype == MIXPREC_F16 ? -24 : -140;
+  const int emax = dtype == MIXPREC_F16 ? 14 : 100;
+  const int e = emin + (int)(rng() % (uint64_t)(emax - emin + 1));
+  const float m = 1.0f + (float)(rng() >> 40) / (float)(1 << 24);
+  return sign * std::ldexp(m, e);
+}
+
+void FillRandom(HostTensor &t, std::mt19937_64 &rng) {
+  for (int64_t i = 0; i < t.numel; i++)
+    SetBits(t.dtype, t.bytes.data(), i, ToBits(t.dtype, RandomValue(rng, t.dtype)));
+}
+
+struct Outputs {
+  mixprec_status status = MIXPREC_OK;
+  std::vector<std::vector<uint8_t>> data;
+  float found_inf = 0.0f;
+  std::vector<float> norm_sq;
+  float total = 0.0f;
+};
+
+struct RunOptions {
+  float inv_scale = 1.0f / 65536.0f;
+  float found_inf_init = 0.0f;
+  bool norms = true;
+  bool total = true;
+};
+
+const float kPoison = std::numeric_limits<float>::quiet_NaN();
+
+Outputs RunCpu(const std::vector<HostTensor> &ts, const RunOptions &o) {
+  Outputs out;
+  std::vector<mixprec_tensor> list(ts.size());
+  out.data.resize(ts.size());
+  for (size_t i = 0; i < ts.size(); i++) {
+    out.data[i] = ts[i].bytes;
+    list[i] = {ts[i].numel ? out.data[i].data() : nullptr, ts[i].numel, ts[i].dtype};
+  }
+  out.found_inf = o.found_inf_init;
+  out.norm_sq.assign(ts.size(), kPoison);
+  out.total = kPoison;
+  out.status = mixprec_unscale(list.data(), (int64_t)list.size(), &o.inv_scale,
+                               &out.found_inf, o.norms ? out.norm_sq.data() : nullptr,
+                               o.total ? &out.total : nullptr);
+  return out;
+}
+
+/* Frees what it allocated when it goes out of scope. */
+class DeviceArena {
+ public:
+  ~DeviceArena() {
+    for (void *p : ptrs_) cudaFree(p);
+  }
+  void *Alloc(size_t bytes) {
+    void *p = nullptr;
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) return nullptr;
+    ptrs_.push_back(p);
+    return p;
+  }
+
+ private:
+  std::vector<void *> ptrs_;
+};
+
+/* The whole sequence on `stream`; results copied back after one
+ * synchronisation of that stream. `graph` captures the call into a CUDA graph
+ * and launches the graph instead. */
+Outputs RunGpu(const std::vector<HostTensor> &ts, const RunOptions &o,
+               cudaStream_t stream, bool graph = false) {
+  Outputs out;
+  DeviceArena arena;
+  std::vector<mixprec_tensor> list(ts.size());
+  std::vector<uint8_t *> dev(ts.size());
+  for (size_t i = 0; i < ts.size(); i++) {
+    const size_t es = (size_t)ElemSize(ts[i].dtype);
+    uint8_t *base = (uint8_t *)arena.Alloc((size_t)(ts[i].numel + ts[i].offset) * es);
+    EXPECT_NE(base, nullptr);
+    if (base == nullptr) return out;
+    dev[i] = base + ts[i].offset * es;
+    EXPECT_EQ(cudaSuccess, cudaMemcpy(dev[i], ts[i].bytes.data(), ts[i].bytes.size(),
+                                      cudaMemcpyHostToDevice));
+    list[i] = {ts[i].numel ? dev[i] : nullptr, ts[i].numel, ts[i].dtype};
+  }
+  float *scalars = (float *)arena.Alloc(3 * sizeof(float));
+  float *norms = (float *)arena.Alloc((ts.size() + 1) * sizeof(float));
+  const float init[3] = {o.inv_scale, o.found_inf_init, kPoison};
+  EXPECT_EQ(cudaSuccess, cudaMemcpy(scalars, init, sizeof init, cudaMemcpyHostToDevice));
+  EXPECT_EQ(cudaSuccess, cudaMemset(norms, 0xff, (ts.size() + 1) * sizeof(float)));
+  const int64_t ws_bytes = mixprec_cuda_unscale_workspace_size(
+      list.data(), (int64_t)list.size(), o.norms || o.total);
+  EXPECT_GE(ws_bytes, 0);
+  void *ws = ws_bytes > 0 ? arena.Alloc((size_t)ws_bytes) : nullptr;
+
+  cudaGraph_t g = nullptr;
+  if (graph)
+    EXPECT_EQ(cudaSuccess, cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  out.status = mixprec_cuda_unscale(list.data(), (int64_t)list.size(), scalars,
+                                    scalars + 1, o.norms ? norms : nullptr,
+                                    o.total ? scalars + 2 : nullptr, ws, ws_bytes, stream);
+  if (graph) {
+    EXPECT_EQ(cudaSuccess, cudaStreamEndCapture(stream, &g));
+    cudaGraphExec_t exec = nullptr;
+    EXPECT_EQ(cudaSuccess, cudaGraphInstantiate(&exec, g, 0));
+    EXPECT_EQ(cudaSuccess, cudaGraphLaunch(exec, stream));
+    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(g);
+  }
+  EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream));
+  EXPECT_EQ(cudaSuccess, cudaGetLastError());
+
+  out.data.resize(ts.size());
+  for (size_t i = 0; i < ts.size(); i++) {
+    out.data[i].resize(ts[i].bytes.size());
+    EXPECT_EQ(cudaSuccess, cudaMemcpy(out.data[i].data(), dev[i], ts[i].bytes.size(),
+                                      cudaMemcpyDeviceToHost));
+  }
+  float back[3];
+  EXPECT_EQ(cudaSuccess, cudaMemcpy(back, scalars, sizeof back, cudaMemcpyDeviceToHost));
+  out.found_inf = back[1];
+  out.total = back[2];
+  out.norm_sq.resize(ts.size());
+  if (!ts.empty())
+    EXPECT_EQ(cudaSuccess, cudaMemcpy(out.norm_sq.data(), norms, ts.size() * sizeof(float),
+                                      cudaMemcpyDeviceToHost));
+  return out;
+}
+
+void ExpectSameData(const HostTensor &t, const std::vector<uint8_t> &cpu,
+                    const std::vector<uint8_t> &gpu, size_t which) {
+  ASSERT_EQ(cpu.size(), gpu.size());
+  for (int64_t i = 0; i < t.numel; i++) {
+    const uint32_t c = GetBits(t.dtype, cpu.data(), i);
+    const uint32_t g = GetBits(t.dtype, gpu.data(), i);
+    /* NaN payloads differ between CPU and GPU arithmetic; NaN-ness may not. */
+    const bool ok = IsNanBits(t.dtype, c) ? IsNanBits(t.dtype, g) : c == g;
+    if (!ok) {
+      ADD_FAILURE() << "tensor " << which << " (dtype " << t.dtype << ", numel " << t.numel
+                    << ", offset " << t.offset << ") element " << i << ": cpu 0x" << std::hex
+                    << c << " gpu 0x" << g << std::dec;
+      return;
+    }
+  }
+}
+
+void ExpectNormClose(float cpu, float gpu, const char *what, size_t which) {
+  if (std::isnan(cpu)) {
+    EXPECT_TRUE(std::isnan(gpu)) << what << " " << which << ": gpu " << gpu;
+  } else if (std::isinf(cpu)) {
+    EXPECT_EQ(cpu, gpu) << what << " " << which;
+  } else {
+    EXPECT_LE(std::fabs((double)gpu - (double)cpu), 1e-6 * std::fabs((double)cpu))
+        << what << " " << which << ": cpu " << cpu << " gpu " << gpu;
+  }
+}
+
+void ExpectSameResults(const std::vector<HostTensor> &ts, const Outputs &cpu, const Outputs &gpu,
+                       const RunOptions &o) {
+  ASSERT_EQ(MIXPREC_OK, cpu.status);
+  ASSERT_EQ(MIXPREC_OK, gpu.status);
+  ASSERT_EQ(cpu.data.size(), gpu.data.size());
+  EXPECT_EQ(F32Bits(cpu.found_inf), F32Bits(gpu.found_inf));
+  for (size_t i = 0; i < ts.size(); i++) {
+    ExpectSameData(ts[i], cpu.data[i], gpu.data[i], i);
+    if (o.norms) ExpectNormClose(cpu.norm_sq[i], gpu.norm_sq[i], "norm_sq", i);
+  }
+  if (o.total) ExpectNormClose(cpu.total, gpu.total, "total", 0);
+}
+
+const mixprec_dtype kDtypes[] = {MIXPREC_F32, MIXPREC_F16, MIXPREC_BF16};
+
+/* Sizes around the vector width, the chunk size and odd values. */
+const int64_t kSizes[] = {0, 1, 2, 3, 7, 8, 9, 15, 17, 31, 33, 4097, 16383, 16384, 16385,
+                          32768 + 5, 100003};
+
+class CudaUnscale : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+    ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    seed_ = std::random_device{}();
+    rng_.seed(seed_);
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  void CompareWithCpu(const std::vector<HostTensor> &ts, const RunOptions &o) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+    const Outputs cpu = RunCpu(ts, o);
+    const Outputs gpu = RunGpu(ts, o, stream_);
+    ExpectSameResults(ts, cpu, gpu, o);
+  }
+
+  std::vector<HostTensor> RandomList(size_t n, bool mixed, mixprec_dtype dtype,
+                                     int64_t max_numel) {
+    std::vector<HostTensor> ts;
+    for (size_t i = 0; i < n; i++) {
+      const mixprec_dtype d = mixed ? kDtypes[rng_() % 3] : dtype;
+      int64_t numel;
+      if (i < sizeof kSizes / sizeof kSizes[0] && kSizes[i] <= max_numel)
+        numel = kSizes[i];
+      else
+        numel = (int64_t)(rng_() % (uint64_t)(max_numel + 1));
+      ts.push_back(MakeTensor(d, numel, (int64_t)(rng_() % 8)));
+      FillRandom(ts.back(), rng_);
+    }
+    return ts;
+  }
+
+  cudaStream_t stream_ = nullptr;
+  unsigned seed_ = 0;
+  std::mt19937_64 rng_;
+};
+
+TEST_F(CudaUnscale, EachDtypeMatchesCpuBitwise) {
+  for (mixprec_dtype d : kDtypes) {
+    for (float inv : {1.0f / 65536.0f, 1.0f / 3000.0f, 0.75f}) {
+      SCOPED_TRACE(::testing::Message() << "dtype " << d << " inv_scale " << inv);
+      std::vector<HostTensor> ts;
+      for (int64_t n : kSizes) {
+        for (int64_t offset : {0, 1, 3}) {
+          ts.push_back(MakeTensor(d, n, offset));
+          FillRandom(ts.back(), rng_);
+        }
+      }
+      RunOptions o;
+      o.inv_scale = inv;
+      CompareWithCpu(ts, o);
+    }
+  }
+}
+
+TEST_F(CudaUnscale, MixedDtypeListsMatchCpu) {
+  for (size_t n : {1, 5, 37, 300}) {
+    SCOPED_TRACE(::testing::Message() << "n_tensors " << n);
+    CompareWithCpu(RandomList(n, true, MIXPREC_F32, 70000), RunOptions());
+  }
+}
+
+TEST_F(CudaUnscale, LongListsTakeSeveralLaunches) {
+  /* Past the single-launch capacities, both with and without a short last
+   * group, and one list with a few large tensors among many small ones. */
+  for (size_t n : {255, 256, 257, 1023, 1024, 1025, 1100, 2600}) {
+    SCOPED_TRACE(::testing::Message() << "n_tensors " << n);
+    CompareWithCpu(RandomList(n, true, MIXPREC_F32, 5000), RunOptions());
+  }
+  std::vector<HostTensor> ts = RandomList(2100, true, MIXPREC_F32, 300);
+  for (size_t i = 0; i < ts.size(); i += 700) {
+    ts[i] = MakeTensor(kDtypes[i % 3], 1000003, 1);
+    FillRandom(ts[i], rng_);
+  }
+  CompareWithCpu(ts, RunOptions());
+}
+
+TEST_F(CudaUnscale, EmptyTensorsAndEmptyList) {
+  std::vector<HostTensor> none;
+  CompareWithCpu(none, RunOptions());
+  const Outputs gpu = RunGpu(none, RunOptions(), stream_);
+  EXPECT_EQ(MIXPREC_OK, gpu.status);
+  EXPECT_EQ(0.0f, gpu.found_inf);
+  EXPECT_EQ(0.0f, gpu.total);
+
+  std::vector<HostTensor> empties;
+  for (mixprec_dtype d : kDtypes) empties.push_back(MakeTensor(d, 0, 0));
+  CompareWithCpu(empties, RunOptions());
+  const Outputs g2 = RunGpu(empties, RunOptions(), stream_);
+  for (float n : g2.norm_sq) EXPECT_EQ(0.0f, n);
+  EXPECT_EQ(0.0f, g2.total);
+
+  std::vector<HostTensor> some = RandomList(20, true, MIXPREC_F32, 40);
+  for (size_t i = 0; i < some.size(); i += 3) some[i] = MakeTensor(some[i].dtype, 0, 0);
+  CompareWithCpu(some, RunOptions());
+}
+
+TEST_F(CudaUnscale, NonFiniteAtFirstMiddleLast) {
+  for (mixprec_dtype d : kDtypes) {
+    const uint32_t nan_payload = d == MIXPREC_F32 ? 0x7f800001u : d == MIXPREC_F16 ? 0xfc01u : 0xff81u;
+    const uint32_t specials[] = {ToBits(d, INFINITY), ToBits(d, -INFINITY),
+                                 ToBits(d, std::numeric_limits<float>::quiet_NaN()), nan_payload};
+    for (uint32_t special : specials) {
+      for (int where = 0; where < 3; where++) {
+        SCOPED_TRACE(::testing::Message() << "dtype " << d << " bits 0x" << std::hex << special
+                                          << std::dec << " position " << where);
+        std::vector<HostTensor> ts = RandomList(9, false, d, 40000);
+        HostTensor &t = ts[6];
+        t = MakeTensor(d, 50001, 1);
+        FillRandom(t, rng_);
+        const int64_t idx = where == 0 ? 0 : where == 1 ? t.numel / 2 : t.numel - 1;
+        SetBits(d, t.bytes.data(), idx, special);
+        const Outputs cpu = RunCpu(ts, RunOptions());
+        const Outputs gpu = RunGpu(ts, RunOptions(), stream_);
+        EXPECT_EQ(1.0f, gpu.found_inf);
+        ExpectSameResults(ts, cpu, gpu, RunOptions());
+        EXPECT_FALSE(std::isfinite(gpu.norm_sq[6]));
+        EXPECT_FALSE(std::isfinite(gpu.total));
+      }
+    }
+  }
+}
+
+TEST_F(CudaUnscale, FoundInfIsOnlyEverSetToOne) {
+  std::vector<HostTensor> ts = RandomList(10, true, MIXPREC_F32, 3000);
+  RunOptions o;
+  o.found_inf_init = 2.0f;
+  Outputs gpu = RunGpu(ts, o, stream_);
+  EXPECT_EQ(2.0f, gpu.found_inf);
+  CompareWithCpu(ts, o);
+  ts[3] = MakeTensor(MIXPREC_F16, 100, 1);
+  FillRandom(ts[3], rng_);
+  SetBits(MIXPREC_F16, ts[3].bytes.data(), 50, 0x7c00u);
+  gpu = RunGpu(ts, o, stream_);
+  EXPECT_EQ(1.0f, gpu.found_inf);
+  CompareWithCpu(ts, o);
+}
+
+TEST_F(CudaUnscale, NormsAreDeterministic) {
+  std::vector<HostTensor> ts = RandomList(1500, true, MIXPREC_F32, 20000);
+  ts.push_back(MakeTensor(MIXPREC_BF16, 3000001, 5));
+  FillRandom(ts.back(), rng_);
+  const Outputs a = RunGpu(ts, RunOptions(), stream_);
+  const Outputs b = RunGpu(ts, RunOptions(), stream_);
+  ASSERT_EQ(MIXPREC_OK, a.status);
+  for (size_t i = 0; i < ts.size(); i++)
+    ASSERT_EQ(F32Bits(a.norm_sq[i]), F32Bits(b.norm_sq[i])) << "tensor " << i;
+  EXPECT_EQ(F32Bits(a.total), F32Bits(b.total));
+  ExpectSameResults(ts, RunCpu(ts, RunOptions()), a, RunOptions());
+}
+
+TEST_F(CudaUnscale, EitherNormOutputAlone) {
+  std::vector<HostTensor> ts = RandomList(40, true, MIXPREC_F32, 30000);
+  RunOptions only_norms;
+  only_norms.total = false;
+  CompareWithCpu(ts, only_norms);
+  RunOptions only_total;
+  only_total.norms = false;
+  CompareWithCpu(ts, only_total);
+  RunOptions neither;
+  neither.norms = neither.total = false;
+  CompareWithCpu(ts, neither);
+  const Outputs gpu = RunGpu(ts, neither, stream_);
+  EXPECT_TRUE(std::isnan(gpu.total));
+}
+
+TEST_F(CudaUnscale, CapturesIntoAGraph) {
+  std::vector<HostTensor> ts = RandomList(1300, true, MIXPREC_F32, 9000);
+  ts[700] = MakeTensor(MIXPREC_BF16, 40000, 3);
+  FillRandom(ts[700], rng_);
+  SetBits(MIXPREC_BF16, ts[700].bytes.data(), 39999, 0x7fc0u);
+  const Outputs cpu = RunCpu(ts, RunOptions());
+  const Outputs gpu = RunGpu(ts, RunOptions(), stream_, true);
+  ExpectSameResults(ts, cpu, gpu, RunOptions());
+}
+
+TEST_F(CudaUnscale, TensorOver2Pow31Elements) {
+  const int64_t n = ((int64_t)1 << 31) + 16384 * 3 + 4099;
+  size_t free_b = 0, total_b = 0;
+  ASSERT_EQ(cudaSuccess, cudaMemGetInfo(&free_b, &total_b));
+  if (free_b < (size_t)n * 2 + ((size_t)1 << 30)) GTEST_SKIP() << "not enough device memory";
+  std::vector<HostTensor> ts;
+  try {
+    ts.push_back(MakeTensor(MIXPREC_BF16, n, 1));
+    HostTensor pattern = MakeTensor(MIXPREC_BF16, (int64_t)1 << 20, 0);
+    FillRandom(pattern, rng_);
+    uint8_t *dst = ts[0].bytes.data();
+    for (size_t done = 0; done < ts[0].bytes.size(); done += pattern.bytes.size())
+      std::memcpy(dst + done, pattern.bytes.data(),
+                  std::min(pattern.bytes.size(), ts[0].bytes.size() - done));
+    SetBits(MIXPREC_BF16, dst, n - 1, 0x7f80u);
+    ts.push_back(MakeTensor(MIXPREC_F16, 1000, 0));
+    FillRandom(ts.back(), rng_);
+    CompareWithCpu(ts, RunOptions());
+  } catch (const std::bad_alloc &) {
+    GTEST_SKIP() << "not enough host memory";
+  }
+}
+
+TEST_F(CudaUnscale, BadArgumentsWriteNothing) {
+  DeviceArena arena;
+  float *scalars = (float *)arena.Alloc(4 * sizeof(float));
+  uint16_t *data = (uint16_t *)arena.Alloc(64 * sizeof(uint16_t));
+  ASSERT_NE(scalars, nullptr);
+  ASSERT_NE(data, nullptr);
+  const float init[4] = {0.5f, 0.0f, -1.0f, -1.0f};
+  const uint16_t inf16 = 0x7c00u;
+  ASSERT_EQ(cudaSuccess, cudaMemcpy(scalars, init, sizeof init, cudaMemcpyHostToDevice));
+  ASSERT_EQ(cudaSuccess, cudaMemset(data, 0, 64 * sizeof(uint16_t)));
+  ASSERT_EQ(cudaSuccess, cudaMemcpy(data, &inf16, 2, cudaMemcpyHostToDevice));
+  void *ws = arena.Alloc(1024);
+  float *inv = scalars, *found = scalars + 1, *norm = scalars + 2, *total = scalars + 3;
+
+  mixprec_tensor ok = {data, 64, MIXPREC_F16};
+  mixprec_tensor bad_numel = {data, -1, MIXPREC_F16};
+  mixprec_tensor bad_dtype = {data, 64, (mixprec_dtype)7};
+  mixprec_tensor null_data = {nullptr, 64, MIXPREC_F16};
+  mixprec_tensor misaligned_f32 = {(uint8_t *)data + 2, 8, MIXPREC_F32};
+  mixprec_tensor lists[][2] = {{ok, bad_numel}, {ok, bad_dtype}, {ok, null_data}};
+  const mixprec_status want[] = {MIXPREC_ERR_BAD_SIZE, MIXPREC_ERR_BAD_DTYPE,
+                                 MIXPREC_ERR_NULL_POINTER};
+  for (int i = 0; i < 3; i++) {
+    EXPECT_EQ(want[i], mixprec_cuda_unscale(lists[i], 2, inv, found, norm, total, ws, 1024, stream_));
+    EXPECT_EQ(-1, mixprec_cuda_unscale_workspace_size(lists[i], 2, 1));
+  }
+  EXPECT_EQ(MIXPREC_ERR_BAD_SIZE,
+            mixprec_cuda_unscale(&ok, -1, inv, found, norm, total, ws, 1024, stream_));
+  EXPECT_EQ(MIXPREC_ERR_NULL_POINTER,
+            mixprec_cuda_unscale(nullptr, 1, inv, found, norm, total, ws, 1024, stream_));
+  EXPECT_EQ(MIXPREC_ERR_NULL_POINTER,
+            mixprec_cuda_unscale(&ok, 1, nullptr, found, norm, total, ws, 1024, stream_));
+  EXPECT_EQ(MIXPREC_ERR_NULL_POINTER,
+            mixprec_cuda_unscale(&ok, 1, inv, nullptr, norm, total, ws, 1024, stream_));
+  EXPECT_EQ(MIXPREC_ERR_NULL_POINTER,
+            mixprec_cuda_unscale(&ok, 1, inv, found, norm, total, nullptr, 1024, stream_));
+  EXPECT_EQ(MIXPREC_ERR_BAD_ARGUMENT,
+            mixprec_cuda_unscale(&ok, 1, inv, found, norm, total, ws, 8, stream_));
+  EXPECT_EQ(MIXPREC_ERR_BAD_ARGUMENT,
+            mixprec_cuda_unscale(&ok, 1, inv, found, norm, total, (uint8_t *)ws + 4, 1000,
+                                 stream_));
+  /* CUDA-only: a float that is not 4-byte aligned would fault on the device. */
+  EXPECT_EQ(MIXPREC_ERR_BAD_ARGUMENT,
+            mixprec_cuda_unscale(&misaligned_f32, 1, inv, found, norm, total, ws, 1024, stream_));
+
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(stream_));
+  float back[4];
+  uint16_t first;
+  ASSERT_EQ(cudaSuccess, cudaMemcpy(back, scalars, sizeof back, cudaMemcpyDeviceToHost));
+  ASSERT_EQ(cudaSuccess, cudaMemcpy(&first, data, 2, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(0, std::memcmp(back, init, sizeof back));
+  EXPECT_EQ(inf16, first);
+}
+
+TEST(CudaUnscaleWorkspace, SizeFollowsTheList) {
+  uint8_t dummy[16];
+  mixprec_tensor ts[4] = {{dummy, 0, MIXPREC_F32},
+                          {dummy, 1, MIXPREC_F16},
+                          {dummy, 100000, MIXPREC_BF16},
+                          {dummy, (int64_t)1 << 40, MIXPREC_F32}};
+  EXPECT_EQ(0, mixprec_cuda_unscale_workspace_size(nullptr, 0, 1));
+  EXPECT_EQ(0, mixprec_cuda_unscale_workspace_size(ts, 4, 0));
+  const int64_t one = mixprec_cuda_unscale_workspace_size(ts, 2, 1);
+  const int64_t all = mixprec_cuda_unscale_workspace_size(ts, 4, 1);
+  EXPECT_GE(one, (int64_t)(3 * sizeof(double)));
+  EXPECT_EQ(0, one % (int64_t)sizeof(double));
+  EXPECT_GT(all, one + (int64_t)(((int64_t)1 << 40) / (1 << 20)) * (int64_t)sizeof(double));
+  EXPECT_EQ(-1, mixprec_cuda_unscale_workspace_size(ts, -1, 1));
+  EXPECT_EQ(-1, mixprec_cuda_unscale_workspace_size(nullptr, 2, 1));
+}
+
+/* ---- update_scale -------------------------------------------------------- */
+
+struct ScaleState {
+  float scale;
+  int32_t growth;
+  int32_t hysteresis;
+  int64_t skipped;
+};
+
+class CudaUpdateScale : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+    ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ASSERT_EQ(cudaSuccess, cudaMalloc(&dev_, sizeof(ScaleState) + 16));
+  }
+  void TearDown() override {
+    if (dev_ != nullptr) cudaFree(dev_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  /* Steps CPU and GPU through the same found_inf values, comparing the
+   * whole state after every step. */
+  void RunSequence(const mixprec_scale_update_params &p, ScaleState init,
+                   const std::vector<float> &found, bool with_hysteresis, bool with_skipped) {
+    ScaleState cpu = init;
+    ScaleState *d = (ScaleState *)dev_;
+    float *d_found = (float *)((uint8_t *)dev_ + sizeof(ScaleState));
+    ASSERT_EQ(cudaSuccess, cudaMemcpy(d, &init, sizeof init, cudaMemcpyHostToDevice));
+    for (size_t step = 0; step < found.size(); step++) {
+      SCOPED_TRACE(::testing::Message() << "step " << step << " found_inf " << found[step]);
+      ASSERT_EQ(MIXPREC_OK,
+                mixprec_update_scale(&cpu.scale, &cpu.growth,
+                                     with_hysteresis ? &cpu.hysteresis : nullptr,
+                                     with_skipped ? &cpu.skipped : nullptr, &found[step], &p));
+      ASSERT_EQ(cudaSuccess, cudaMemcpyAsync(d_found, &found[step], sizeof(float),
+                                             cudaMemcpyHostToDevice, stream_));
+      ASSERT_EQ(MIXPREC_OK,
+                mixprec_cuda_update_scale(&d->scale, &d->growth,
+                                          with_hysteresis ? &d->hysteresis : nullptr,
+                                          with_skipped ? &d->skipped : nullptr, d_found, &p,
+                                          stream_));
+      ScaleState gpu;
+      ASSERT_EQ(cudaSuccess,
+                cudaMemcpyAsync(&gpu, d, sizeof gpu, cudaMemcpyDeviceToHost, stream_));
+      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(stream_));
+      ASSERT_EQ(F32Bits(cpu.scale), F32Bits(gpu.scale)) << cpu.scale << " vs " << gpu.scale;
+      ASSERT_EQ(cpu.growth, gpu.growth);
+      ASSERT_EQ(cpu.hysteresis, gpu.hysteresis);
+      ASSERT_EQ(cpu.skipped, gpu.skipped);
+    }
+  }
+
+  cudaStream_t stream_ = nullptr;
+  void *dev_ = nullptr;
+};
+
+TEST_F(CudaUpdateScale, TorchDefaultsMatchCpu) {
+  mixprec_scale_update_params p = mixprec_scale_update_params_default();
+  p.growth_interval = 3;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> found = {0, 0, 0, 0, 0, 1, 0, 0, nan, 0, 0, 0, 0, 0, 0,
+                                    3.0f, -0.0f, -0.0f, 0, 2.0f, 0, 0, 0, 0, 0};
+  RunSequence(p, {65536.0f, 0, 1, 0}, found, false, false);
+  RunSequence(p, {65536.0f, 0, 1, 0}, found, true, true);
+}
+
+TEST_F(CudaUpdateScale, HysteresisAndBoundsMatchCpu) {
+  mixprec_scale_update_params p = mixprec_scale_update_params_default();
+  p.growth_factor = 4.0f;
+  p.backoff_factor = 0.25f;
+  p.growth_interval = 2;
+  p.hysteresis = 3;
+  p.min_scale = 1000.0f;
+  p.max_scale = 3.0e6f;
+  std::vector<float> found;
+  for (int i = 0; i < 20; i++) found.push_back(0.0f);  /* climbs to max_scale */
+  for (int i = 0; i < 12; i++) found.push_back(1.0f);  /* falls to min_scale */
+  for (int k = 0; k < 6; k++) {                        /* overflows between clean steps */
+    found.push_back(1.0f);
+    found.push_back(1.0f);
+    found.push_back(0.0f);
+  }
+  std::mt19937_64 rng(std::random_device{}());
+  for (int i = 0; i < 300; i++) found.push_back(rng() % 4 == 0 ? 1.0f : 0.0f);
+  RunSequence(p, {65536.0f, 0, 3, 0}, found, true, true);
+  RunSequence(p, {65536.0f, 1, 1, 17}, found, true, false);
+}
+
+TEST_F(CudaUpdateScale, GrowthThatOverflowsKeepsTheScale) {
+  mixprec_scale_update_params p = mixprec_scale_update_params_default();
+  p.growth_interval = 1;
+  RunSequence(p, {3.0e38f, 0, 1, 0}, {0, 0, 1, 0, 0}, false, true);
+  RunSequence(p, {INFINITY, 0, 1, 0}, {0, 1, 0}, false, true);
+}
+
+TEST_F(CudaUpdateScale, BadArgumentsWriteNothing) {
+  ScaleState *d = (ScaleState *)dev_;
+  float *d_found = (float *)((uint8_t *)dev_ + sizeof(ScaleState));
+  const ScaleState init = {1024.0f, 5, 2, 9};
+  const float one = 1.0f;
+  ASSERT_EQ(cudaSuccess, cudaMemcpy(d, &init, sizeof init, cudaMemcpyHostToDevice));
+  ASSERT_EQ(cudaSuccess, cudaMemcpy(d_found, &one, sizeof one, cudaMemcpyHostToDevice));
+  const mixprec_scale_update_params good = mixprec_scale_update_params_default();
+  auto call = [&](const mixprec_scale_update_params *p, bool hyst) {
+    return mixprec_cuda_update_scale(&d->scale, &d->growth, hyst ? &d->hysteresis : nullptr,
+                                     &d->skipped, d_found, p, stream_);
+  };
+  EXPECT_EQ(MIXPREC_ERR_NULL_POINTER, call(nullptr, true));
+  EXPECT_EQ(MIXPREC_ERR_NULL_POINTER,
+            mixprec_cuda_update_scale(nullptr, &d->growth, nullptr, nullptr, d_found, &good,
+                                      stream_));
+  EXPECT_EQ(MIXPREC_ERR_NULL_POINTER,
+            mixprec_cuda_update_scale(&d->scale, &d->growth, nullptr, nullptr, nullptr, &good,
+                                      stream_));
+  mixprec_scale_update_params p = good;
+  p.hysteresis = 2;
+  EXPECT_EQ(MIXPREC_ERR_NULL_POINTER, call(&p, false));
+  const float bad_factors[] = {0.0f, -1.0f, INFINITY, std::numeric_limits<float>::quiet_NaN()};
+  for (float f : bad_factors) {
+    p = good;
+    p.growth_factor = f;
+    EXPECT_EQ(MIXPREC_ERR_BAD_ARGUMENT, call(&p, true)) << f;
+    p = good;
+    p.backoff_factor = f;
+    EXPECT_EQ(MIXPREC_ERR_BAD_ARGUMENT, call(&p, true)) << f;
+  }
+  p = good;
+  p.growth_interval = 0;
+  EXPECT_EQ(MIXPREC_ERR_BAD_ARGUMENT, call(&p, true));
+  p = good;
+  p.hysteresis = 0;
+  EXPECT_EQ(MIXPREC_ERR_BAD_ARGUMENT, call(&p, true));
+  p = good;
+  p.min_scale = -1.0f;
+  EXPECT_EQ(MIXPREC_ERR_BAD_ARGUMENT, call(&p, true));
+  p = good;
+  p.min_scale = 10.0f;
+  p.max_scale = 5.0f;
+  EXPECT_EQ(MIXPREC_ERR_BAD_ARGUMENT, call(&p, true));
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(stream_));
+  ScaleState back;
+  ASSERT_EQ(cudaSuccess, cudaMemcpy(&back, d, sizeof back, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(F32Bits(init.scale), F32Bits(back.scale));
+  EXPECT_EQ(init.growth, back.growth);
+  EXPECT_EQ(init.hysteresis, back.hysteresis);
+  EXPECT_EQ(init.skipped, back.skipped);
+}
+
+}  // namespace
+
+#endif /* MIXPREC_TEST_CUDA */
