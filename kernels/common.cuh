@@ -28,9 +28,9 @@ MIXPREC__HOST_DEVICE int mixprec__f32_is_finite(float f) {
 
 /* Widening is exact. Narrowing uses the hardware's round-to-nearest-even
  * conversions, which keep subnormals and overflow to inf like the CPU
- * converters. A NaN input gives the canonical NaN 0x7fff; GPU arithmetic only
- * ever produces the canonical float NaN 0x7fffffff, for which the CPU
- * converters return 0x7fff too. */
+ * converters. A NaN stays a NaN, but its payload and sign are the hardware's:
+ * GPU arithmetic already replaces every NaN by its canonical one, so only
+ * NaN-ness can match the CPU, never the bits. */
 MIXPREC__DEVICE float mixprec__f16_to_f32(uint16_t bits) {
   return __half2float(__ushort_as_half(bits));
 }
@@ -76,8 +76,8 @@ static inline mixprec_status mixprec__check_tensor_list(
 }
 
 /* A device load of an element that is not aligned to its size faults and
- * ruins the CUDA context, so such a pointer is refused up front (the C API
- * promises only element alignment, which this checks). */
+ * ruins the CUDA context, so such a pointer is refused up front rather than
+ * trusted (the C API requires element alignment; the CPU never faults). */
 static inline mixprec_status mixprec__check_tensor_alignment(
     const mixprec_tensor *tensors, int64_t n_tensors) {
   for (int64_t i = 0; i < n_tensors; i++) {

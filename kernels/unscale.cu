@@ -1,16 +1,14 @@
 /* Fused multi-tensor unscale + non-finite check (+ optional squared L2 norms)
  * on CUDA: the GPU twin of c_ops/src/unscale.c.
  *
- * One launch covers a group of up to a few hundred or a thousand tensors
- * (see common.cuh, multi-tensor apply); each block takes one chunk of
+ * One launch covers a group of up to 256 or 1024 tensors (see common.cuh,
+ * multi-tensor apply); each block takes one chunk of
  * MIXPREC__UNSCALE_CHUNK elements of one tensor, with the tensor's dtype
  * chosen per chunk on the device, so a mixed-dtype list needs no more
  * launches than a uniform one. With norms, each block stores its chunk's sum
  * of squares in the workspace; a second kernel per group adds each tensor's
  * chunk sums in index order and a last one adds the tensors' sums in order,
  * so the norms are the same on every run (no atomics). */
-#include <limits.h>
-
 #include "common.cuh"
 
 /* Elements per chunk (one block's share). Small enough that a list of
@@ -303,9 +301,11 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_unscale(
     const mixprec_tensor *tensors, int64_t n_tensors, const float *inv_scale,
     float *found_inf, float *norm_sq, float *total_norm_sq, void *workspace,
     int64_t workspace_bytes, void *stream) {
+  /* Checks in the order of mixprec_unscale, so both give the same status. */
+  if (n_tensors < 0) return MIXPREC_ERR_BAD_SIZE;
+  if (inv_scale == NULL || found_inf == NULL) return MIXPREC_ERR_NULL_POINTER;
   mixprec_status st = mixprec__check_tensor_list(tensors, n_tensors);
   if (st != MIXPREC_OK) return st;
-  if (inv_scale == NULL || found_inf == NULL) return MIXPREC_ERR_NULL_POINTER;
   int64_t n_chunks;
   const int64_t doubles =
       mixprec__unscale_workspace_doubles(tensors, n_tensors, &n_chunks);

@@ -1,0 +1,94 @@
+// CUDA implementations: validate (common.cpp), then enqueue the CUDA C API on
+// torch's current stream of the tensors' device. No host synchronisation.
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/headeronly/core/ScalarType.h>
+
+#include <tuple>
+
+#include "common.h"
+
+namespace mixprec_shim {
+namespace {
+
+using torch::headeronly::ScalarType;
+
+void* current_stream(const char* op, int32_t device) {
+  void* stream = nullptr;
+  STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(device, &stream) == AOTI_TORCH_SUCCESS,
+                  "mixprec::", op, ": could not get the current CUDA stream of device ", device);
+  return stream;
+}
+
+void check_cuda_device(const char* op, const Where& w) {
+  STD_TORCH_CHECK(w.cuda, "mixprec::", op, ": the CUDA kernel got tensors that are not on a CUDA device");
+}
+
+void unscale_cuda(std::vector<Tensor> grads, Tensor found_inf, Tensor inv_scale) {
+  UnscaleArgs a = unscale_args("unscale_", grads, found_inf, inv_scale);
+  check_cuda_device("unscale_", a.device);
+  torch::stable::accelerator::DeviceGuard guard(a.device.index);
+  check_status(mixprec_cuda_unscale(a.list.data(), (int64_t)a.list.size(), a.inv_scale,
+                                    a.found_inf, nullptr, nullptr, nullptr, 0,
+                                    current_stream("unscale_", a.device.index)),
+               "unscale_");
+}
+
+std::tuple<Tensor, Tensor> unscale_norm_cuda(std::vector<Tensor> grads, Tensor found_inf,
+                                             Tensor inv_scale) {
+  UnscaleArgs a = unscale_args("unscale_norm_", grads, found_inf, inv_scale);
+  check_cuda_device("unscale_norm_", a.device);
+  torch::stable::accelerator::DeviceGuard guard(a.device.index);
+  int64_t n = (int64_t)a.list.size();
+  int64_t ws_bytes = mixprec_cuda_unscale_workspace_size(a.list.data(), n, 1);
+  STD_TORCH_CHECK(ws_bytes >= 0, "mixprec::unscale_norm_: invalid tensor list");
+  // Scratch and outputs come from torch's caching allocator on the current
+  // stream, so the call stays capturable in a CUDA graph.
+  Tensor workspace = torch::stable::new_empty(found_inf, {ws_bytes > 0 ? ws_bytes : 1}, ScalarType::Byte);
+  Tensor norms = torch::stable::new_empty(found_inf, {n}, ScalarType::Float);
+  Tensor total = torch::stable::new_empty(found_inf, {}, ScalarType::Float);
+  check_status(mixprec_cuda_unscale(a.list.data(), n, a.inv_scale, a.found_inf,
+                                    static_cast<float*>(norms.data_ptr()),
+                                    static_cast<float*>(total.data_ptr()),
+                                    workspace.data_ptr(), ws_bytes,
+                                    current_stream("unscale_norm_", a.device.index)),
+               "unscale_norm_");
+  return {norms, total};
+}
+
+void run_update(const char* op, const ScaleUpdateArgs& a) {
+  check_cuda_device(op, a.device);
+  torch::stable::accelerator::DeviceGuard guard(a.device.index);
+  check_status(mixprec_cuda_update_scale(a.scale, a.growth_tracker, a.hysteresis_tracker,
+                                         a.skipped_steps, a.found_inf, &a.params,
+                                         current_stream(op, a.device.index)),
+               op);
+}
+
+void update_scale_cuda(Tensor scale, Tensor growth_tracker, Tensor found_inf,
+                       double growth_factor, double backoff_factor, int64_t growth_interval) {
+  run_update("update_scale_",
+             scale_update_args("update_scale_", scale, growth_tracker, nullptr, nullptr,
+                               found_inf, growth_factor, backoff_factor, growth_interval, 1,
+                               0.0, INFINITY));
+}
+
+void update_scale_ex_cuda(Tensor scale, Tensor growth_tracker, Tensor hysteresis_tracker,
+                          Tensor skipped_steps, Tensor found_inf, double growth_factor,
+                          double backoff_factor, int64_t growth_interval, int64_t hysteresis,
+                          double min_scale, double max_scale) {
+  run_update("update_scale_ex_",
+             scale_update_args("update_scale_ex_", scale, growth_tracker, &hysteresis_tracker,
+                               &skipped_steps, found_inf, growth_factor, backoff_factor,
+                               growth_interval, hysteresis, min_scale, max_scale));
+}
+
+}  // namespace
+}  // namespace mixprec_shim
+
+STABLE_TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
+  m.impl("unscale_", TORCH_BOX(&mixprec_shim::unscale_cuda));
+  m.impl("unscale_norm_", TORCH_BOX(&mixprec_shim::unscale_norm_cuda));
+  m.impl("update_scale_", TORCH_BOX(&mixprec_shim::update_scale_cuda));
+  m.impl("update_scale_ex_", TORCH_BOX(&mixprec_shim::update_scale_ex_cuda));
+}
