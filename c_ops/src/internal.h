@@ -55,7 +55,8 @@ MIXPREC__INLINE float mixprec__f16_to_f32(uint16_t h) {
   uint32_t mant = h & 0x3ffu;
   uint32_t out;
   if (exp == 0x1fu) {
-    out = sign | 0x7f800000u | (mant << 13);
+    /* inf, or a NaN made quiet as the F16C instruction does. */
+    out = sign | 0x7f800000u | (mant << 13) | (mant ? 0x400000u : 0u);
   } else if (exp != 0) {
     out = sign | ((exp + 112u) << 23) | (mant << 13);
   } else if (mant == 0) {

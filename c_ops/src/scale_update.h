@@ -22,9 +22,9 @@ MIXPREC__HD mixprec_status mixprec__check_scale_update(
   if (p->hysteresis < 1 || p->growth_interval < 1 || p->growth_interval > INT32_MAX)
     return MIXPREC_ERR_BAD_ARGUMENT;
   if (p->hysteresis > 1 && !hysteresis_tracker) return MIXPREC_ERR_NULL_POINTER;
-  /* x == x rejects NaN, the bound rejects inf, without <math.h> tricks. */
-  if (!(p->growth_factor > 0.0 && p->growth_factor < 1e300) ||
-      !(p->backoff_factor > 0.0 && p->backoff_factor < 1e300))
+  /* x - x is 0 only for finite x (inf - inf and NaN give NaN). */
+  if (!(p->growth_factor > 0.0 && p->growth_factor - p->growth_factor == 0.0) ||
+      !(p->backoff_factor > 0.0 && p->backoff_factor - p->backoff_factor == 0.0))
     return MIXPREC_ERR_BAD_ARGUMENT;
   if (!(p->min_scale >= 0.0f) || !(p->max_scale >= p->min_scale))
     return MIXPREC_ERR_BAD_ARGUMENT;
@@ -48,7 +48,10 @@ MIXPREC__HD void mixprec__scale_update_step(
   if (found_inf != 0.0f || found_inf != found_inf) {
     *growth_tracker = 0;
     int32_t left = 0;
-    if (hysteresis_tracker) left = --*hysteresis_tracker;
+    if (hysteresis_tracker) {
+      if (*hysteresis_tracker > 0) --*hysteresis_tracker; /* no int32 underflow */
+      left = *hysteresis_tracker;
+    }
     if (left <= 0) {
       float s = (float)(*scale * backoff_factor);
       *scale = s < min_scale ? min_scale : s;
@@ -56,13 +59,16 @@ MIXPREC__HD void mixprec__scale_update_step(
     if (skipped_steps) ++*skipped_steps;
   } else {
     if (hysteresis_tracker) *hysteresis_tracker = (int32_t)hysteresis;
-    int32_t successful = *growth_tracker + 1;
-    if (successful >= growth_interval) {
+    /* torch compares with ==: a tracker loaded above the interval never
+     * grows the scale again. Kept for bit-compatibility; int64 arithmetic
+     * and saturation avoid int32 overflow. */
+    int64_t successful = (int64_t)*growth_tracker + 1;
+    if (successful == growth_interval) {
       float s = (float)(*scale * growth_factor);
       if (mixprec__is_finite_f(s)) *scale = s > max_scale ? max_scale : s;
       *growth_tracker = 0;
     } else {
-      *growth_tracker = successful;
+      *growth_tracker = successful > INT32_MAX ? INT32_MAX : (int32_t)successful;
     }
   }
 }

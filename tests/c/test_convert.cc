@@ -185,7 +185,7 @@ TEST(ConvertF16, RandomFloatsMatchFloat16) {
   std::uniform_int_distribution<uint32_t> bits;
   std::uniform_int_distribution<uint32_t> band(127 - 27, 127 + 16);  // 2^-27 .. 2^16
   std::vector<float> inputs;
-  const int n = 1500000;
+  const int n = 2000000;
   inputs.reserve(2 * n);
   for (int i = 0; i < n; i++) {
     inputs.push_back(f32_from_bits(bits(rng)));
@@ -293,7 +293,7 @@ TEST(ConvertBF16, RandomFloatsMatchReference) {
   std::mt19937 rng(mpt::kSeed + 3);
   std::uniform_int_distribution<uint32_t> bits;
   std::vector<float> inputs;
-  const int n = 3000000;
+  const int n = 4000000;
   inputs.reserve(n);
   for (int i = 0; i < n; i++) inputs.push_back(f32_from_bits(bits(rng)));
   check_all(inputs, bf16_narrow_ok, lib_f32_to_bf16, mpt::ref_f32_to_bf16, "f32_to_bf16 random");

@@ -263,7 +263,9 @@ inline int64_t count_mismatches(const Buf &got, const Buf &want, const std::stri
 }
 
 // Checks a float result against a long double reference within rel relative
-// error (exact match required when the reference is 0, inf or NaN).
+// error, plus one float subnormal step (a sum far below FLT_MIN is rounded to
+// float's subnormal grid; below 2^-150 it is 0). Exact match is required when
+// the reference is 0, inf or NaN.
 inline void expect_close_rel(float got, long double want, double rel, const std::string &what) {
   if (std::isnan(double(want))) {
     EXPECT_TRUE(std::isnan(got)) << what << ": got " << got << " want NaN";
@@ -274,8 +276,9 @@ inline void expect_close_rel(float got, long double want, double rel, const std:
     EXPECT_EQ(f32_bits(got), f32_bits(want_f)) << what << ": got " << got << " want " << want_f;
     return;
   }
-  const long double err = std::fabs((long double)got - want) / std::fabs(want);
-  EXPECT_LE(double(err), rel) << what << ": got " << got << " want " << double(want);
+  const long double err = std::fabs((long double)got - want);
+  const long double tol = rel * std::fabs(want) + std::ldexp(1.0L, -149);
+  EXPECT_LE(double(err), double(tol)) << what << ": got " << got << " want " << double(want);
 }
 
 // ---- ISA / thread state ---------------------------------------------------

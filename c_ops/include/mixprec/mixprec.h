@@ -220,15 +220,16 @@ MIXPREC_API mixprec_scale_update_params mixprec_scale_update_params_default(void
 /*! mixprec_update_scale() :
  *  One dynamic loss-scale update, in place, from the step's found_inf (any
  *  nonzero value, NaN included, counts as an overflow):
- *    overflow: growth_tracker = 0; hysteresis_tracker -= 1; if it is now
- *      <= 0, scale = max(scale * backoff_factor, min_scale).
+ *    overflow: growth_tracker = 0; hysteresis_tracker -= 1 (not below 0);
+ *      if it is now 0, scale = max(scale * backoff_factor, min_scale).
  *    clean step: hysteresis_tracker = hysteresis; growth_tracker += 1; when
- *      it reaches growth_interval, growth_tracker = 0 and, if
- *      scale * growth_factor is finite, scale = min(that, max_scale).
+ *      it equals growth_interval, growth_tracker = 0 and, if
+ *      scale * growth_factor is finite, scale = min(that, max_scale). (As in
+ *      torch, a tracker already above the interval never triggers growth.)
  *    skipped_steps (if not NULL) counts overflowing steps.
  *  hysteresis_tracker may be NULL only when hysteresis == 1.
  *  @return : MIXPREC_ERR_NULL_POINTER, MIXPREC_ERR_BAD_ARGUMENT for
- *            growth_interval < 1, hysteresis < 1, factors that are not finite
+ *            growth_interval outside [1, INT32_MAX], hysteresis < 1, factors that are not finite
  *            and positive, min_scale < 0 or min_scale > max_scale. */
 MIXPREC_API mixprec_status mixprec_update_scale(
     float *scale, int32_t *growth_tracker, int32_t *hysteresis_tracker,
