@@ -83,8 +83,8 @@ def bench_config(n_tensors, numel, dtype, device, reps):
         torch.nn.utils.clip_grad_norm_(params, max_norm=1e30)
 
     def ours_clip():
-        _, total_sq = torch.ops.mixprec.unscale_norm_(grads, found_inf, next_scale())
-        coef = torch.clamp(1e30 / (total_sq.sqrt() + 1e-6), max=1.0)
+        _, total = torch.ops.mixprec.unscale_norm_(grads, found_inf, next_scale())
+        coef = torch.clamp(1e30 / (total + 1e-6), max=1.0)
         torch._foreach_mul_(grads, coef)
 
     fns = {"torch": torch_unscale, "mixprec": ours_unscale, "limit": limit_rmw,

@@ -1,4 +1,4 @@
-/* Fused multi-tensor unscale + non-finite check (+ optional squared L2 norms)
+/* Fused multi-tensor unscale + non-finite check (+ optional L2 norms)
  * on CUDA: the GPU twin of c_ops/src/unscale.c.
  *
  * One launch covers a group of up to 256 or 1024 tensors (see common.cuh,
@@ -196,7 +196,7 @@ template <int CAP>
 __global__ void __launch_bounds__(MIXPREC__UNSCALE_THREADS)
     mixprec__unscale_norm_kernel(
         const __grid_constant__ mixprec__unscale_args<CAP> a,
-        const double *partials, double *tensor_sums, float *norm_sq) {
+        const double *partials, double *tensor_sums, float *norms) {
   __shared__ double scratch[MIXPREC__UNSCALE_THREADS / MIXPREC__WARP];
   const int t = blockIdx.x;
   const int64_t begin = a.chunk_base + a.chunk_start[t];
@@ -207,19 +207,19 @@ __global__ void __launch_bounds__(MIXPREC__UNSCALE_THREADS)
   s = mixprec__block_sum_f64(s, scratch);
   if (threadIdx.x == 0) {
     tensor_sums[a.first + t] = s;
-    if (norm_sq != NULL) norm_sq[a.first + t] = (float)s;
+    if (norms != NULL) norms[a.first + t] = (float)sqrt(s);
   }
 }
 
 static __global__ void __launch_bounds__(MIXPREC__UNSCALE_THREADS)
     mixprec__unscale_total_kernel(const double *tensor_sums,
-                                  int64_t n_tensors, float *total_norm_sq) {
+                                  int64_t n_tensors, float *total_norm) {
   __shared__ double scratch[MIXPREC__UNSCALE_THREADS / MIXPREC__WARP];
   double s = 0.0;
   for (int64_t i = threadIdx.x; i < n_tensors; i += blockDim.x)
     s += tensor_sums[i];
   s = mixprec__block_sum_f64(s, scratch);
-  if (threadIdx.x == 0) *total_norm_sq = (float)s;
+  if (threadIdx.x == 0) *total_norm = (float)sqrt(s);
 }
 
 /* Workspace layout: chunk sums (one double per chunk of the list), then
@@ -246,7 +246,7 @@ template <int CAP>
 static mixprec_status mixprec__unscale_group(
     const mixprec_tensor *tensors, int64_t first, int count,
     int64_t *chunk_base, const float *inv_scale, float *found_inf,
-    float *norm_sq, double *partials, double *tensor_sums,
+    float *norms, double *partials, double *tensor_sums,
     cudaStream_t stream) {
   mixprec__unscale_args<CAP> a;
   memset(&a, 0, sizeof a);
@@ -279,7 +279,7 @@ static mixprec_status mixprec__unscale_group(
   if (partials != NULL) {
     mixprec__unscale_norm_kernel<CAP>
         <<<(unsigned)count, MIXPREC__UNSCALE_THREADS, 0, stream>>>(
-            a, partials, tensor_sums, norm_sq);
+            a, partials, tensor_sums, norms);
     mixprec_status st = mixprec__cuda_launch_status();
     if (st != MIXPREC_OK) return st;
   }
@@ -299,7 +299,7 @@ extern "C" MIXPREC_API int64_t mixprec_cuda_unscale_workspace_size(
 
 extern "C" MIXPREC_API mixprec_status mixprec_cuda_unscale(
     const mixprec_tensor *tensors, int64_t n_tensors, const float *inv_scale,
-    float *found_inf, float *norm_sq, float *total_norm_sq, void *workspace,
+    float *found_inf, float *norms, float *total_norm, void *workspace,
     int64_t workspace_bytes, void *stream) {
   /* Checks in the order of mixprec_unscale, so both give the same status. */
   if (n_tensors < 0) return MIXPREC_ERR_BAD_SIZE;
@@ -313,7 +313,7 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_unscale(
   st = mixprec__check_tensor_alignment(tensors, n_tensors);
   if (st != MIXPREC_OK) return st;
 
-  const int want_norm = norm_sq != NULL || total_norm_sq != NULL;
+  const int want_norm = norms != NULL || total_norm != NULL;
   double *partials = NULL, *tensor_sums = NULL;
   if (want_norm && doubles > 0) {
     if (workspace == NULL) return MIXPREC_ERR_NULL_POINTER;
@@ -327,9 +327,9 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_unscale(
   cudaStream_t s = (cudaStream_t)stream;
   if (n_tensors == 0) {
     /* The sum over no tensors; a memset node is as capturable as a kernel. */
-    if (total_norm_sq != NULL)
+    if (total_norm != NULL)
       return mixprec__cuda_status(
-          cudaMemsetAsync(total_norm_sq, 0, sizeof(float), s));
+          cudaMemsetAsync(total_norm, 0, sizeof(float), s));
     return MIXPREC_OK;
   }
 
@@ -340,22 +340,22 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_unscale(
     if (left <= MIXPREC__UNSCALE_CAP_SMALL) {
       count = (int)left;
       st = mixprec__unscale_group<MIXPREC__UNSCALE_CAP_SMALL>(
-          tensors, first, count, &chunk_base, inv_scale, found_inf, norm_sq,
+          tensors, first, count, &chunk_base, inv_scale, found_inf, norms,
           partials, tensor_sums, s);
     } else {
       count = mixprec__mta_group_count(n_tensors, first,
                                        MIXPREC__UNSCALE_CAP_LARGE);
       st = mixprec__unscale_group<MIXPREC__UNSCALE_CAP_LARGE>(
-          tensors, first, count, &chunk_base, inv_scale, found_inf, norm_sq,
+          tensors, first, count, &chunk_base, inv_scale, found_inf, norms,
           partials, tensor_sums, s);
     }
     if (st != MIXPREC_OK) return st;
     first += count;
   }
 
-  if (total_norm_sq != NULL) {
+  if (total_norm != NULL) {
     mixprec__unscale_total_kernel<<<1, MIXPREC__UNSCALE_THREADS, 0, s>>>(
-        tensor_sums, n_tensors, total_norm_sq);
+        tensor_sums, n_tensors, total_norm);
     return mixprec__cuda_launch_status();
   }
   return MIXPREC_OK;

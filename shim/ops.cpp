@@ -7,8 +7,9 @@ STABLE_TORCH_LIBRARY(mixprec, m) {
   // torch._amp_foreach_non_finite_check_and_unscale_, for fp32/fp16/bf16
   // grads, mixed dtypes allowed in one list.
   m.def("unscale_(Tensor(a!)[] grads, Tensor(b!) found_inf, Tensor inv_scale) -> ()");
-  // The same pass also returns the squared L2 norm of the unscaled grads:
-  // per tensor (float32, shape [len(grads)]) and in total (float32, shape []).
+  // The same pass also returns the L2 norm of the unscaled grads: per tensor
+  // (float32, shape [len(grads)]) and in total (float32, shape []), the
+  // total being what torch.nn.utils.clip_grad_norm_ computes.
   m.def(
       "unscale_norm_(Tensor(a!)[] grads, Tensor(b!) found_inf, Tensor inv_scale)"
       " -> (Tensor, Tensor)");

@@ -97,15 +97,34 @@ MIXPREC__INLINE uint16_t mixprec__f32_to_f16(float f) {
 
 /* ---- CPU kernels: one chunk of one tensor ---------------------------- */
 
-/* The canonical summation order of squared values within a chunk: element i
- * (counted from the chunk start) goes to lane i % MIXPREC__NORM_LANES; lanes
- * are added 0..15 at the end. Every ISA path follows it, so norms are
- * bit-identical across paths and thread counts. */
+/* The canonical order of the norm's sum of squares within a chunk, followed
+ * by every ISA path so that norms are bit-identical across paths and thread
+ * counts:
+ *  - element i (counted from the chunk start) belongs to lane i % 16 and to
+ *    block i / 128;
+ *  - per lane and block, squares v*v are added in float, in order of i (a
+ *    float multiply and a float add: two roundings, never fused);
+ *  - at the end of each block (and of the chunk) each lane's float sum is
+ *    added to that lane's double sum; if the float sum is not finite, the
+ *    lane's squares in that block are summed again in double instead (so a
+ *    finite gradient above 1.8e19 never turns the norm into inf);
+ *  - the chunk's sum is lanes 0..15 added in order, in double.
+ * Float sums of at most 8 squares lose at most ~5e-7 relative; squares below
+ * FLT_MIN (values below ~1e-19) lose precision, which cannot move a norm
+ * that matters for clipping. */
 #define MIXPREC__NORM_LANES 16
+#define MIXPREC__NORM_BLOCK 128
+
+typedef struct mixprec__norm_acc {
+  float f[MIXPREC__NORM_LANES];
+  double d[MIXPREC__NORM_LANES];
+} mixprec__norm_acc;
 
 /* Unscales n elements at data in place. Sets *nonfinite to 1 if any input
  * element is inf/NaN (never clears it). If norm is not NULL, stores the
- * chunk's sum of squares of the rounded results in *norm. */
+ * chunk's sum of squares of the rounded results in *norm (canonical order).
+ * inv_scale is never NaN here (unscale.c sends a NaN scale to the scalar
+ * path, the only one that does not assume it). */
 typedef void (*mixprec__unscale_chunk_fn)(void *data, mixprec_dtype dtype,
                                           int64_t n, float inv_scale,
                                           int *nonfinite, double *norm);
@@ -121,18 +140,25 @@ void mixprec__unscale_chunk_avx512(void *data, mixprec_dtype dtype, int64_t n,
                                    double *norm);
 #endif
 
-/* Lane sums -> one double, in the canonical order. */
-MIXPREC__INLINE double mixprec__sum_lanes(const double *lanes) {
-  double s = 0.0;
-  for (int i = 0; i < MIXPREC__NORM_LANES; i++) s += lanes[i];
-  return s;
-}
+/* Adds block [begin, end) of the chunk at data (values as stored) into
+ * acc->d lane by lane, as the canonical order says, and clears acc->f. */
+void mixprec__norm_flush(mixprec__norm_acc *acc, const void *data,
+                         mixprec_dtype dtype, int64_t begin, int64_t end);
 
-/* Scalar continuation used by every path for the elements after the last
- * full vector: element i of the chunk goes to lanes[i % 16]. */
+/* Scalar continuation used by every path for the elements [begin, n) after
+ * its last full vector (begin is a multiple of 16): unscales them, adds their
+ * squares into acc (if not NULL) and flushes each block it completes and, at
+ * n, the last partial block. Returns nothing; the caller sums acc->d. */
 void mixprec__unscale_tail(void *data, mixprec_dtype dtype, int64_t begin,
                            int64_t n, float inv_scale, int *nonfinite,
-                           double *lanes);
+                           mixprec__norm_acc *acc);
+
+/* acc->d lanes -> one double, in the canonical order. */
+MIXPREC__INLINE double mixprec__sum_lanes(const mixprec__norm_acc *acc) {
+  double s = 0.0;
+  for (int i = 0; i < MIXPREC__NORM_LANES; i++) s += acc->d[i];
+  return s;
+}
 
 mixprec_cpu_isa mixprec__active_isa(void);
 int mixprec__num_threads(void);

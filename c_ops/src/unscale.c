@@ -1,4 +1,5 @@
 /* Fused multi-tensor unscale + non-finite check (+ optional L2 norm). */
+#include <math.h>
 #include <stdlib.h>
 
 #include "internal.h"
@@ -51,25 +52,65 @@ MIXPREC__INLINE float store_f32(void *data, mixprec_dtype dtype, int64_t i,
   }
 }
 
+/* The stored value of element i, widened (no non-finite bookkeeping). */
+MIXPREC__INLINE float stored_f32(const void *data, mixprec_dtype dtype, int64_t i) {
+  switch (dtype) {
+    case MIXPREC_F16:
+      return mixprec__f16_to_f32(((const uint16_t *)data)[i]);
+    case MIXPREC_BF16:
+      return mixprec__bf16_to_f32(((const uint16_t *)data)[i]);
+    default:
+      return ((const float *)data)[i];
+  }
+}
+
+void mixprec__norm_flush(mixprec__norm_acc *acc, const void *data,
+                         mixprec_dtype dtype, int64_t begin, int64_t end) {
+  for (int l = 0; l < MIXPREC__NORM_LANES; l++) {
+    float f = acc->f[l];
+    if (mixprec__f32_bits_nonfinite(mixprec__f32_bits(f))) {
+      /* The float sum overflowed (or a value is inf/NaN): redo it in double. */
+      double d = 0.0;
+      for (int64_t i = begin + l; i < end; i += MIXPREC__NORM_LANES) {
+        double v = (double)stored_f32(data, dtype, i);
+        d += v * v;
+      }
+      acc->d[l] += d;
+    } else {
+      acc->d[l] += (double)f;
+    }
+    acc->f[l] = 0.0f;
+  }
+}
+
 void mixprec__unscale_tail(void *data, mixprec_dtype dtype, int64_t begin,
                            int64_t n, float inv_scale, int *nonfinite,
-                           double *lanes) {
+                           mixprec__norm_acc *acc) {
   for (int64_t i = begin; i < n; i++) {
     float v = store_f32(data, dtype, i, load_f32(data, dtype, i, nonfinite) * inv_scale);
-    if (lanes) lanes[i % MIXPREC__NORM_LANES] += (double)v * (double)v;
+    if (acc) {
+      float sq = v * v;
+      acc->f[i % MIXPREC__NORM_LANES] += sq;
+      if (i % MIXPREC__NORM_BLOCK == MIXPREC__NORM_BLOCK - 1)
+        mixprec__norm_flush(acc, data, dtype, i + 1 - MIXPREC__NORM_BLOCK, i + 1);
+    }
   }
+  if (acc && n % MIXPREC__NORM_BLOCK != 0)
+    mixprec__norm_flush(acc, data, dtype, n - n % MIXPREC__NORM_BLOCK, n);
 }
 
 void mixprec__unscale_chunk_scalar(void *data, mixprec_dtype dtype, int64_t n,
                                    float inv_scale, int *nonfinite,
                                    double *norm) {
-  double lanes[MIXPREC__NORM_LANES] = {0};
-  mixprec__unscale_tail(data, dtype, 0, n, inv_scale, nonfinite,
-                        norm ? lanes : NULL);
-  if (norm) *norm = mixprec__sum_lanes(lanes);
+  mixprec__norm_acc acc = {{0}, {0}};
+  mixprec__unscale_tail(data, dtype, 0, n, inv_scale, nonfinite, norm ? &acc : NULL);
+  if (norm) *norm = mixprec__sum_lanes(&acc);
 }
 
-static mixprec__unscale_chunk_fn chunk_kernel(void) {
+static mixprec__unscale_chunk_fn chunk_kernel(float inv_scale) {
+  /* The vector paths round to BF16 without a NaN test, which is exact unless
+   * the scale itself is a NaN carrying payload bits (see unscale_avx2.c). */
+  if (inv_scale != inv_scale) return mixprec__unscale_chunk_scalar;
   switch (mixprec__active_isa()) {
 #if defined(MIXPREC_X86)
     case MIXPREC_ISA_AVX512:
@@ -96,7 +137,7 @@ static int64_t owner_of(const int64_t *first, int64_t n_tensors, int64_t c) {
 
 mixprec_status mixprec_unscale(const mixprec_tensor *tensors, int64_t n_tensors,
                                const float *inv_scale, float *found_inf,
-                               float *norm_sq, float *total_norm_sq) {
+                               float *norms, float *total_norm) {
   if (n_tensors < 0) return MIXPREC_ERR_BAD_SIZE;
   if ((n_tensors > 0 && !tensors) || !inv_scale || !found_inf)
     return MIXPREC_ERR_NULL_POINTER;
@@ -105,7 +146,7 @@ mixprec_status mixprec_unscale(const mixprec_tensor *tensors, int64_t n_tensors,
     if (mixprec_dtype_size(tensors[t].dtype) == 0) return MIXPREC_ERR_BAD_DTYPE;
     if (tensors[t].numel > 0 && !tensors[t].data) return MIXPREC_ERR_NULL_POINTER;
   }
-  const int want_norm = norm_sq != NULL || total_norm_sq != NULL;
+  const int want_norm = norms != NULL || total_norm != NULL;
 
   /* first[t] = index of tensor t's first chunk; first[n] = chunk count. */
   int64_t *first = (int64_t *)malloc(sizeof(int64_t) * (size_t)(n_tensors + 1));
@@ -127,7 +168,7 @@ mixprec_status mixprec_unscale(const mixprec_tensor *tensors, int64_t n_tensors,
   }
 
   const float s = *inv_scale;
-  const mixprec__unscale_chunk_fn kernel = chunk_kernel();
+  const mixprec__unscale_chunk_fn kernel = chunk_kernel(s);
   int any_nonfinite = 0;
   int n_threads = mixprec__num_threads();
   (void)n_threads;
@@ -149,10 +190,10 @@ mixprec_status mixprec_unscale(const mixprec_tensor *tensors, int64_t n_tensors,
     for (int64_t t = 0; t < n_tensors; t++) {
       double sum = 0.0;
       for (int64_t c = first[t]; c < first[t + 1]; c++) sum += partial[c];
-      if (norm_sq) norm_sq[t] = (float)sum;
+      if (norms) norms[t] = (float)sqrt(sum);
       sum_all += sum;
     }
-    if (total_norm_sq) *total_norm_sq = (float)sum_all;
+    if (total_norm) *total_norm = (float)sqrt(sum_all);
   }
   free(partial);
   free(first);

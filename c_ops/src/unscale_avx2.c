@@ -1,23 +1,75 @@
 /* AVX2 + FMA + F16C path of the unscale chunk kernel. Compiled with
  * -mavx2 -mfma -mf16c, called only when the CPU has them. Bit-identical to
  * the scalar path: same IEEE multiply, same round-to-nearest-even, same norm
- * lane order (16 double lanes: acc[k] holds lanes 4k..4k+3). */
+ * order (internal.h). */
 #include <immintrin.h>
 
 #include "internal.h"
 
-/* Adds the squares of 16 floats (lo: elements 0-7, hi: 8-15) into the
- * 16 double lanes. */
-static inline void acc_sq16(__m256d acc[4], __m256 lo, __m256 hi) {
-  __m256d a0 = _mm256_cvtps_pd(_mm256_castps256_ps128(lo));
-  __m256d a1 = _mm256_cvtps_pd(_mm256_extractf128_ps(lo, 1));
-  __m256d a2 = _mm256_cvtps_pd(_mm256_castps256_ps128(hi));
-  __m256d a3 = _mm256_cvtps_pd(_mm256_extractf128_ps(hi, 1));
-  /* The square of a float is exact in double, so fma == mul + add here. */
-  acc[0] = _mm256_fmadd_pd(a0, a0, acc[0]);
-  acc[1] = _mm256_fmadd_pd(a1, a1, acc[1]);
-  acc[2] = _mm256_fmadd_pd(a2, a2, acc[2]);
-  acc[3] = _mm256_fmadd_pd(a3, a3, acc[3]);
+#define BLOCK_ITERS (MIXPREC__NORM_BLOCK / 16)
+
+/* Per-chunk norm state: two float vectors holding the 16 lanes' block sums,
+ * four double vectors holding lanes 0-3, 4-7, 8-11, 12-15. `lo` holds the
+ * lanes `lanes_lo`, `hi` the rest, in the order the loader produced them
+ * (natural for F32/F16; interleaved by 128-bit halves for BF16, see below). */
+typedef struct {
+  __m256 lo, hi;
+  __m256d d[4];
+} norm_state;
+
+static inline void norm_init(norm_state *s) {
+  s->lo = s->hi = _mm256_setzero_ps();
+  for (int k = 0; k < 4; k++) s->d[k] = _mm256_setzero_pd();
+}
+
+/* Square and add (two roundings, like the scalar `f += v * v`). */
+static inline void norm_add(norm_state *s, __m256 a, __m256 b) {
+  s->lo = _mm256_add_ps(s->lo, _mm256_mul_ps(a, a));
+  s->hi = _mm256_add_ps(s->hi, _mm256_mul_ps(b, b));
+}
+
+/* Writes the float lanes to acc->f in lane order and the doubles to acc->d.
+ * `interleaved`: lo = lanes 0-3 | 8-11, hi = lanes 4-7 | 12-15. */
+static inline void norm_store(const norm_state *s, mixprec__norm_acc *acc, int interleaved) {
+  if (interleaved) {
+    _mm_storeu_ps(acc->f + 0, _mm256_castps256_ps128(s->lo));
+    _mm_storeu_ps(acc->f + 8, _mm256_extractf128_ps(s->lo, 1));
+    _mm_storeu_ps(acc->f + 4, _mm256_castps256_ps128(s->hi));
+    _mm_storeu_ps(acc->f + 12, _mm256_extractf128_ps(s->hi, 1));
+  } else {
+    _mm256_storeu_ps(acc->f, s->lo);
+    _mm256_storeu_ps(acc->f + 8, s->hi);
+  }
+  for (int k = 0; k < 4; k++) _mm256_storeu_pd(acc->d + 4 * k, s->d[k]);
+}
+
+static inline void norm_load_d(norm_state *s, const mixprec__norm_acc *acc) {
+  for (int k = 0; k < 4; k++) s->d[k] = _mm256_loadu_pd(acc->d + 4 * k);
+}
+
+/* End of a 128-element block [begin, begin + 128): float sums into doubles,
+ * or, if one is not finite (rare), the scalar flush that redoes it. */
+static inline void norm_flush(norm_state *s, mixprec__norm_acc *acc, const void *data,
+                              mixprec_dtype dtype, int64_t begin, int interleaved) {
+  const __m256 zero = _mm256_setzero_ps();
+  /* x - x == 0 exactly when x is finite. */
+  __m256 ok = _mm256_and_ps(_mm256_cmp_ps(_mm256_sub_ps(s->lo, s->lo), zero, _CMP_EQ_OQ),
+                            _mm256_cmp_ps(_mm256_sub_ps(s->hi, s->hi), zero, _CMP_EQ_OQ));
+  if (_mm256_movemask_ps(ok) != 0xff) {
+    norm_store(s, acc, interleaved);
+    mixprec__norm_flush(acc, data, dtype, begin, begin + MIXPREC__NORM_BLOCK);
+    norm_load_d(s, acc);
+  } else {
+    __m256d l0 = _mm256_cvtps_pd(_mm256_castps256_ps128(s->lo));
+    __m256d l1 = _mm256_cvtps_pd(_mm256_extractf128_ps(s->lo, 1));
+    __m256d h0 = _mm256_cvtps_pd(_mm256_castps256_ps128(s->hi));
+    __m256d h1 = _mm256_cvtps_pd(_mm256_extractf128_ps(s->hi, 1));
+    s->d[0] = _mm256_add_pd(s->d[0], l0);
+    s->d[interleaved ? 2 : 1] = _mm256_add_pd(s->d[interleaved ? 2 : 1], l1);
+    s->d[interleaved ? 1 : 2] = _mm256_add_pd(s->d[interleaved ? 1 : 2], h0);
+    s->d[3] = _mm256_add_pd(s->d[3], h1);
+  }
+  s->lo = s->hi = zero;
 }
 
 static inline __m256i nonfinite_f32(__m256 x) {
@@ -25,29 +77,25 @@ static inline __m256i nonfinite_f32(__m256 x) {
   return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(x), exp), exp);
 }
 
-/* 8 floats -> 8 bf16 (round to nearest even, NaN quieted) in a __m128i. */
-static inline __m128i f32_to_bf16_8(__m256 x) {
+/* Round-to-nearest-even of float bits to BF16, kept in the low 16 bits of
+ * each 32-bit lane. No NaN test is needed: a NaN product here is either a
+ * widened BF16 NaN (low 16 bits zero) or the default NaN, and neither can
+ * carry into the exponent; only a NaN scale could, and unscale.c sends that
+ * to the scalar path. */
+static inline __m256i round_bf16(__m256 x) {
   __m256i u = _mm256_castps_si256(x);
   __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
-  r = _mm256_srli_epi32(r, 16);
-  __m256i qnan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-  __m256 isnan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-  r = _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(isnan));
-  __m256i packed = _mm256_packus_epi32(r, r); /* values < 2^16: no saturation */
-  packed = _mm256_permute4x64_epi64(packed, 0x08);
-  return _mm256_castsi256_si128(packed);
+  return _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
 }
 
-static inline __m256 bf16_to_f32_8(__m128i h) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-static void chunk_f32(float *p, int64_t n, float inv_scale, int *nonfinite,
-                      double *lanes) {
+/* The three dtype loops share one body per dtype, stamped with and without
+ * the norm so the hot loop carries no test of `acc`. */
+static inline __attribute__((always_inline)) void chunk_f32(float *p, int64_t n, float inv_scale,
+                                                            int *nonfinite, mixprec__norm_acc *acc) {
   const __m256 s = _mm256_set1_ps(inv_scale);
   __m256i bad = _mm256_setzero_si256();
-  __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+  norm_state ns;
+  norm_init(&ns);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m256 x0 = _mm256_loadu_ps(p + i), x1 = _mm256_loadu_ps(p + i + 8);
@@ -55,19 +103,24 @@ static void chunk_f32(float *p, int64_t n, float inv_scale, int *nonfinite,
     __m256 y0 = _mm256_mul_ps(x0, s), y1 = _mm256_mul_ps(x1, s);
     _mm256_storeu_ps(p + i, y0);
     _mm256_storeu_ps(p + i + 8, y1);
-    if (lanes) acc_sq16(acc, y0, y1);
+    if (acc) {
+      norm_add(&ns, y0, y1);
+      if ((i + 16) % MIXPREC__NORM_BLOCK == 0)
+        norm_flush(&ns, acc, p, MIXPREC_F32, i + 16 - MIXPREC__NORM_BLOCK, 0);
+    }
   }
   if (!_mm256_testz_si256(bad, bad)) *nonfinite = 1;
-  if (lanes) for (int k = 0; k < 4; k++) _mm256_storeu_pd(lanes + 4 * k, acc[k]);
-  mixprec__unscale_tail(p, MIXPREC_F32, i, n, inv_scale, nonfinite, lanes);
+  if (acc) norm_store(&ns, acc, 0);
+  mixprec__unscale_tail(p, MIXPREC_F32, i, n, inv_scale, nonfinite, acc);
 }
 
-static void chunk_f16(uint16_t *p, int64_t n, float inv_scale, int *nonfinite,
-                      double *lanes) {
+static inline __attribute__((always_inline)) void chunk_f16(uint16_t *p, int64_t n, float inv_scale,
+                                                            int *nonfinite, mixprec__norm_acc *acc) {
   const __m256 s = _mm256_set1_ps(inv_scale);
   const __m256i exp = _mm256_set1_epi16(0x7c00);
   __m256i bad = _mm256_setzero_si256();
-  __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+  norm_state ns;
+  norm_init(&ns);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m256i h = _mm256_loadu_si256((const __m256i *)(p + i));
@@ -77,48 +130,66 @@ static void chunk_f16(uint16_t *p, int64_t n, float inv_scale, int *nonfinite,
     __m128i r0 = _mm256_cvtps_ph(y0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m128i r1 = _mm256_cvtps_ph(y1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm256_storeu_si256((__m256i *)(p + i), _mm256_set_m128i(r1, r0));
-    if (lanes) acc_sq16(acc, _mm256_cvtph_ps(r0), _mm256_cvtph_ps(r1));
+    if (acc) {
+      norm_add(&ns, _mm256_cvtph_ps(r0), _mm256_cvtph_ps(r1));
+      if ((i + 16) % MIXPREC__NORM_BLOCK == 0)
+        norm_flush(&ns, acc, p, MIXPREC_F16, i + 16 - MIXPREC__NORM_BLOCK, 0);
+    }
   }
   if (!_mm256_testz_si256(bad, bad)) *nonfinite = 1;
-  if (lanes) for (int k = 0; k < 4; k++) _mm256_storeu_pd(lanes + 4 * k, acc[k]);
-  mixprec__unscale_tail(p, MIXPREC_F16, i, n, inv_scale, nonfinite, lanes);
+  if (acc) norm_store(&ns, acc, 0);
+  mixprec__unscale_tail(p, MIXPREC_F16, i, n, inv_scale, nonfinite, acc);
 }
 
-static void chunk_bf16(uint16_t *p, int64_t n, float inv_scale, int *nonfinite,
-                       double *lanes) {
+/* BF16 widens by interleaving with zeros inside each 128-bit half:
+ * lo = elements 0-3 | 8-11, hi = elements 4-7 | 12-15. packus_epi32 then
+ * restores the memory order with no cross-lane permute, and the norm keeps
+ * the lane mapping in mind (norm_state `interleaved`). */
+static inline __attribute__((always_inline)) void chunk_bf16(uint16_t *p, int64_t n, float inv_scale,
+                                                             int *nonfinite, mixprec__norm_acc *acc) {
   const __m256 s = _mm256_set1_ps(inv_scale);
   const __m256i exp = _mm256_set1_epi16(0x7f80);
+  const __m256i zero = _mm256_setzero_si256();
   __m256i bad = _mm256_setzero_si256();
-  __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+  norm_state ns;
+  norm_init(&ns);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m256i h = _mm256_loadu_si256((const __m256i *)(p + i));
     bad = _mm256_or_si256(bad, _mm256_cmpeq_epi16(_mm256_and_si256(h, exp), exp));
-    __m256 y0 = _mm256_mul_ps(bf16_to_f32_8(_mm256_castsi256_si128(h)), s);
-    __m256 y1 = _mm256_mul_ps(bf16_to_f32_8(_mm256_extracti128_si256(h, 1)), s);
-    __m128i r0 = f32_to_bf16_8(y0), r1 = f32_to_bf16_8(y1);
-    _mm256_storeu_si256((__m256i *)(p + i), _mm256_set_m128i(r1, r0));
-    if (lanes) acc_sq16(acc, bf16_to_f32_8(r0), bf16_to_f32_8(r1));
+    __m256 ylo = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, h)), s);
+    __m256 yhi = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, h)), s);
+    __m256i rlo = round_bf16(ylo), rhi = round_bf16(yhi);
+    /* Values are < 2^16, so the signed-to-unsigned saturation never bites. */
+    _mm256_storeu_si256((__m256i *)(p + i), _mm256_packus_epi32(rlo, rhi));
+    if (acc) {
+      norm_add(&ns, _mm256_castsi256_ps(_mm256_slli_epi32(rlo, 16)),
+               _mm256_castsi256_ps(_mm256_slli_epi32(rhi, 16)));
+      if ((i + 16) % MIXPREC__NORM_BLOCK == 0)
+        norm_flush(&ns, acc, p, MIXPREC_BF16, i + 16 - MIXPREC__NORM_BLOCK, 1);
+    }
   }
   if (!_mm256_testz_si256(bad, bad)) *nonfinite = 1;
-  if (lanes) for (int k = 0; k < 4; k++) _mm256_storeu_pd(lanes + 4 * k, acc[k]);
-  mixprec__unscale_tail(p, MIXPREC_BF16, i, n, inv_scale, nonfinite, lanes);
+  if (acc) norm_store(&ns, acc, 1);
+  mixprec__unscale_tail(p, MIXPREC_BF16, i, n, inv_scale, nonfinite, acc);
 }
 
 void mixprec__unscale_chunk_avx2(void *data, mixprec_dtype dtype, int64_t n,
                                  float inv_scale, int *nonfinite, double *norm) {
-  double lanes[MIXPREC__NORM_LANES];
-  double *l = norm ? lanes : NULL;
+  mixprec__norm_acc acc;
   switch (dtype) {
     case MIXPREC_F16:
-      chunk_f16((uint16_t *)data, n, inv_scale, nonfinite, l);
+      if (norm) chunk_f16((uint16_t *)data, n, inv_scale, nonfinite, &acc);
+      else chunk_f16((uint16_t *)data, n, inv_scale, nonfinite, NULL);
       break;
     case MIXPREC_BF16:
-      chunk_bf16((uint16_t *)data, n, inv_scale, nonfinite, l);
+      if (norm) chunk_bf16((uint16_t *)data, n, inv_scale, nonfinite, &acc);
+      else chunk_bf16((uint16_t *)data, n, inv_scale, nonfinite, NULL);
       break;
     default:
-      chunk_f32((float *)data, n, inv_scale, nonfinite, l);
+      if (norm) chunk_f32((float *)data, n, inv_scale, nonfinite, &acc);
+      else chunk_f32((float *)data, n, inv_scale, nonfinite, NULL);
       break;
   }
-  if (norm) *norm = mixprec__sum_lanes(lanes);
+  if (norm) *norm = mixprec__sum_lanes(&acc);
 }

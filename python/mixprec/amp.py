@@ -152,12 +152,12 @@ class GradScaler(torch.amp.GradScaler):
         """Unscales every grad of ``optimizer``: one fused call per device for
         all float32/float16/bfloat16 dense grads; torch's op for the rest
         (float64, sparse, overlapping views). Returns the per-device found_inf
-        dict and, if ``want_norm``, the total squared norm per device."""
+        dict and, if ``want_norm``, the total L2 norm per device."""
         per_device_inv_scale = _MultiDeviceReplicator(inv_scale)
         per_device_found_inf = _MultiDeviceReplicator(found_inf)
         fused: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
         other: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = defaultdict(lambda: defaultdict(list))
-        norm_sq: dict[torch.device, torch.Tensor] = {}
+        norms: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
         with torch.no_grad():
             for group in optimizer.param_groups:
                 for param in group["params"]:
@@ -176,7 +176,7 @@ class GradScaler(torch.amp.GradScaler):
                 fi, inv = per_device_found_inf.get(device), per_device_inv_scale.get(device)
                 if want_norm:
                     _, total = torch.ops.mixprec.unscale_norm_(grads, fi, inv)
-                    norm_sq[device] = total
+                    norms[device].append(total)
                 else:
                     torch.ops.mixprec.unscale_(grads, fi, inv)
             for device, per_dtype in other.items():
@@ -192,9 +192,9 @@ class GradScaler(torch.amp.GradScaler):
                     else:
                         torch._amp_foreach_non_finite_check_and_unscale_(grads, fi, inv)
                     if want_norm:
-                        sq = torch.stack([g.double().square().sum() for g in grads]).sum().float()
-                        norm_sq[device] = norm_sq[device] + sq if device in norm_sq else sq
-        return per_device_found_inf._per_device_tensors, norm_sq
+                        per = [torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads]
+                        norms[device].append(torch.linalg.vector_norm(torch.stack(per)))
+        return per_device_found_inf._per_device_tensors, norms
 
     def unscale_(self, optimizer: torch.optim.Optimizer, *, return_norm: bool = False) -> torch.Tensor | None:
         """Divides ("unscales") the optimizer's gradients by the scale, as
@@ -217,16 +217,12 @@ class GradScaler(torch.amp.GradScaler):
         assert self._scale is not None
         inv_scale = self._scale.double().reciprocal().float()
         found_inf = torch.full((), 0.0, dtype=torch.float32, device=self._scale.device)
-        found, norm_sq = self._unscale_grads_(optimizer, inv_scale, found_inf, True, want_norm=return_norm)
+        found, norms = self._unscale_grads_(optimizer, inv_scale, found_inf, True, want_norm=return_norm)
         optimizer_state["found_inf_per_device"] = found
         optimizer_state["stage"] = OptState.UNSCALED
         if not return_norm:
             return None
-        dev = self._scale.device
-        if not norm_sq:
-            return torch.zeros((), dtype=torch.float32, device=dev)
-        total = sum(v.to(dev, non_blocking=True) for v in norm_sq.values())
-        return total.sqrt()
+        return _combine_norms(norms, self._scale.device)
 
     def clip_grad_norm_(
         self,
@@ -433,6 +429,17 @@ class GradScaler(torch.amp.GradScaler):
             state["_hysteresis_tracker"] = None
             state["_skipped_steps"] = None
         return state
+
+
+def _combine_norms(norms: dict[torch.device, list[torch.Tensor]], dev: torch.device) -> torch.Tensor:
+    """The L2 norm of several partial L2 norms (devices, fallback groups),
+    in float64 so no square overflows, on ``dev``, without a host sync."""
+    parts = [n.to(dev, non_blocking=True).double() for group in norms.values() for n in group]
+    if not parts:
+        return torch.zeros((), dtype=torch.float32, device=dev)
+    if len(parts) == 1:
+        return parts[0].float()
+    return torch.linalg.vector_norm(torch.stack(parts)).float()
 
 
 def _plain_total_norm(grads: list[torch.Tensor]) -> torch.Tensor:

@@ -20,17 +20,16 @@ def unscale_(
     ``torch._amp_foreach_non_finite_check_and_unscale_``, for float32, float16
     and bfloat16 tensors (mixed dtypes allowed in one list).
 
-    With ``return_norm=True`` also returns ``(per_tensor_norm_sq, total_norm)``
-    of the unscaled gradients from the same pass: the squared L2 norm of each
-    tensor (float32, shape ``[len(grads)]``) and the total L2 norm (float32,
-    0-dim), ready for gradient clipping.
+    With ``return_norm=True`` also returns ``(per_tensor_norms, total_norm)``
+    of the unscaled gradients from the same pass: the L2 norm of each tensor
+    (float32, shape ``[len(grads)]``) and of all of them (float32, 0-dim, what
+    ``torch.nn.utils.clip_grad_norm_`` computes), ready for clipping.
     """
     grads = list(grads)
     if not return_norm:
         torch.ops.mixprec.unscale_(grads, found_inf, inv_scale)
         return None
-    per_tensor, total_sq = torch.ops.mixprec.unscale_norm_(grads, found_inf, inv_scale)
-    return per_tensor, total_sq.sqrt()
+    return torch.ops.mixprec.unscale_norm_(grads, found_inf, inv_scale)
 
 
 def update_scale_(

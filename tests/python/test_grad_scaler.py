@@ -266,7 +266,7 @@ def test_training_step_under_torch_compile(gen):
     @torch.compile(fullgraph=True, backend="aot_eager")
     def unscale_and_norm(grads, found_inf, inv_scale):
         per, total = torch.ops.mixprec.unscale_norm_(grads, found_inf, inv_scale)
-        return total.sqrt()
+        return total
 
     for step in range(4):
         x = torch.randn(4, 3, 6, 6, generator=gen)

@@ -101,13 +101,25 @@ def test_norm_from_same_pass(gen, dtype):
     per, total = torch.ops.mixprec.unscale_norm_(grads, fi, torch.tensor([1 / 512]))
     for a, b in zip(grads, ref):
         assert_same(a, b)
-    want = torch.stack([r.double().square().sum() for r in ref])
+    want = torch.stack([torch.linalg.vector_norm(r.double()) for r in ref])
     assert per.dtype == torch.float32 and per.shape == (len(grads),)
+    assert total.dtype == torch.float32 and total.shape == ()
     torch.testing.assert_close(per.double(), want, rtol=1e-6, atol=0)
-    torch.testing.assert_close(total.double(), want.sum(), rtol=1e-6, atol=0)
-    # The norm clip_grad_norm_ would compute on the unscaled grads.
+    # The norm clip_grad_norm_ computes on the unscaled grads (in float64).
     clip_norm = torch.nn.utils.get_total_norm([r.double() for r in ref])
-    torch.testing.assert_close(total.double().sqrt(), clip_norm, rtol=1e-6, atol=0)
+    torch.testing.assert_close(total.double(), clip_norm, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_of_huge_finite_grads_is_finite(gen, dtype):
+    """Squares of 1e20 overflow float; the norm (1e20 * sqrt(n)) does not."""
+    grads = [(torch.randn(5000, generator=gen) * 1e20).to(dtype), (torch.randn(300, generator=gen) * 3e36).to(dtype)]
+    ref = [g.double() for g in grads]
+    fi = torch.zeros(1)
+    per, total = torch.ops.mixprec.unscale_norm_(grads, fi, torch.tensor([1.0]))
+    assert fi.item() == 0.0
+    torch.testing.assert_close(per.double(), torch.stack([torch.linalg.vector_norm(r) for r in ref]), rtol=1e-6, atol=0)
+    torch.testing.assert_close(total.double(), torch.nn.utils.get_total_norm(ref), rtol=1e-6, atol=0)
 
 
 def test_norm_nonfinite(gen):
@@ -135,7 +147,7 @@ def test_zero_dim_and_empty_tensors(gen):
     fi = torch.zeros(1)
     per, total = torch.ops.mixprec.unscale_norm_(grads, fi, torch.tensor([0.5]))
     assert grads[0].item() == 1.5
-    assert per.tolist() == [2.25, 0.0, 0.0] and total.item() == 2.25
+    assert per.tolist() == [1.5, 0.0, 0.0] and total.item() == 1.5
 
 
 def test_thread_count_does_not_change_results(gen):
@@ -204,7 +216,7 @@ def test_torch_compile_fullgraph(gen):
         inv = scale.double().reciprocal().float()
         per, total = torch.ops.mixprec.unscale_norm_(gs, fi, inv)
         torch.ops.mixprec.update_scale_(scale, tracker, fi, 2.0, 0.5, 2000)
-        return total.sqrt()
+        return total
 
     s1, t1 = torch.tensor(1024.0), torch.tensor(5, dtype=torch.int32)
     s2, t2 = s1.clone(), t1.clone()

@@ -13,11 +13,11 @@
  *         { g32, 1000, MIXPREC_F32 },
  *         { g16, 500,  MIXPREC_BF16 },
  *     };
- *     float inv_scale = 1.0f / 65536.0f, found_inf = 0.0f, norm_sq[2], total_sq;
+ *     float inv_scale = 1.0f / 65536.0f, found_inf = 0.0f, norms[2], total;
  *     mixprec_status st = mixprec_unscale(list, 2, &inv_scale, &found_inf,
- *                                         norm_sq, &total_sq);
+ *                                         norms, &total);
  *     if (st != MIXPREC_OK) fprintf(stderr, "%s\n", mixprec_status_string(st));
- *     // found_inf != 0 -> skip the optimizer step; sqrtf(total_sq) -> clip.
+ *     // found_inf != 0 -> skip the optimizer step; total -> clip.
  *
  * Conventions.
  * - Every entry point returns a mixprec_status; results go through
@@ -174,12 +174,15 @@ typedef struct mixprec_tensor {
  *  (float)v * (*inv_scale) rounded back to its dtype.
  *  *found_inf is only ever set to 1.0f, never cleared: zero it first (a value
  *  already nonzero stays).
- *  If norm_sq is not NULL, norm_sq[i] receives the sum of squares of tensor i's
- *  unscaled elements as stored (after rounding), accumulated in double and
- *  returned as float. If total_norm_sq is not NULL it receives the sum over
- *  all tensors (accumulated in double). Both are inf/NaN when a gradient is.
- *  The sums are computed in a fixed order: they do not depend on the number
- *  of threads.
+ *  If norms is not NULL, norms[i] receives the L2 norm of tensor i's
+ *  unscaled elements as stored (after rounding); if total_norm is not NULL it
+ *  receives the L2 norm of all of them together (what
+ *  torch.nn.utils.clip_grad_norm_ computes). Squares are summed in float in
+ *  blocks of 8 per lane and in double across blocks (a block whose float sum
+ *  overflows is summed in double), the square root is taken in double and
+ *  rounded to float: a finite gradient gives a finite norm. Both are inf/NaN
+ *  when a gradient element is. The sums follow one fixed order: they do not
+ *  depend on the number of threads or the instruction set.
  *  Tensors may have different dtypes; they must not overlap one another.
  *  @param tensors   : array of n_tensors descriptors (n_tensors >= 0).
  *  @param inv_scale : pointer to one float, the reciprocal of the loss scale.
@@ -193,8 +196,8 @@ typedef struct mixprec_tensor {
 MIXPREC_API mixprec_status mixprec_unscale(const mixprec_tensor *tensors,
                                            int64_t n_tensors,
                                            const float *inv_scale,
-                                           float *found_inf, float *norm_sq,
-                                           float *total_norm_sq);
+                                           float *found_inf, float *norms,
+                                           float *total_norm);
 
 /* Parameters of the dynamic loss-scale update. With hysteresis = 1,
  * min_scale = 0 and max_scale = inf it is exactly torch's
@@ -242,7 +245,7 @@ MIXPREC_API mixprec_status mixprec_update_scale(
 
 /*! mixprec_cuda_unscale_workspace_size() :
  *  @return : bytes of device scratch mixprec_cuda_unscale() needs for this
- *            list when it computes norms (0 when norm_sq and total_norm_sq
+ *            list when it computes norms (0 when norms and total_norm
  *            will both be NULL: pass want_norm = 0). Host-only, no CUDA call.
  *            Returns -1 for an invalid list (see mixprec_unscale). */
 MIXPREC_API int64_t mixprec_cuda_unscale_workspace_size(
@@ -250,8 +253,9 @@ MIXPREC_API int64_t mixprec_cuda_unscale_workspace_size(
 
 /*! mixprec_cuda_unscale() :
  *  As mixprec_unscale(); `tensors` is a host array of device pointers;
- *  inv_scale, found_inf, norm_sq (n_tensors floats) and total_norm_sq are
- *  device pointers. All tensors and outputs must be on the current device.
+ *  inv_scale, found_inf, norms (n_tensors floats) and total_norm are
+ *  device pointers. The norms equal the CPU's within float rounding (their
+ *  summation order differs). All tensors and outputs must be on the current device.
  *  `workspace` is device scratch of at least
  *  mixprec_cuda_unscale_workspace_size() bytes (may be NULL when that is 0);
  *  it lets the norms be summed in a fixed order (no atomics: deterministic).
@@ -261,8 +265,8 @@ MIXPREC_API mixprec_status mixprec_cuda_unscale(const mixprec_tensor *tensors,
                                                 int64_t n_tensors,
                                                 const float *inv_scale,
                                                 float *found_inf,
-                                                float *norm_sq,
-                                                float *total_norm_sq,
+                                                float *norms,
+                                                float *total_norm,
                                                 void *workspace,
                                                 int64_t workspace_bytes,
                                                 void *stream);
