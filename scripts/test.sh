@@ -43,13 +43,24 @@ assert fi.item() == 1.0 and g[0][0].item() == 2.0
 print('installed package OK:', mixprec.library_path())
 ")
 
-echo "== pytest"
-set +e
-PYTHONPATH=python "$PY" -m pytest tests/python -q -p no:cacheprovider "$@"
-rc=$?
-set -e
-if [ $rc -eq 5 ]; then
-  echo "pytest collected no tests: that is a failure here" >&2
-  exit 1
-fi
-exit $rc
+run_pytest() {  # run_pytest PYTHON ARGS...: pytest, with exit code 5 (no tests) an error
+  local py=$1; shift
+  set +e
+  PYTHONPATH=python "$py" -m pytest tests/python -q -p no:cacheprovider "$@"
+  local rc=$?
+  set -e
+  if [ $rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here" >&2; return 1; fi
+  return $rc
+}
+
+echo "== pytest (torch $("$PY" -c 'import torch; print(torch.__version__)'))"
+run_pytest "$PY" "$@"
+
+# One binary for every torch >= 2.10: the library just built against the
+# torch above must load and pass on another release (2.13.0, CPU build).
+echo "== pytest on torch 2.13.0 with the same binary"
+COMPAT="${MIXPREC_COMPAT_VENV:-$ROOT/.venv-compat}"
+[ -x "$COMPAT/bin/python" ] || python3 -m venv "$COMPAT"
+"$COMPAT/bin/python" -c "import torch, pytest, numpy" 2>/dev/null ||
+  "$COMPAT/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0 numpy pytest
+MIXPREC_LIBRARY_DIR="$ROOT/build" run_pytest "$COMPAT/bin/python" "$@"
