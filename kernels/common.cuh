@@ -47,18 +47,6 @@ MIXPREC__DEVICE uint16_t mixprec__f32_to_bf16(float f) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 
-/* Bytes per element of a dtype, 0 for a value outside the enum. */
-MIXPREC__HOST_DEVICE int mixprec__dtype_size(mixprec_dtype dtype) {
-  switch (dtype) {
-    case MIXPREC_F32:
-      return 4;
-    case MIXPREC_F16:
-    case MIXPREC_BF16:
-      return 2;
-  }
-  return 0;
-}
-
 /* The list checks of mixprec_unscale and the multi-tensor ops: counts,
  * dtypes, and data pointers of non-empty tensors. */
 static inline mixprec_status mixprec__check_tensor_list(
@@ -67,7 +55,7 @@ static inline mixprec_status mixprec__check_tensor_list(
   if (n_tensors > 0 && tensors == NULL) return MIXPREC_ERR_NULL_POINTER;
   for (int64_t i = 0; i < n_tensors; i++) {
     if (tensors[i].numel < 0) return MIXPREC_ERR_BAD_SIZE;
-    if (mixprec__dtype_size(tensors[i].dtype) == 0)
+    if (mixprec_dtype_size(tensors[i].dtype) == 0)
       return MIXPREC_ERR_BAD_DTYPE;
     if (tensors[i].numel > 0 && tensors[i].data == NULL)
       return MIXPREC_ERR_NULL_POINTER;
@@ -82,7 +70,7 @@ static inline mixprec_status mixprec__check_tensor_alignment(
     const mixprec_tensor *tensors, int64_t n_tensors) {
   for (int64_t i = 0; i < n_tensors; i++) {
     if (tensors[i].numel > 0 &&
-        (uintptr_t)tensors[i].data % (uintptr_t)mixprec__dtype_size(tensors[i].dtype) != 0)
+        (uintptr_t)tensors[i].data % (uintptr_t)mixprec_dtype_size(tensors[i].dtype) != 0)
       return MIXPREC_ERR_BAD_ARGUMENT;
   }
   return MIXPREC_OK;

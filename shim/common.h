@@ -7,6 +7,7 @@
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -61,5 +62,26 @@ ScaleUpdateArgs scale_update_args(const char* op, const Tensor& scale,
                                   double backoff_factor, int64_t growth_interval,
                                   int64_t hysteresis, double min_scale,
                                   double max_scale);
+
+// The two update ops, for a backend whose runner enqueues the C call:
+// update_scale_ is update_scale_ex_ without hysteresis, bounds or counter.
+template <void (*Run)(const char* op, const ScaleUpdateArgs&)>
+void update_scale_op(Tensor scale, Tensor growth_tracker, Tensor found_inf,
+                     double growth_factor, double backoff_factor, int64_t growth_interval) {
+  Run("update_scale_",
+      scale_update_args("update_scale_", scale, growth_tracker, nullptr, nullptr, found_inf,
+                        growth_factor, backoff_factor, growth_interval, 1, 0.0, INFINITY));
+}
+
+template <void (*Run)(const char* op, const ScaleUpdateArgs&)>
+void update_scale_ex_op(Tensor scale, Tensor growth_tracker, Tensor hysteresis_tracker,
+                        Tensor skipped_steps, Tensor found_inf, double growth_factor,
+                        double backoff_factor, int64_t growth_interval, int64_t hysteresis,
+                        double min_scale, double max_scale) {
+  Run("update_scale_ex_",
+      scale_update_args("update_scale_ex_", scale, growth_tracker, &hysteresis_tracker,
+                        &skipped_steps, found_inf, growth_factor, backoff_factor,
+                        growth_interval, hysteresis, min_scale, max_scale));
+}
 
 }  // namespace mixprec_shim

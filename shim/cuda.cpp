@@ -56,7 +56,7 @@ std::tuple<Tensor, Tensor> unscale_norm_cuda(std::vector<Tensor> grads, Tensor f
   return {norms, total};
 }
 
-void run_update(const char* op, const ScaleUpdateArgs& a) {
+void run_update_cuda(const char* op, const ScaleUpdateArgs& a) {
   check_cuda_device(op, a.device);
   torch::stable::accelerator::DeviceGuard guard(a.device.index);
   check_status(mixprec_cuda_update_scale(a.scale, a.growth_tracker, a.hysteresis_tracker,
@@ -65,30 +65,14 @@ void run_update(const char* op, const ScaleUpdateArgs& a) {
                op);
 }
 
-void update_scale_cuda(Tensor scale, Tensor growth_tracker, Tensor found_inf,
-                       double growth_factor, double backoff_factor, int64_t growth_interval) {
-  run_update("update_scale_",
-             scale_update_args("update_scale_", scale, growth_tracker, nullptr, nullptr,
-                               found_inf, growth_factor, backoff_factor, growth_interval, 1,
-                               0.0, INFINITY));
-}
-
-void update_scale_ex_cuda(Tensor scale, Tensor growth_tracker, Tensor hysteresis_tracker,
-                          Tensor skipped_steps, Tensor found_inf, double growth_factor,
-                          double backoff_factor, int64_t growth_interval, int64_t hysteresis,
-                          double min_scale, double max_scale) {
-  run_update("update_scale_ex_",
-             scale_update_args("update_scale_ex_", scale, growth_tracker, &hysteresis_tracker,
-                               &skipped_steps, found_inf, growth_factor, backoff_factor,
-                               growth_interval, hysteresis, min_scale, max_scale));
-}
-
 }  // namespace
 }  // namespace mixprec_shim
 
 STABLE_TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
   m.impl("unscale_", TORCH_BOX(&mixprec_shim::unscale_cuda));
   m.impl("unscale_norm_", TORCH_BOX(&mixprec_shim::unscale_norm_cuda));
-  m.impl("update_scale_", TORCH_BOX(&mixprec_shim::update_scale_cuda));
-  m.impl("update_scale_ex_", TORCH_BOX(&mixprec_shim::update_scale_ex_cuda));
+  m.impl("update_scale_",
+         TORCH_BOX(&mixprec_shim::update_scale_op<mixprec_shim::run_update_cuda>));
+  m.impl("update_scale_ex_",
+         TORCH_BOX(&mixprec_shim::update_scale_ex_op<mixprec_shim::run_update_cuda>));
 }
