@@ -96,7 +96,7 @@ HostTensor MakeTensor(mixprec_dtype dtype, int64_t numel, int64_t offset) {
 /* Scaled-gradient-like values: zeros of both signs, subnormals, and
  * magnitudes whose unscaled results land on subnormals and on rounding ties
  * of the 16-bit types. The top stays low enough (2^40 for F32/BF16) that
- * sums of squares are finite floats, so the norm comparison means something. */
+ * the norms are finite floats, so the norm comparison means something. */
 float RandomValue(std::mt19937_64 &rng, mixprec_dtype dtype) {
   const int r = (int)(rng() % 100);
   const float sign = (rng() & 1) ? -1.0f : 1.0f;
@@ -117,7 +117,7 @@ struct Outputs {
   mixprec_status status = MIXPREC_OK;
   std::vector<std::vector<uint8_t>> data;
   float found_inf = 0.0f;
-  std::vector<float> norm_sq;
+  std::vector<float> norms;
   float total = 0.0f;
 };
 
@@ -139,10 +139,10 @@ Outputs RunCpu(const std::vector<HostTensor> &ts, const RunOptions &o) {
     list[i] = {ts[i].numel ? out.data[i].data() : nullptr, ts[i].numel, ts[i].dtype};
   }
   out.found_inf = o.found_inf_init;
-  out.norm_sq.assign(ts.size(), kPoison);
+  out.norms.assign(ts.size(), kPoison);
   out.total = kPoison;
   out.status = mixprec_unscale(list.data(), (int64_t)list.size(), &o.inv_scale,
-                               &out.found_inf, o.norms ? out.norm_sq.data() : nullptr,
+                               &out.found_inf, o.norms ? out.norms.data() : nullptr,
                                o.total ? &out.total : nullptr);
   return out;
 }
@@ -225,9 +225,9 @@ Outputs RunGpu(const std::vector<HostTensor> &ts, const RunOptions &o,
   EXPECT_EQ(cudaSuccess, cudaMemcpy(back, scalars, sizeof back, cudaMemcpyDeviceToHost));
   out.found_inf = back[1];
   out.total = back[2];
-  out.norm_sq.resize(ts.size());
+  out.norms.resize(ts.size());
   if (!ts.empty()) {
-    EXPECT_EQ(cudaSuccess, cudaMemcpy(out.norm_sq.data(), norms, ts.size() * sizeof(float),
+    EXPECT_EQ(cudaSuccess, cudaMemcpy(out.norms.data(), norms, ts.size() * sizeof(float),
                                       cudaMemcpyDeviceToHost));
   }
   return out;
@@ -250,13 +250,26 @@ void ExpectSameData(const HostTensor &t, const std::vector<uint8_t> &cpu,
   }
 }
 
-void ExpectNormClose(float cpu, float gpu, const char *what, size_t which) {
+/* L2 norms of the same `numel` stored values, from the CPU and the GPU.
+ * Their sums differ in order and in precision: the CPU adds squares in float
+ * in blocks of 8 per lane (<= ~5e-7 relative on the sum of squares), the GPU
+ * in double. So: 1e-6 relative, plus what the CPU's float squares below
+ * FLT_MIN may lose (2^-150 each at most, E = numel * 2^-150 on the sum,
+ * hence min(sqrt(E), E / norm) on the norm: nothing unless every value is
+ * below ~1e-19, where the GPU's exact norm is compared with the CPU's
+ * underflowed one), plus one float subnormal step. */
+void ExpectNormClose(float cpu, float gpu, int64_t numel, const char *what, size_t which) {
   if (std::isnan(cpu)) {
     EXPECT_TRUE(std::isnan(gpu)) << what << " " << which << ": gpu " << gpu;
   } else if (std::isinf(cpu)) {
     EXPECT_EQ(cpu, gpu) << what << " " << which;
   } else {
-    EXPECT_LE(std::fabs((double)gpu - (double)cpu), 1e-6 * std::fabs((double)cpu))
+    EXPECT_FALSE(std::signbit(gpu)) << what << " " << which << ": gpu " << gpu;
+    const double hi = std::max(std::fabs((double)cpu), std::fabs((double)gpu));
+    const double e = (double)numel * std::ldexp(1.0, -150);
+    const double underflow = hi > 0.0 ? std::min(std::sqrt(e), e / hi) : 0.0;
+    EXPECT_LE(std::fabs((double)gpu - (double)cpu),
+              1e-6 * std::fabs((double)cpu) + underflow + std::ldexp(1.0, -149))
         << what << " " << which << ": cpu " << cpu << " gpu " << gpu;
   }
 }
@@ -267,11 +280,13 @@ void ExpectSameResults(const std::vector<HostTensor> &ts, const Outputs &cpu, co
   ASSERT_EQ(MIXPREC_OK, gpu.status);
   ASSERT_EQ(cpu.data.size(), gpu.data.size());
   EXPECT_EQ(F32Bits(cpu.found_inf), F32Bits(gpu.found_inf));
+  int64_t numel = 0;
   for (size_t i = 0; i < ts.size(); i++) {
     ExpectSameData(ts[i], cpu.data[i], gpu.data[i], i);
-    if (o.norms) ExpectNormClose(cpu.norm_sq[i], gpu.norm_sq[i], "norm_sq", i);
+    if (o.norms) ExpectNormClose(cpu.norms[i], gpu.norms[i], ts[i].numel, "norm", i);
+    numel += ts[i].numel;
   }
-  if (o.total) ExpectNormClose(cpu.total, gpu.total, "total", 0);
+  if (o.total) ExpectNormClose(cpu.total, gpu.total, numel, "total", 0);
 }
 
 const mixprec_dtype kDtypes[] = {MIXPREC_F32, MIXPREC_F16, MIXPREC_BF16};
@@ -372,7 +387,7 @@ TEST_F(CudaUnscale, EmptyTensorsAndEmptyList) {
   for (mixprec_dtype d : kDtypes) empties.push_back(MakeTensor(d, 0, 0));
   CompareWithCpu(empties, RunOptions());
   const Outputs g2 = RunGpu(empties, RunOptions(), stream_);
-  for (float n : g2.norm_sq) EXPECT_EQ(0.0f, n);
+  for (float n : g2.norms) EXPECT_EQ(0.0f, n);
   EXPECT_EQ(0.0f, g2.total);
 
   std::vector<HostTensor> some = RandomList(20, true, MIXPREC_F32, 40);
@@ -399,10 +414,70 @@ TEST_F(CudaUnscale, NonFiniteAtFirstMiddleLast) {
         const Outputs gpu = RunGpu(ts, RunOptions(), stream_);
         EXPECT_EQ(1.0f, gpu.found_inf);
         ExpectSameResults(ts, cpu, gpu, RunOptions());
-        EXPECT_FALSE(std::isfinite(gpu.norm_sq[6]));
+        EXPECT_FALSE(std::isfinite(gpu.norms[6]));
         EXPECT_FALSE(std::isfinite(gpu.total));
       }
     }
+  }
+}
+
+/* Finite values far beyond what a float sum of squares holds (around 1e20,
+ * whose squares overflow float, and one near 3e38 per list) give finite
+ * norms on both sides, equal within 1e-6; found_inf stays 0. */
+TEST_F(CudaUnscale, HugeFiniteValuesGiveFiniteNorms) {
+  for (mixprec_dtype d : {MIXPREC_F32, MIXPREC_BF16}) {
+    SCOPED_TRACE(::testing::Message() << "dtype " << d);
+    std::vector<HostTensor> ts;
+    for (int64_t n : {1000, 70001, 33, 129}) {
+      ts.push_back(MakeTensor(d, n, n & 1));
+      for (int64_t i = 0; i < n; i++) {
+        const float m = 0.5f + (float)(rng_() % 1000) / 666.0f;
+        SetBits(d, ts.back().bytes.data(), i, ToBits(d, ((rng_() & 1) ? -m : m) * 1e20f));
+      }
+    }
+    SetBits(d, ts[0].bytes.data(), 500, ToBits(d, 3.0e38f));
+    SetBits(d, ts[1].bytes.data(), 70000, ToBits(d, -1.0e37f));
+    for (float inv : {1.0f, 0.75f}) {
+      RunOptions o;
+      o.inv_scale = inv;
+      const Outputs cpu = RunCpu(ts, o);
+      const Outputs gpu = RunGpu(ts, o, stream_);
+      ExpectSameResults(ts, cpu, gpu, o);
+      EXPECT_EQ(0u, F32Bits(gpu.found_inf));
+      for (size_t i = 0; i < ts.size(); i++) {
+        EXPECT_TRUE(std::isfinite(cpu.norms[i])) << i;
+        EXPECT_TRUE(std::isfinite(gpu.norms[i])) << i;
+      }
+      EXPECT_TRUE(std::isfinite(cpu.total));
+      EXPECT_TRUE(std::isfinite(gpu.total));
+    }
+  }
+}
+
+/* A NaN inv_scale with payload bits: every output NaN on both sides, the
+ * norms NaN, found_inf untouched by finite inputs. */
+TEST_F(CudaUnscale, NanInvScaleGivesNan) {
+  std::vector<HostTensor> ts = RandomList(30, true, MIXPREC_F32, 70000);
+  for (uint32_t bits : {0x7fffffffu, 0xffc00001u}) {
+    RunOptions o;
+    std::memcpy(&o.inv_scale, &bits, sizeof bits);
+    SCOPED_TRACE(::testing::Message() << "inv_scale bits 0x" << std::hex << bits);
+    const Outputs cpu = RunCpu(ts, o);
+    const Outputs gpu = RunGpu(ts, o, stream_);
+    ExpectSameResults(ts, cpu, gpu, o);
+    EXPECT_EQ(0u, F32Bits(gpu.found_inf));
+    for (size_t t = 0; t < ts.size(); t++) {
+      for (int64_t i = 0; i < ts[t].numel; i++) {
+        if (!IsNanBits(ts[t].dtype, GetBits(ts[t].dtype, gpu.data[t].data(), i))) {
+          ADD_FAILURE() << "tensor " << t << " element " << i << " is not NaN";
+          break;
+        }
+      }
+      if (ts[t].numel > 0) {
+        EXPECT_TRUE(std::isnan(gpu.norms[t])) << t;
+      }
+    }
+    EXPECT_TRUE(std::isnan(gpu.total));
   }
 }
 
@@ -429,7 +504,7 @@ TEST_F(CudaUnscale, NormsAreDeterministic) {
   const Outputs b = RunGpu(ts, RunOptions(), stream_);
   ASSERT_EQ(MIXPREC_OK, a.status);
   for (size_t i = 0; i < ts.size(); i++)
-    ASSERT_EQ(F32Bits(a.norm_sq[i]), F32Bits(b.norm_sq[i])) << "tensor " << i;
+    ASSERT_EQ(F32Bits(a.norms[i]), F32Bits(b.norms[i])) << "tensor " << i;
   EXPECT_EQ(F32Bits(a.total), F32Bits(b.total));
   ExpectSameResults(ts, RunCpu(ts, RunOptions()), a, RunOptions());
 }

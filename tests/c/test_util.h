@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -189,9 +190,11 @@ class Buf {
 
 // Fills b with finite random values typical of gradients times a loss scale:
 // random sign, mantissa and a binary exponent spread over [emin, emax],
-// sprinkled with exact zeros, negative zeros and random finite bit patterns
-// of the dtype (which include its subnormals and extremes).
-inline void fill_random(Buf &b, std::mt19937 &rng, int emin = -30, int emax = 14) {
+// sprinkled with exact zeros, negative zeros and (unless random_bits is
+// false) random finite bit patterns of the dtype (which include its
+// subnormals and extremes: FP32/BF16 values up to ~3.4e38).
+inline void fill_random(Buf &b, std::mt19937 &rng, int emin = -30, int emax = 14,
+                        bool random_bits = true) {
   std::uniform_real_distribution<float> mant(1.0f, 2.0f);
   std::uniform_int_distribution<int> expo(emin, emax);
   std::uniform_int_distribution<int> kind(0, 99);
@@ -202,7 +205,7 @@ inline void fill_random(Buf &b, std::mt19937 &rng, int emin = -30, int emax = 14
       b.set_raw(i, 0);
     } else if (k == 1) {
       b.set_value(i, -0.0f);
-    } else if (k < 6) {
+    } else if (k < 6 && random_bits) {
       uint32_t r;
       do {
         r = bits32(rng);
@@ -243,6 +246,52 @@ inline long double ref_norm_sq(const Buf &b) {
     s += v * v;
   }
   return s;
+}
+
+// L2 norm of the stored values, in long double.
+inline long double ref_norm(const Buf &b) { return std::sqrt(ref_norm_sq(b)); }
+
+// Checks a float L2 norm returned by the library against sqrt(sumsq), where
+// sumsq is the long double sum of squares of the n stored values it covers.
+// Allowed: `rel` relative error (the library sums squares in float blocks,
+// <= ~5e-7 relative on the sum, half that on the norm), plus the loss the
+// contract admits for squares below FLT_MIN: each such float square is off
+// by at most 2^-150, which moves the norm by at most
+// min(sqrt(E), E / norm) with E = n * 2^-150 (zero in practice unless every
+// value is below ~1e-19), plus one float subnormal step.
+// Exact bits are required when the reference is 0 or +inf; NaN must give
+// NaN. A norm past float's range must be +inf, except within `rel` of the
+// overflow threshold 2^128, where either side is accepted.
+inline void expect_norm_close(float got, long double sumsq, int64_t n, double rel,
+                              const std::string &what) {
+  if (std::isnan(sumsq)) {
+    EXPECT_TRUE(std::isnan(got)) << what << ": got " << got << " want NaN";
+    return;
+  }
+  ASSERT_GE(sumsq, 0.0L) << what << ": a sum of squares is never negative";
+  if (std::isinf(sumsq) || sumsq == 0.0L) {
+    const float want_f = float(std::sqrt(sumsq));
+    EXPECT_EQ(f32_bits(got), f32_bits(want_f)) << what << ": got " << got << " want " << want_f;
+    return;
+  }
+  const long double want = std::sqrt(sumsq);
+  const long double top = std::ldexp(1.0L, 128);  // float rounds [2^128 - 2^103, ...) to inf
+  EXPECT_FALSE(std::isnan(got)) << what << ": got NaN, want " << double(want);
+  EXPECT_FALSE(std::signbit(got)) << what << ": a norm is never negative: " << got;
+  if (std::isinf(got)) {
+    EXPECT_GE(want, top * (1.0L - rel)) << what << ": got inf, want " << double(want);
+    return;
+  }
+  if (want > top * (1.0L + rel)) {
+    ADD_FAILURE() << what << ": got " << got << " want inf (" << double(want) << ")";
+    return;
+  }
+  const long double e = (long double)n * std::ldexp(1.0L, -150);
+  const long double underflow = std::min(std::sqrt(e), e / want);
+  const long double err = std::fabs((long double)got - want);
+  const long double tol = rel * want + underflow + std::ldexp(1.0L, -149);
+  EXPECT_LE(double(err), double(tol)) << what << ": got " << got << " want " << double(want)
+                                      << " (rel err " << double(err / want) << ")";
 }
 
 // Number of elements whose bits differ (a NaN matches any NaN); the first few
