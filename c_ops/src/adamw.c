@@ -1,0 +1,163 @@
+/* Fused multi-tensor AdamW step with optional FP32 master weights.
+ *
+ * The arithmetic follows torch's fused CPU kernel
+ * (aten/src/ATen/native/cpu/FusedAdamKernel.cpp, adam_math for float,
+ * ADAM_MODE::ADAMW) operation for operation, so FP32 results match
+ * torch.optim.AdamW(fused=True) bit for bit: scalars in double from the float
+ * step count, rounded to float once; elementwise float math with every
+ * operation rounded, except the lerp of the first moment, which torch's
+ * vectorised body (vec::fmadd) does with one fused multiply-add. */
+#include "optim_common.h"
+
+/* Per-tensor scalars, computed once per step from that tensor's count. */
+typedef struct adamw_scalars {
+  float new_step; /* *step + 1, written back at the end */
+  float decay;    /* 1 - lr * weight_decay */
+  float step_size;
+  float bc2_sqrt;
+} adamw_scalars;
+
+/* Per-step constants shared by every tensor. */
+typedef struct adamw_consts {
+  float w;       /* lerp weight 1 - beta1 */
+  float w_m1;    /* w - 1, the other branch's coefficient */
+  int w_small;   /* |w| < 0.5 */
+  float beta2, c2, eps;
+  int decay_on;  /* weight_decay != 0 */
+  int amsgrad, maximize;
+  int has_scale;
+  float scale;
+} adamw_consts;
+
+static void adamw_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
+                        const adamw_scalars *s, const adamw_consts *k) {
+  const int half = t->param_dtype != MIXPREC_F32;
+  float *P = half ? t->master : (float *)t->param;
+  float *M = t->exp_avg, *V = t->exp_avg_sq, *VM = t->max_exp_avg_sq;
+  for (int64_t i = begin; i < end; i++) {
+    float g = mixprec__opt_load(t->grad, t->grad_dtype, i);
+    if (k->has_scale) g = g / k->scale;
+    if (k->maximize) g = -g;
+    float p = P[i];
+    if (k->decay_on) p = p * s->decay;
+    float m = M[i];
+    const float diff = g - m;
+    m = k->w_small ? fmaf(k->w, diff, m) : fmaf(k->w_m1, diff, g);
+    float v = V[i] * k->beta2;
+    const float cg = k->c2 * g;
+    v = v + cg * g;
+    float vd = v;
+    if (k->amsgrad) {
+      const float old = VM[i];
+      /* ATen's vectorised maximum: NaN if either operand is NaN. */
+      vd = (old != old || v != v) ? old + v : (old < v ? v : old);
+      VM[i] = vd;
+    }
+    const float denom = sqrtf(vd) / s->bc2_sqrt + k->eps;
+    const float upd = s->step_size * m;
+    p = p - upd / denom;
+    M[i] = m;
+    V[i] = v;
+    P[i] = p;
+    if (half) mixprec__opt_store_half(t->param, t->param_dtype, i, p);
+  }
+}
+
+mixprec_adamw_params mixprec_adamw_params_default(void) {
+  mixprec_adamw_params p;
+  p.lr = 1e-3;
+  p.beta1 = 0.9;
+  p.beta2 = 0.999;
+  p.eps = 1e-8;
+  p.weight_decay = 1e-2;
+  p.amsgrad = 0;
+  p.maximize = 0;
+  p.lr_tensor = NULL;
+  p.grad_scale = NULL;
+  p.found_inf = NULL;
+  return p;
+}
+
+static mixprec_status adamw_check(const mixprec_opt_tensor *list, int64_t n,
+                                  const mixprec_adamw_params *p) {
+  if (!p) return MIXPREC_ERR_NULL_POINTER;
+  if (n < 0) return MIXPREC_ERR_BAD_SIZE;
+  if (n > 0 && !list) return MIXPREC_ERR_NULL_POINTER;
+  /* torch.optim.AdamW's checks (0 <= lr, 0 <= eps, 0 <= beta < 1,
+   * 0 <= weight_decay), plus finiteness. */
+  if (!p->lr_tensor && !mixprec__opt_finite_ge(p->lr, 0.0)) return MIXPREC_ERR_BAD_ARGUMENT;
+  if (!mixprec__opt_finite_ge(p->eps, 0.0) || !mixprec__opt_finite_ge(p->weight_decay, 0.0) ||
+      !(p->beta1 >= 0.0 && p->beta1 < 1.0) || !(p->beta2 >= 0.0 && p->beta2 < 1.0))
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  for (int64_t i = 0; i < n; i++) {
+    const mixprec_opt_tensor *t = &list[i];
+    mixprec_status st = mixprec__opt_check_tensor(t);
+    if (st != MIXPREC_OK) return st;
+    if (!t->step) return MIXPREC_ERR_NULL_POINTER;
+    if (t->numel > 0 &&
+        (!t->exp_avg || !t->exp_avg_sq || (p->amsgrad && !t->max_exp_avg_sq)))
+      return MIXPREC_ERR_NULL_POINTER;
+  }
+  return MIXPREC_OK;
+}
+
+mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list, int64_t n,
+                                  const mixprec_adamw_params *p) {
+  mixprec_status st = adamw_check(list, n, p);
+  if (st != MIXPREC_OK) return st;
+  if (mixprec__opt_skip(p->found_inf) || n == 0) return MIXPREC_OK;
+
+  adamw_scalars *sc = (adamw_scalars *)malloc(sizeof(adamw_scalars) * (size_t)n);
+  if (!sc) return MIXPREC_ERR_OUT_OF_MEMORY;
+  int64_t n_chunks, total;
+  int64_t *first = mixprec__opt_chunks(list, n, &n_chunks, &total);
+  if (!first) {
+    free(sc);
+    return MIXPREC_ERR_OUT_OF_MEMORY;
+  }
+
+  /* torch reads the learning rate tensor as a double (lr.item<double>()). */
+  const double lr = p->lr_tensor ? (double)*p->lr_tensor : p->lr;
+  adamw_consts k;
+  const double w = 1.0 - p->beta1;
+  k.w = (float)w;
+  k.w_m1 = k.w - 1.0f;
+  k.w_small = fabsf(k.w) < 0.5f;
+  k.beta2 = (float)p->beta2;
+  k.c2 = (float)(1.0 - p->beta2);
+  k.eps = (float)p->eps;
+  k.decay_on = p->weight_decay != 0.0;
+  k.amsgrad = p->amsgrad != 0;
+  k.maximize = p->maximize != 0;
+  k.has_scale = p->grad_scale != NULL;
+  k.scale = p->grad_scale ? *p->grad_scale : 1.0f;
+
+  /* Every count is read before any is written (tensors may share one). */
+  for (int64_t i = 0; i < n; i++) {
+    const float t = *list[i].step + 1.0f;
+    const double step = (double)t;
+    const double bc1 = 1.0 - pow(p->beta1, step);
+    const double bc2 = 1.0 - pow(p->beta2, step);
+    sc[i].new_step = t;
+    sc[i].decay = (float)(1.0 - lr * p->weight_decay);
+    sc[i].step_size = (float)(lr / bc1);
+    sc[i].bc2_sqrt = (float)sqrt(bc2);
+  }
+
+  int n_threads = mixprec__num_threads();
+  (void)n_threads;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) \
+    if (total >= MIXPREC__OPT_PARALLEL_MIN && n_chunks > 1)
+  for (int64_t c = 0; c < n_chunks; c++) {
+    const int64_t t = mixprec__opt_owner(first, n, c);
+    const int64_t begin = (c - first[t]) * MIXPREC__OPT_CHUNK;
+    const int64_t end = list[t].numel - begin < MIXPREC__OPT_CHUNK ? list[t].numel
+                                                                    : begin + MIXPREC__OPT_CHUNK;
+    adamw_chunk(&list[t], begin, end, &sc[t], &k);
+  }
+
+  for (int64_t i = 0; i < n; i++) *list[i].step = sc[i].new_step;
+  free(first);
+  free(sc);
+  return MIXPREC_OK;
+}

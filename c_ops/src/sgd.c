@@ -1,0 +1,147 @@
+/* Fused multi-tensor SGD step with optional FP32 master weights.
+ *
+ * The arithmetic follows torch's fused CPU kernel
+ * (aten/src/ATen/native/cpu/FusedSGDKernel.cpp, sgd_math for float) operation
+ * for operation: hyper-parameters rounded to float once, elementwise float
+ * math with every operation rounded (no contraction), so FP32 results match
+ * torch.optim.SGD(fused=True) bit for bit. */
+#include "optim_common.h"
+
+typedef struct sgd_consts {
+  float lr, momentum, wd, damp1; /* damp1 = 1 - dampening */
+  int wd_on, momentum_on, nesterov, maximize;
+  int has_scale;
+  float scale;
+} sgd_consts;
+
+static void sgd_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
+                      const sgd_consts *k) {
+  const int half = t->param_dtype != MIXPREC_F32;
+  float *P = half ? t->master : (float *)t->param;
+  float *B = t->exp_avg;
+  for (int64_t i = begin; i < end; i++) {
+    float g = mixprec__opt_load(t->grad, t->grad_dtype, i);
+    if (k->has_scale) g = g / k->scale;
+    if (k->maximize) g = -g;
+    float p = P[i];
+    if (k->wd_on) {
+      const float d = p * k->wd;
+      g = g + d;
+    }
+    if (k->momentum_on) {
+      float buf;
+      if (first) {
+        buf = g;
+      } else {
+        const float a = B[i] * k->momentum;
+        const float b = g * k->damp1;
+        buf = a + b;
+      }
+      B[i] = buf;
+      if (k->nesterov) {
+        const float a = buf * k->momentum;
+        g = g + a;
+      } else {
+        g = buf;
+      }
+    }
+    const float u = g * k->lr;
+    p = p - u;
+    P[i] = p;
+    if (half) mixprec__opt_store_half(t->param, t->param_dtype, i, p);
+  }
+}
+
+mixprec_sgd_params mixprec_sgd_params_default(void) {
+  mixprec_sgd_params p;
+  p.lr = 1e-3;
+  p.momentum = 0.0;
+  p.dampening = 0.0;
+  p.weight_decay = 0.0;
+  p.nesterov = 0;
+  p.maximize = 0;
+  p.lr_tensor = NULL;
+  p.grad_scale = NULL;
+  p.found_inf = NULL;
+  p.first_step = 0;
+  return p;
+}
+
+static mixprec_status sgd_check(const mixprec_opt_tensor *list, int64_t n,
+                                const mixprec_sgd_params *p) {
+  if (!p) return MIXPREC_ERR_NULL_POINTER;
+  if (n < 0) return MIXPREC_ERR_BAD_SIZE;
+  if (n > 0 && !list) return MIXPREC_ERR_NULL_POINTER;
+  /* torch.optim.SGD's checks (0 <= lr, 0 <= momentum, 0 <= weight_decay,
+   * nesterov needs momentum > 0 and dampening == 0), plus finiteness. */
+  if (!p->lr_tensor && !mixprec__opt_finite_ge(p->lr, 0.0)) return MIXPREC_ERR_BAD_ARGUMENT;
+  if (!mixprec__opt_finite_ge(p->momentum, 0.0) ||
+      !mixprec__opt_finite_ge(p->weight_decay, 0.0) || !isfinite(p->dampening))
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  if (p->nesterov && (!(p->momentum > 0.0) || p->dampening != 0.0))
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  for (int64_t i = 0; i < n; i++) {
+    const mixprec_opt_tensor *t = &list[i];
+    mixprec_status st = mixprec__opt_check_tensor(t);
+    if (st != MIXPREC_OK) return st;
+    if (t->numel > 0 && p->momentum != 0.0 && !t->exp_avg) return MIXPREC_ERR_NULL_POINTER;
+  }
+  return MIXPREC_OK;
+}
+
+mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list, int64_t n,
+                                const mixprec_sgd_params *p) {
+  mixprec_status st = sgd_check(list, n, p);
+  if (st != MIXPREC_OK) return st;
+  if (mixprec__opt_skip(p->found_inf) || n == 0) return MIXPREC_OK;
+
+  /* Per tensor: its "first step" flag and its new count. Every count is read
+   * before any is written (tensors may share one). */
+  unsigned char *is_first = (unsigned char *)malloc((size_t)n);
+  float *new_step = (float *)malloc(sizeof(float) * (size_t)n);
+  int64_t n_chunks = 0, total = 0;
+  int64_t *first = (is_first && new_step) ? mixprec__opt_chunks(list, n, &n_chunks, &total) : NULL;
+  if (!first) {
+    free(is_first);
+    free(new_step);
+    return MIXPREC_ERR_OUT_OF_MEMORY;
+  }
+  for (int64_t i = 0; i < n; i++) {
+    const float *s = list[i].step;
+    is_first[i] = (unsigned char)(s ? *s == 0.0f : p->first_step != 0);
+    new_step[i] = s ? *s + 1.0f : 0.0f;
+  }
+
+  /* torch reads the learning rate tensor as a double (lr.item<double>()). */
+  const double lr = p->lr_tensor ? (double)*p->lr_tensor : p->lr;
+  sgd_consts k;
+  k.lr = (float)lr;
+  k.momentum = (float)p->momentum;
+  k.wd = (float)p->weight_decay;
+  k.damp1 = (float)(1.0 - p->dampening);
+  k.wd_on = p->weight_decay != 0.0;
+  k.momentum_on = p->momentum != 0.0;
+  k.nesterov = p->nesterov != 0;
+  k.maximize = p->maximize != 0;
+  k.has_scale = p->grad_scale != NULL;
+  k.scale = p->grad_scale ? *p->grad_scale : 1.0f;
+
+  int n_threads = mixprec__num_threads();
+  (void)n_threads;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) \
+    if (total >= MIXPREC__OPT_PARALLEL_MIN && n_chunks > 1)
+  for (int64_t c = 0; c < n_chunks; c++) {
+    const int64_t t = mixprec__opt_owner(first, n, c);
+    const int64_t begin = (c - first[t]) * MIXPREC__OPT_CHUNK;
+    const int64_t end = list[t].numel - begin < MIXPREC__OPT_CHUNK ? list[t].numel
+                                                                    : begin + MIXPREC__OPT_CHUNK;
+    sgd_chunk(&list[t], begin, end, is_first[t], &k);
+  }
+
+  for (int64_t i = 0; i < n; i++)
+    if (list[i].step) *list[i].step = new_step[i];
+  free(first);
+  free(new_step);
+  free(is_first);
+  return MIXPREC_OK;
+}
