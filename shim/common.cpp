@@ -167,4 +167,117 @@ ScaleUpdateArgs scale_update_args(const char* op, const Tensor& scale,
   return a;
 }
 
+static bool same_layout(const Tensor& a, const Tensor& b) {
+  if (a.dim() != b.dim()) return false;
+  auto sa = a.sizes(), sb = b.sizes(), ta = a.strides(), tb = b.strides();
+  for (int64_t d = 0; d < a.dim(); d++) {
+    if (sa[d] != sb[d]) return false;
+    if (sa[d] != 1 && ta[d] != tb[d]) return false;
+  }
+  return true;
+}
+
+static mixprec_dtype float_dtype(const char* op, const char* list, size_t i, const Tensor& t) {
+  switch (t.scalar_type()) {
+    case ScalarType::Float: return MIXPREC_F32;
+    case ScalarType::Half: return MIXPREC_F16;
+    case ScalarType::BFloat16: return MIXPREC_BF16;
+    default:
+      STD_TORCH_CHECK(false, "mixprec::", op, ": ", list, "[", i,
+                      "] must be float32, float16 or bfloat16, got ", dtype_name(t.scalar_type()));
+  }
+  return MIXPREC_F32;
+}
+
+// An element-for-element companion of params[i] (grad, master, state).
+static void check_companion(const char* op, const char* list, size_t i, const Tensor& t,
+                            const Tensor& param, const Where& dev) {
+  STD_TORCH_CHECK(t.defined() && t.layout() == Layout::Strided, "mixprec::", op, ": ", list, "[",
+                  i, "] must be a defined strided tensor (sparse is not supported)");
+  STD_TORCH_CHECK(where(t) == dev, "mixprec::", op, ": ", list, "[", i, "] is on ",
+                  describe(where(t)), " but params[", i, "] is on ", describe(dev));
+  STD_TORCH_CHECK(same_layout(t, param), "mixprec::", op, ": ", list, "[", i,
+                  "] must have the same shape and strides as params[", i, "]");
+}
+
+OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
+                 const std::vector<Tensor>& grads, const std::vector<Tensor>& masters,
+                 const std::vector<Tensor>* states[], const char* const state_names[],
+                 int n_states, const std::vector<Tensor>& steps,
+                 const std::optional<Tensor>& lr_tensor, const std::optional<Tensor>& grad_scale,
+                 const std::optional<Tensor>& found_inf) {
+  OptArgs a;
+  const size_t n = params.size();
+  STD_TORCH_CHECK(n > 0, "mixprec::", op, ": params must be a non-empty list of tensors");
+  STD_TORCH_CHECK(grads.size() == n, "mixprec::", op, ": grads has ", grads.size(),
+                  " tensors but params has ", n);
+  STD_TORCH_CHECK(masters.size() == n, "mixprec::", op, ": masters has ", masters.size(),
+                  " tensors but params has ", n);
+  STD_TORCH_CHECK(steps.size() == n, "mixprec::", op, ": steps has ", steps.size(),
+                  " tensors but params has ", n);
+  for (int k = 0; k < n_states; k++)
+    STD_TORCH_CHECK(states[k]->empty() || states[k]->size() == n, "mixprec::", op, ": ",
+                    state_names[k], " has ", states[k]->size(), " tensors but params has ", n);
+  a.device = where(params[0]);
+  a.list.resize(n);
+  for (size_t i = 0; i < n; i++) {
+    const Tensor& p = params[i];
+    STD_TORCH_CHECK(p.defined() && p.layout() == Layout::Strided, "mixprec::", op, ": params[", i,
+                    "] must be a defined strided tensor");
+    STD_TORCH_CHECK(where(p) == a.device, "mixprec::", op, ": params[", i, "] is on ",
+                    describe(where(p)), " but params[0] is on ", describe(a.device));
+    STD_TORCH_CHECK(is_dense(p), "mixprec::", op, ": params[", i,
+                    "] must be contiguous or dense in some dimension order");
+    mixprec_opt_tensor& d = a.list[i];
+    d.numel = p.numel();
+    d.param_dtype = float_dtype(op, "params", i, p);
+    d.param = d.numel ? p.data_ptr() : nullptr;
+    check_companion(op, "grads", i, grads[i], p, a.device);
+    d.grad_dtype = float_dtype(op, "grads", i, grads[i]);
+    d.grad = d.numel ? grads[i].data_ptr() : nullptr;
+    const Tensor& m = masters[i];
+    if (d.param_dtype == MIXPREC_F32 || (m.defined() && m.numel() == 0 && d.numel == 0)) {
+      STD_TORCH_CHECK(!m.defined() || m.numel() == 0, "mixprec::", op, ": masters[", i,
+                      "] must be an empty tensor: params[", i, "] is float32 (its own master)");
+      d.master = nullptr;
+    } else {
+      check_companion(op, "masters", i, m, p, a.device);
+      STD_TORCH_CHECK(m.scalar_type() == ScalarType::Float, "mixprec::", op, ": masters[", i,
+                      "] must be float32, got ", dtype_name(m.scalar_type()));
+      d.master = d.numel ? static_cast<float*>(m.data_ptr()) : nullptr;
+    }
+    float* state_ptr[3] = {nullptr, nullptr, nullptr};
+    for (int k = 0; k < n_states; k++) {
+      if (states[k]->empty()) continue;
+      const Tensor& t = (*states[k])[i];
+      check_companion(op, state_names[k], i, t, p, a.device);
+      STD_TORCH_CHECK(t.scalar_type() == ScalarType::Float, "mixprec::", op, ": ",
+                      state_names[k], "[", i, "] must be float32, got ",
+                      dtype_name(t.scalar_type()));
+      state_ptr[k] = d.numel ? static_cast<float*>(t.data_ptr()) : nullptr;
+    }
+    d.exp_avg = state_ptr[0];
+    d.exp_avg_sq = state_ptr[1];
+    d.max_exp_avg_sq = state_ptr[2];
+    const Tensor& st = steps[i];
+    STD_TORCH_CHECK(st.defined() && st.scalar_type() == ScalarType::Float && st.numel() == 1,
+                    "mixprec::", op, ": steps[", i, "] must be a one-element float32 tensor");
+    STD_TORCH_CHECK(where(st) == a.device, "mixprec::", op, ": steps[", i, "] is on ",
+                    describe(where(st)), " but params[", i, "] is on ", describe(a.device));
+    d.step = static_cast<float*>(st.data_ptr());
+  }
+  const std::optional<Tensor>* scalars[3] = {&lr_tensor, &grad_scale, &found_inf};
+  const char* scalar_names[3] = {"lr", "grad_scale", "found_inf"};
+  const float* scalar_ptr[3] = {nullptr, nullptr, nullptr};
+  for (int k = 0; k < 3; k++) {
+    if (!scalars[k]->has_value()) continue;
+    check_scalar_f32(op, scalar_names[k], **scalars[k], a.device);
+    scalar_ptr[k] = static_cast<const float*>((*scalars[k])->data_ptr());
+  }
+  a.lr_tensor = scalar_ptr[0];
+  a.grad_scale = scalar_ptr[1];
+  a.found_inf = scalar_ptr[2];
+  return a;
+}
+
 }  // namespace mixprec_shim

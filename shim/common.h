@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "mixprec/mixprec.h"
@@ -63,6 +64,28 @@ ScaleUpdateArgs scale_update_args(const char* op, const Tensor& scale,
                                   int64_t hysteresis, double min_scale,
                                   double max_scale);
 
+struct OptArgs {
+  std::vector<mixprec_opt_tensor> list;
+  Where device;
+  const float* lr_tensor;   // null when absent
+  const float* grad_scale;  // null when absent
+  const float* found_inf;   // null when absent
+};
+
+// Validates the tensor lists of mixprec::adamw_step_ / sgd_step_ (one place
+// for both backends). params: float32/float16/bfloat16, dense; grads: same
+// sizes and strides, any of the three dtypes; masters: float32 with the
+// param's sizes and strides, or an empty tensor for a float32 param (which is
+// its own master); state lists (names given by the caller, empty list =
+// absent): float32 with the param's sizes and strides; steps: one-element
+// float32 each. Every tensor on the params' device.
+OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
+                 const std::vector<Tensor>& grads, const std::vector<Tensor>& masters,
+                 const std::vector<Tensor>* states[], const char* const state_names[],
+                 int n_states, const std::vector<Tensor>& steps,
+                 const std::optional<Tensor>& lr_tensor, const std::optional<Tensor>& grad_scale,
+                 const std::optional<Tensor>& found_inf);
+
 // The two update ops, for a backend whose runner enqueues the C call:
 // update_scale_ is update_scale_ex_ without hysteresis, bounds or counter.
 template <void (*Run)(const char* op, const ScaleUpdateArgs&)>
@@ -82,6 +105,70 @@ void update_scale_ex_op(Tensor scale, Tensor growth_tracker, Tensor hysteresis_t
       scale_update_args("update_scale_ex_", scale, growth_tracker, &hysteresis_tracker,
                         &skipped_steps, found_inf, growth_factor, backoff_factor,
                         growth_interval, hysteresis, min_scale, max_scale));
+}
+
+// The optimizer ops, for a backend whose runners enqueue the C calls.
+using AdamwRunner = mixprec_status (*)(const mixprec_opt_tensor*, int64_t,
+                                       const mixprec_adamw_params*, int32_t device);
+using SgdRunner = mixprec_status (*)(const mixprec_opt_tensor*, int64_t,
+                                     const mixprec_sgd_params*, int32_t device);
+
+template <AdamwRunner Run>
+void adamw_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
+                   std::vector<Tensor> masters, std::vector<Tensor> exp_avgs,
+                   std::vector<Tensor> exp_avg_sqs, std::vector<Tensor> max_exp_avg_sqs,
+                   std::vector<Tensor> steps, double lr, double beta1, double beta2,
+                   double weight_decay, double eps, bool amsgrad, bool maximize,
+                   std::optional<Tensor> lr_tensor, std::optional<Tensor> grad_scale,
+                   std::optional<Tensor> found_inf) {
+  const char* op = "adamw_step_";
+  STD_TORCH_CHECK(!exp_avgs.empty() && !exp_avg_sqs.empty(), "mixprec::", op,
+                  ": exp_avgs and exp_avg_sqs are required");
+  STD_TORCH_CHECK(amsgrad == !max_exp_avg_sqs.empty(), "mixprec::", op,
+                  ": max_exp_avg_sqs must be given exactly when amsgrad is true");
+  const std::vector<Tensor>* states[3] = {&exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs};
+  const char* const names[3] = {"exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"};
+  OptArgs a = opt_args(op, params, grads, masters, states, names, 3, steps, lr_tensor,
+                       grad_scale, found_inf);
+  mixprec_adamw_params p = mixprec_adamw_params_default();
+  p.lr = lr;
+  p.beta1 = beta1;
+  p.beta2 = beta2;
+  p.weight_decay = weight_decay;
+  p.eps = eps;
+  p.amsgrad = amsgrad;
+  p.maximize = maximize;
+  p.lr_tensor = a.lr_tensor;
+  p.grad_scale = a.grad_scale;
+  p.found_inf = a.found_inf;
+  check_status(Run(a.list.data(), (int64_t)a.list.size(), &p, a.device.index), op);
+}
+
+template <SgdRunner Run>
+void sgd_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
+                 std::vector<Tensor> masters, std::vector<Tensor> momentum_buffers,
+                 std::vector<Tensor> steps, double lr, double momentum, double dampening,
+                 double weight_decay, bool nesterov, bool maximize,
+                 std::optional<Tensor> lr_tensor, std::optional<Tensor> grad_scale,
+                 std::optional<Tensor> found_inf) {
+  const char* op = "sgd_step_";
+  STD_TORCH_CHECK((momentum != 0) == !momentum_buffers.empty(), "mixprec::", op,
+                  ": momentum_buffers must be given exactly when momentum is not 0");
+  const std::vector<Tensor>* states[1] = {&momentum_buffers};
+  const char* const names[1] = {"momentum_buffers"};
+  OptArgs a = opt_args(op, params, grads, masters, states, names, 1, steps, lr_tensor,
+                       grad_scale, found_inf);
+  mixprec_sgd_params p = mixprec_sgd_params_default();
+  p.lr = lr;
+  p.momentum = momentum;
+  p.dampening = dampening;
+  p.weight_decay = weight_decay;
+  p.nesterov = nesterov;
+  p.maximize = maximize;
+  p.lr_tensor = a.lr_tensor;
+  p.grad_scale = a.grad_scale;
+  p.found_inf = a.found_inf;
+  check_status(Run(a.list.data(), (int64_t)a.list.size(), &p, a.device.index), op);
 }
 
 }  // namespace mixprec_shim

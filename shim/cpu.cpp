@@ -36,6 +36,16 @@ void run_update_cpu(const char* op, const ScaleUpdateArgs& a) {
                op);
 }
 
+mixprec_status adamw_cpu(const mixprec_opt_tensor* list, int64_t n,
+                         const mixprec_adamw_params* p, int32_t) {
+  return mixprec_adamw_step(list, n, p);
+}
+
+mixprec_status sgd_cpu(const mixprec_opt_tensor* list, int64_t n, const mixprec_sgd_params* p,
+                       int32_t) {
+  return mixprec_sgd_step(list, n, p);
+}
+
 }  // namespace
 }  // namespace mixprec_shim
 
@@ -46,4 +56,6 @@ STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
          TORCH_BOX(&mixprec_shim::update_scale_op<mixprec_shim::run_update_cpu>));
   m.impl("update_scale_ex_",
          TORCH_BOX(&mixprec_shim::update_scale_ex_op<mixprec_shim::run_update_cpu>));
+  m.impl("adamw_step_", TORCH_BOX(&mixprec_shim::adamw_step_op<mixprec_shim::adamw_cpu>));
+  m.impl("sgd_step_", TORCH_BOX(&mixprec_shim::sgd_step_op<mixprec_shim::sgd_cpu>));
 }

@@ -24,4 +24,21 @@ STABLE_TORCH_LIBRARY(mixprec, m) {
       " Tensor(c!) hysteresis_tracker, Tensor(d!) skipped_steps, Tensor found_inf,"
       " float growth_factor, float backoff_factor, int growth_interval,"
       " int hysteresis, float min_scale, float max_scale) -> ()");
+  // Fused master-weight optimizer steps. masters[i] is the FP32 master of a
+  // float16/bfloat16 param, or an empty tensor for a float32 param. State
+  // lists are float32; max_exp_avg_sqs is empty unless amsgrad, and
+  // momentum_buffers empty when momentum is 0. steps: one float32 count per
+  // param. lr (when given) overrides the float lr; grad_scale divides the
+  // grads; a nonzero found_inf skips the whole step. All on the device.
+  m.def(
+      "adamw_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] masters,"
+      " Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs,"
+      " Tensor(f!)[] steps, float lr, float beta1, float beta2, float weight_decay,"
+      " float eps, bool amsgrad, bool maximize, Tensor? lr_tensor, Tensor? grad_scale,"
+      " Tensor? found_inf) -> ()");
+  m.def(
+      "sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] masters,"
+      " Tensor(c!)[] momentum_buffers, Tensor(d!)[] steps, float lr, float momentum,"
+      " float dampening, float weight_decay, bool nesterov, bool maximize,"
+      " Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf) -> ()");
 }

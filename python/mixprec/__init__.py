@@ -2,7 +2,7 @@
 
 ``import mixprec`` loads the compiled libraries into torch (``torch.ops.mixprec``)
 and registers their fake kernels. The drop-in classes live in submodules:
-``mixprec.amp.GradScaler``.
+``mixprec.amp.GradScaler``, ``mixprec.optim.AdamW``, ``mixprec.optim.SGD``.
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ load()
 from . import _meta  # noqa: E402,F401  (needs the ops defined)
 from . import amp  # noqa: E402
 from . import ops  # noqa: E402
+from . import optim  # noqa: E402
 
 __all__ = [
     "amp",
     "ops",
+    "optim",
     "library_path",
     "cuda_library_path",
     "capi_library_path",

@@ -1,0 +1,260 @@
+"""Fused master-weight optimizers: ``mixprec.optim.AdamW`` and ``mixprec.optim.SGD``.
+
+Drop them in after ``model.to(torch.bfloat16)`` (or float16): each low-precision
+parameter gets an FP32 master copy and FP32 state in the optimizer, one fused
+pass per device reads the gradient (any of FP32/FP16/BF16), divides it by the
+loss scale if a GradScaler hands one over, updates master and state in FP32
+and writes the parameter back rounded to nearest even. FP32 parameters work
+too (no master copy). A step is skipped on the device when the GradScaler
+found an inf/NaN: no host sync (``_step_supports_amp_scaling = True``).
+
+The update rules are torch's (``torch.optim.AdamW`` / ``torch.optim.SGD``),
+and a state_dict of torch's optimizers loads into these (master weights are
+then taken from the parameters).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+__all__ = ["AdamW", "SGD"]
+
+_PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_FP32_STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "master")
+
+
+class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
+    """Shared machinery: state creation, per-device grouping, GradScaler
+    hand-over, state_dict loading that keeps FP32 state FP32."""
+
+    _step_supports_amp_scaling = True
+
+    def _check_param(self, p: torch.Tensor) -> None:
+        if p.dtype not in _PARAM_DTYPES:
+            raise RuntimeError(
+                f"{type(self).__name__}: parameters must be float32, float16 or bfloat16, got {p.dtype}"
+            )
+
+    def _base_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        state = self.state[p]
+        if "step" not in state:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+        if p.dtype != torch.float32 and "master" not in state:
+            state["master"] = p.detach().float()
+        return state
+
+    @staticmethod
+    def _fp32_zeros(p: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+
+    def _grad_of(self, p: torch.Tensor) -> torch.Tensor:
+        g = p.grad
+        if g.is_sparse:
+            raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+        if g.stride() != p.stride():
+            # The fused kernel walks param, grad and state as one flat array.
+            g = torch.empty_like(p, dtype=g.dtype).copy_(g)
+        return g
+
+    def _scaler_tensors(self, device: torch.device):
+        """grad_scale / found_inf handed over by a GradScaler, on ``device``."""
+        grad_scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        if grad_scale is not None:
+            grad_scale = grad_scale.to(device, torch.float32, non_blocking=True).reshape(())
+        if found_inf is not None:
+            found_inf = found_inf.to(device, torch.float32, non_blocking=True).reshape(())
+        return grad_scale, found_inf
+
+    @staticmethod
+    def _lr_args(lr, device: torch.device):
+        if isinstance(lr, torch.Tensor):
+            return 0.0, lr.to(device, torch.float32, non_blocking=True).reshape(())
+        return float(lr), None
+
+    def _by_device(self, group: dict[str, Any]) -> dict[torch.device, list[torch.Tensor]]:
+        out: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            self._check_param(p)
+            out[p.device].append(p)
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads a state dict of this class or of torch's optimizer of the
+        same kind. torch casts floating state to each parameter's dtype;
+        this keeps FP32 state (and master weights) in FP32, exactly."""
+        originals: dict[int, dict[str, torch.Tensor]] = {}
+        for idx, st in state_dict.get("state", {}).items():
+            originals[idx] = {
+                k: v for k, v in st.items() if k in _FP32_STATE_KEYS and isinstance(v, torch.Tensor)
+            }
+        super().load_state_dict(state_dict)
+        index_to_param = {}
+        i = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                index_to_param[i] = p
+                i += 1
+        for idx, saved in originals.items():
+            p = index_to_param.get(int(idx))
+            if p is None:
+                continue
+            st = self.state[p]
+            for k, v in saved.items():
+                st[k] = v.to(device=p.device, dtype=torch.float32, copy=True)
+            if "step" in st:
+                step = st["step"]
+                st["step"] = (
+                    step.detach().to(device=p.device, dtype=torch.float32).reshape(()).clone()
+                    if isinstance(step, torch.Tensor)
+                    else torch.tensor(float(step), dtype=torch.float32, device=p.device)
+                )
+        self._after_load()
+
+    def _after_load(self) -> None:
+        pass
+
+
+class AdamW(_FusedMasterWeightOptimizer):
+    """``torch.optim.AdamW`` with FP32 master weights and state for FP16/BF16
+    parameters, fused into one pass per device.
+
+    Args are torch's: ``lr`` (float or 0-dim tensor) 1e-3, ``betas``
+    (0.9, 0.999), ``eps`` 1e-8, ``weight_decay`` 1e-2, ``amsgrad`` False,
+    keyword ``maximize`` False.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float | torch.Tensor = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        amsgrad: bool = False,
+        *,
+        maximize: bool = False,
+    ) -> None:
+        if isinstance(lr, float) and not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+        if not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for device, params in self._by_device(group).items():
+                grads, masters, ms, vs, vmaxs, steps = [], [], [], [], [], []
+                for p in params:
+                    st = self._base_state(p)
+                    if "exp_avg" not in st:
+                        st["exp_avg"] = self._fp32_zeros(p)
+                        st["exp_avg_sq"] = self._fp32_zeros(p)
+                    if group["amsgrad"] and "max_exp_avg_sq" not in st:
+                        st["max_exp_avg_sq"] = self._fp32_zeros(p)
+                    grads.append(self._grad_of(p))
+                    masters.append(st["master"] if "master" in st else p.new_empty(0, dtype=torch.float32))
+                    ms.append(st["exp_avg"])
+                    vs.append(st["exp_avg_sq"])
+                    if group["amsgrad"]:
+                        vmaxs.append(st["max_exp_avg_sq"])
+                    steps.append(st["step"])
+                lr, lr_tensor = self._lr_args(group["lr"], device)
+                grad_scale, found_inf = self._scaler_tensors(device)
+                torch.ops.mixprec.adamw_step_(
+                    params, grads, masters, ms, vs, vmaxs, steps,
+                    lr, float(beta1), float(beta2), float(group["weight_decay"]), float(group["eps"]),
+                    bool(group["amsgrad"]), bool(group["maximize"]),
+                    lr_tensor, grad_scale, found_inf,
+                )
+        return loss
+
+
+class SGD(_FusedMasterWeightOptimizer):
+    """``torch.optim.SGD`` (momentum, dampening, nesterov, weight decay,
+    maximize) with FP32 master weights and momentum for FP16/BF16
+    parameters, fused into one pass per device.
+
+    Args are torch's: ``lr`` 1e-3, ``momentum`` 0, ``dampening`` 0,
+    ``weight_decay`` 0, ``nesterov`` False, keyword ``maximize`` False.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float | torch.Tensor = 1e-3,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        *,
+        maximize: bool = False,
+    ) -> None:
+        if isinstance(lr, float) and lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if momentum < 0.0:
+            raise ValueError(f"Invalid momentum value: {momentum}")
+        if weight_decay < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        defaults = dict(
+            lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+            nesterov=nesterov, maximize=maximize,
+        )
+        super().__init__(params, defaults)
+
+    def _after_load(self) -> None:
+        # torch's SGD keeps no step count: a loaded momentum buffer means the
+        # first step is behind us.
+        for st in self.state.values():
+            buf = st.get("momentum_buffer")
+            if isinstance(buf, torch.Tensor) and "step" not in st:
+                st["step"] = torch.ones((), dtype=torch.float32, device=buf.device)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            momentum = float(group["momentum"])
+            for device, params in self._by_device(group).items():
+                grads, masters, bufs, steps = [], [], [], []
+                for p in params:
+                    st = self._base_state(p)
+                    if momentum != 0.0:
+                        if st.get("momentum_buffer") is None:
+                            st["momentum_buffer"] = self._fp32_zeros(p)
+                        bufs.append(st["momentum_buffer"])
+                    grads.append(self._grad_of(p))
+                    masters.append(st["master"] if "master" in st else p.new_empty(0, dtype=torch.float32))
+                    steps.append(st["step"])
+                lr, lr_tensor = self._lr_args(group["lr"], device)
+                grad_scale, found_inf = self._scaler_tensors(device)
+                torch.ops.mixprec.sgd_step_(
+                    params, grads, masters, bufs, steps,
+                    lr, momentum, float(group["dampening"]), float(group["weight_decay"]),
+                    bool(group["nesterov"]), bool(group["maximize"]),
+                    lr_tensor, grad_scale, found_inf,
+                )
+        return loss
