@@ -1,0 +1,113 @@
+"""Benchmark: mixprec's fused master-weight AdamW / SGD vs torch's optimizers.
+
+In one process, same sizes, interleaved, median of several runs:
+  torch fused   torch.optim.AdamW(fused=True) on FP32 params (what a torch user
+                runs for master weights: FP32 model, 16 B/param moved... plus
+                the separate cast to the low-precision copy is not counted)
+  torch foreach torch.optim.AdamW(foreach=True) on FP32 params
+  torch bf16    torch.optim.AdamW(fused=True) directly on BF16 params (no
+                master weights: loses small updates)
+  mixprec       mixprec.optim.AdamW on BF16 params with FP32 master + state:
+                28 B/param (grad 2, master 8, m 8, v 8, param 2)
+and the RMW limit: in-place read-modify-write bandwidth measured in the same
+run on a buffer of the same byte count. Same for SGD with momentum (20 B/param).
+
+Usage: python bench/bench_optim.py [--quick] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+import mixprec  # noqa: E402
+from bench_unscale import machine  # noqa: E402
+
+# (number of tensors, elements each)
+CONFIGS = [(100, 10_000), (10, 1_000_000), (100, 1_000_000)]
+QUICK = [(100, 10_000), (10, 100_000)]
+
+
+def make(n, numel, dtype, gen):
+    ps = [torch.nn.Parameter((torch.randn(numel, generator=gen) * 0.1).to(dtype)) for _ in range(n)]
+    for p in ps:
+        p.grad = (torch.randn(numel, generator=gen) * 0.01).to(dtype)
+    return ps
+
+
+def bench(kind, n, numel, reps):
+    gen = torch.Generator().manual_seed(n + numel)
+    opt_cls = {"adamw": (mixprec.optim.AdamW, torch.optim.AdamW), "sgd": (mixprec.optim.SGD, torch.optim.SGD)}[kind]
+    kw = dict(lr=1e-3) if kind == "adamw" else dict(lr=1e-3, momentum=0.9)
+    bytes_per = 28 if kind == "adamw" else 20
+    runs = {
+        "torch_fused_fp32": opt_cls[1](make(n, numel, torch.float32, gen), fused=True, **kw),
+        "torch_foreach_fp32": opt_cls[1](make(n, numel, torch.float32, gen), foreach=True, **kw),
+        "torch_fused_bf16": opt_cls[1](make(n, numel, torch.bfloat16, gen), fused=True, **kw),
+        "mixprec_bf16_master": opt_cls[0](make(n, numel, torch.bfloat16, gen), **kw),
+    }
+    nbytes = bytes_per * n * numel
+    flat = torch.randn(nbytes // 8, generator=gen)  # RMW of nbytes/2 reads + nbytes/2 writes
+    two = torch.tensor(2.0)
+    half = torch.tensor(0.5)
+    state = {"k": 0}
+
+    def limit():
+        state["k"] ^= 1
+        flat.mul_(two if state["k"] else half)
+
+    fns = {k: o.step for k, o in runs.items()}
+    fns["limit"] = limit
+    times = {k: [] for k in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(reps):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}, nbytes
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    reps = args.reps or (3 if args.quick else 7)
+    header = ("| optimizer | params | torch fused FP32 ms | torch foreach FP32 ms | torch fused BF16 ms | "
+              "mixprec BF16+master ms | vs fused FP32 | mixprec GB/s | RMW limit GB/s | % of limit |")
+    rows = [header, "|" + "---|" * 10]
+    print(header)
+    for kind in ("adamw", "sgd"):
+        for n, numel in QUICK if args.quick else CONFIGS:
+            t, nbytes = bench(kind, n, numel, reps)
+            ours = t["mixprec_bf16_master"]
+            row = (
+                f"| {kind} | {n}x{numel:,} | {t['torch_fused_fp32'] * 1e3:.2f} | {t['torch_foreach_fp32'] * 1e3:.2f} | "
+                f"{t['torch_fused_bf16'] * 1e3:.2f} | {ours * 1e3:.2f} | {t['torch_fused_fp32'] / ours:.2f}x | "
+                f"{nbytes / ours / 1e9:.1f} | {nbytes / t['limit'] / 1e9:.1f} | {100 * t['limit'] / ours:.0f}% |"
+            )
+            rows.append(row)
+            print(row, flush=True)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    info = machine(torch.device("cpu"))
+    print(f"\nmachine: {info}; date: {when}; median of {reps} interleaved runs")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(f"# optimizer benchmark (cpu)\n\nMachine: {info}. Date: {when}. Median of {reps} interleaved runs.\n")
+            f.write(f"Command: `python bench/bench_optim.py{' --quick' if args.quick else ''}`\n\n")
+            f.write("\n".join(rows) + "\n")
+
+
+if __name__ == "__main__":
+    main()
