@@ -1,12 +1,37 @@
 /* Fused multi-tensor AdamW step with optional FP32 master weights.
  *
- * The arithmetic follows torch's fused CPU kernel
- * (aten/src/ATen/native/cpu/FusedAdamKernel.cpp, adam_math for float,
- * ADAM_MODE::ADAMW) operation for operation, so FP32 results match
- * torch.optim.AdamW(fused=True) bit for bit: scalars in double from the float
- * step count, rounded to float once; elementwise float math with every
- * operation rounded, except the lerp of the first moment, which torch's
- * vectorised body (vec::fmadd) does with one fused multiply-add. */
+ * FP32 results are bitwise equal to torch.optim.AdamW(fused=True) on CPU as
+ * built for ATEN_CPU_CAPABILITY=avx2 (checked against torch 2.14.1 by
+ * tests/python/test_optim_capi.py). The formulas follow torch's fused CPU
+ * kernel, aten/src/ATen/native/cpu/FusedAdamKernel.cpp, adam_math<float,
+ * float, ADAM_MODE::ADAMW> (the Half/BFloat16 overload is not followed: a
+ * low-precision param is updated here through its FP32 master, like torch
+ * run on an FP32 copy), and what GCC makes of it: ATen's AVX2 kernels are
+ * compiled with -mavx2 -mfma and GCC's default -ffp-contract=fast, so a
+ * product feeding an add is contracted into one fused multiply-add, in the
+ * Vectorized<float> body (whose operators are plain vector arithmetic) as well
+ * as in the scalar tail. Which product is fused differs between the two loops,
+ * so the split is reproduced: torch processes each tensor in tasks of whole
+ * 64-byte cache lines (16 floats), and in each task a vectorised body over
+ * Vectorized<float>::size() lanes (MIXPREC__OPT_TORCH_VEC, 8 with AVX2) and a
+ * scalar tail; task boundaries are multiples of 16, so the tail is always
+ * the tensor's last numel % MIXPREC__OPT_TORCH_VEC elements.
+ *
+ * Per element, in float (c = rounded once to float from double; fma = fmaf):
+ *   g = g / grad_scale;  g = -g (maximize)
+ *   p = p * c(1 - lr*wd)                                  (if wd != 0)
+ *   m = fma(w, g - m, m)          if |w| < 0.5, w = c(1 - beta1)
+ *     = fma(w - 1, g - m, g)      otherwise       (exp_avg.lerp_(g, w))
+ *   v = fma(c(1-beta2) * g, g, v * c(beta2))      body
+ *     = fma(v, c(beta2), (c(1-beta2) * g) * g)    tail
+ *   vmax = max(vmax, v)    body: Vectorized maximum, a NaN operand gives the
+ *                          all-ones NaN; tail: std::max(vmax, v)
+ *   p = p - (c(step_size) * m) / (sqrt(v or vmax) / c(sqrt(bc2)) + c(eps))
+ * with step_size = lr / (1 - beta1^t), bc2 = 1 - beta2^t in double, t the
+ * float step count. The other capabilities of torch (AVX-512: width 16 with
+ * the same formulas; DEFAULT, NEON/SVE: built without contraction) are not
+ * matched bit for bit; MIXPREC__OPT_TORCH_VEC=16 would match an AVX-512 torch
+ * if its build contracts the same way (not verified). */
 #include "optim_common.h"
 
 /* Per-tensor scalars, computed once per step from that tensor's count. */
@@ -29,8 +54,11 @@ typedef struct adamw_consts {
   float scale;
 } adamw_consts;
 
-static void adamw_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
-                        const adamw_scalars *s, const adamw_consts *k) {
+/* Elements [begin, end) of one tensor, all in torch's vectorised body
+ * (tail == 0) or all in its scalar tail (tail == 1). Inlined twice with a
+ * constant `tail`. */
+MIXPREC__INLINE void adamw_range(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
+                                 const adamw_scalars *s, const adamw_consts *k, const int tail) {
   const int half = t->param_dtype != MIXPREC_F32;
   float *P = half ? t->master : (float *)t->param;
   float *M = t->exp_avg, *V = t->exp_avg_sq, *VM = t->max_exp_avg_sq;
@@ -43,14 +71,21 @@ static void adamw_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
     float m = M[i];
     const float diff = g - m;
     m = k->w_small ? fmaf(k->w, diff, m) : fmaf(k->w_m1, diff, g);
-    float v = V[i] * k->beta2;
     const float cg = k->c2 * g;
-    v = v + cg * g;
+    float v = V[i];
+    if (tail)
+      v = fmaf(v, k->beta2, cg * g);
+    else
+      v = fmaf(cg, g, v * k->beta2);
     float vd = v;
     if (k->amsgrad) {
       const float old = VM[i];
-      /* ATen's vectorised maximum: NaN if either operand is NaN. */
-      vd = (old != old || v != v) ? old + v : (old < v ? v : old);
+      if (tail) /* std::max(old, v) */
+        vd = old < v ? v : old;
+      else /* Vectorized<float> maximum (AVX2): _mm256_max_ps(old, v), which
+            * gives v unless old > v, or'ed with an unordered compare: a NaN
+            * operand gives the all-ones NaN */
+        vd = (old != old || v != v) ? mixprec__f32_from_bits(0xffffffffu) : (old > v ? old : v);
       VM[i] = vd;
     }
     const float denom = sqrtf(vd) / s->bc2_sqrt + k->eps;
@@ -61,6 +96,14 @@ static void adamw_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
     P[i] = p;
     if (half) mixprec__opt_store_half(t->param, t->param_dtype, i, p);
   }
+}
+
+static void adamw_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
+                        const adamw_scalars *s, const adamw_consts *k) {
+  const int64_t tail = mixprec__opt_tail_start(t->numel);
+  const int64_t mid = end < tail ? end : (begin > tail ? begin : tail);
+  adamw_range(t, begin, mid, s, k, 0);
+  adamw_range(t, mid, end, s, k, 1);
 }
 
 mixprec_adamw_params mixprec_adamw_params_default(void) {

@@ -16,6 +16,22 @@
 /* Below this many elements in all, a parallel region costs more than it saves. */
 #define MIXPREC__OPT_PARALLEL_MIN ((int64_t)1 << 16)
 
+/* The vector width (in floats) of the torch CPU kernels whose results the
+ * optimizers reproduce bit for bit: Vectorized<float>::size() of torch's
+ * AVX2 build. torch's fused CPU optimizers run a vectorised body over the
+ * first numel - numel % width elements of each tensor and a scalar loop over
+ * the rest, and the two round differently (see adamw.c, sgd.c). 16 would be
+ * torch's AVX-512 build. Any value gives correct results; only the bitwise
+ * equality of the last few elements of a tensor depends on it. */
+#ifndef MIXPREC__OPT_TORCH_VEC
+#define MIXPREC__OPT_TORCH_VEC 8
+#endif
+
+/* First element of a tensor that torch's scalar tail loop handles. */
+MIXPREC__INLINE int64_t mixprec__opt_tail_start(int64_t numel) {
+  return numel - numel % MIXPREC__OPT_TORCH_VEC;
+}
+
 MIXPREC__INLINE int mixprec__opt_dtype_ok(mixprec_dtype d) {
   return d == MIXPREC_F32 || d == MIXPREC_F16 || d == MIXPREC_BF16;
 }

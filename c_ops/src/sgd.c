@@ -1,10 +1,30 @@
 /* Fused multi-tensor SGD step with optional FP32 master weights.
  *
- * The arithmetic follows torch's fused CPU kernel
- * (aten/src/ATen/native/cpu/FusedSGDKernel.cpp, sgd_math for float) operation
- * for operation: hyper-parameters rounded to float once, elementwise float
- * math with every operation rounded (no contraction), so FP32 results match
- * torch.optim.SGD(fused=True) bit for bit. */
+ * FP32 results are bitwise equal to torch.optim.SGD(fused=True) on CPU as
+ * built for ATEN_CPU_CAPABILITY=avx2 (checked against torch 2.14.1 by
+ * tests/python/test_optim_capi.py; with momentum 0 also equal to the default
+ * foreach/for-loop SGD, whose add_(grad, alpha=-lr) is a fused multiply-add
+ * too). The formulas follow torch's fused CPU kernel,
+ * aten/src/ATen/native/cpu/FusedSGDKernel.cpp, sgd_math<float, float> (the
+ * Half/BFloat16 overload is not followed: a low-precision param is updated
+ * here through its FP32 master, like torch run on an FP32 copy), and what GCC
+ * makes of it. The vectorised body calls vec::fmadd explicitly for the weight
+ * decay, the momentum update and nesterov; the remaining `param_vec +=
+ * grad_vec * Vec(-lr)` and the whole scalar tail are contracted into fused
+ * multiply-adds by GCC (-mfma, -ffp-contract=fast), and in the momentum update
+ * the tail fuses the other product than the body. The tail is the tensor's
+ * last numel % MIXPREC__OPT_TORCH_VEC elements (see optim_common.h).
+ *
+ * Per element, in float (c = rounded once to float from double; fma = fmaf):
+ *   g = g / grad_scale;  g = -g (maximize)
+ *   g = fma(p, c(wd), g)                                   (if wd != 0)
+ *   buf = g                                                first step
+ *       = fma(c(1 - dampening), g, buf * c(momentum))      body
+ *       = fma(buf, c(momentum), g * c(1 - dampening))      tail
+ *   g = nesterov ? fma(buf, c(momentum), g) : buf          (if momentum != 0)
+ *   p = fma(-g, c(lr), p)                                  (p - g*lr, rounded once)
+ * torch's other capabilities (DEFAULT, NEON/SVE builds without contraction,
+ * AVX-512 with width 16) are not matched bit for bit. */
 #include "optim_common.h"
 
 typedef struct sgd_consts {
@@ -14,8 +34,10 @@ typedef struct sgd_consts {
   float scale;
 } sgd_consts;
 
-static void sgd_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
-                      const sgd_consts *k) {
+/* Elements [begin, end) of one tensor, all in torch's vectorised body
+ * (tail == 0) or all in its scalar tail (tail == 1). */
+MIXPREC__INLINE void sgd_range(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
+                               int first, const sgd_consts *k, const int tail) {
   const int half = t->param_dtype != MIXPREC_F32;
   float *P = half ? t->master : (float *)t->param;
   float *B = t->exp_avg;
@@ -24,32 +46,30 @@ static void sgd_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end, i
     if (k->has_scale) g = g / k->scale;
     if (k->maximize) g = -g;
     float p = P[i];
-    if (k->wd_on) {
-      const float d = p * k->wd;
-      g = g + d;
-    }
+    if (k->wd_on) g = fmaf(p, k->wd, g);
     if (k->momentum_on) {
       float buf;
-      if (first) {
+      if (first)
         buf = g;
-      } else {
-        const float a = B[i] * k->momentum;
-        const float b = g * k->damp1;
-        buf = a + b;
-      }
+      else if (tail)
+        buf = fmaf(B[i], k->momentum, g * k->damp1);
+      else
+        buf = fmaf(k->damp1, g, B[i] * k->momentum);
       B[i] = buf;
-      if (k->nesterov) {
-        const float a = buf * k->momentum;
-        g = g + a;
-      } else {
-        g = buf;
-      }
+      g = k->nesterov ? fmaf(buf, k->momentum, g) : buf;
     }
-    const float u = g * k->lr;
-    p = p - u;
+    p = fmaf(-g, k->lr, p);
     P[i] = p;
     if (half) mixprec__opt_store_half(t->param, t->param_dtype, i, p);
   }
+}
+
+static void sgd_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
+                      const sgd_consts *k) {
+  const int64_t tail = mixprec__opt_tail_start(t->numel);
+  const int64_t mid = end < tail ? end : (begin > tail ? begin : tail);
+  sgd_range(t, begin, mid, first, k, 0);
+  sgd_range(t, mid, end, first, k, 1);
 }
 
 mixprec_sgd_params mixprec_sgd_params_default(void) {

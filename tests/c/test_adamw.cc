@@ -61,8 +61,16 @@ struct Param {
   }
 };
 
-// torch's fused CPU AdamW, float path, one tensor. lr is the double torch
-// passes (lr, or lr_tensor.item<double>()).
+// Vectorized<float>::size() of torch's AVX2 build: each tensor's last
+// numel % kTorchVec elements go through torch's scalar tail loop.
+constexpr int64_t kTorchVec = 8;
+
+// torch's fused CPU AdamW, float path (FusedAdamKernel.cpp, adam_math<float,
+// float, ADAMW>), one tensor, as torch's AVX2 build computes it: GCC compiles
+// ATen with -mfma and -ffp-contract=fast, so `a*b + c` becomes one fused
+// multiply-add wherever it contracts (found against torch 2.14.1, see
+// tests/python/test_optim_capi.py). lr is the double torch passes (lr, or
+// lr_tensor.item<double>()).
 void ref_float_step(Param &q, double lr, const mixprec_adamw_params &h, const float *scale) {
   const float t = q.rstep + 1.0f;
   const double step = t;
@@ -72,25 +80,37 @@ void ref_float_step(Param &q, double lr, const mixprec_adamw_params &h, const fl
   const double c1 = 1 - h.beta1, c2 = 1 - h.beta2;
   const double bc2_sqrt = std::sqrt(bc2);
   const float w = float(c1);
+  const int64_t tail_start = q.numel() - q.numel() % kTorchVec;
   for (int64_t i = 0; i < q.numel(); i++) {
     const size_t k = size_t(i);
+    const bool tail = i >= tail_start;
     float g = q.grad.value(i);
     if (scale) g = g / *scale;
-    if (h.maximize) g = -g;
+    if (h.maximize) g = g * -1.0f;
     float p = q.rp[k];
     if (h.weight_decay != 0.0) p = p * float(1 - lr * h.weight_decay);
-    // Vectorised lerp: blendv + vec::fmadd (one rounding).
+    // exp_avg.lerp_(grad, w): body blendv + vec::fmadd; the tail's
+    // m + w*(g - m) or g - (g - m)*(1 - w) contracted: the same roundings.
     float m = q.rm[k];
     if (std::fabs(w) < 0.5f)
       m = std::fma(w, g - m, m);
     else
-      m = std::fma(w - 1.0f, g - m, g);
-    float v = q.rv[k] * float(h.beta2);
-    v = v + float(c2) * g * g;
+      m = tail ? std::fma(-(g - m), 1.0f - w, g) : std::fma(w - 1.0f, g - m, g);
+    // v*beta2 + c2*g*g: the body fuses the second product, the tail the first.
+    float v = q.rv[k];
+    if (tail)
+      v = std::fma(v, float(h.beta2), float(c2) * g * g);
+    else
+      v = std::fma(float(c2) * g, g, v * float(h.beta2));
     float den;
     if (h.amsgrad) {
-      q.rvmax[k] = std::max(q.rvmax[k], v);
-      den = std::sqrt(q.rvmax[k]) / float(bc2_sqrt) + float(h.eps);
+      float &vm = q.rvmax[k];
+      if (tail)
+        vm = std::max(vm, v);
+      else  // _mm256_max_ps(vm, v) | unordered(vm, v)
+        vm = (std::isnan(vm) || std::isnan(v)) ? mpt::f32_from_bits(0xffffffffu)
+                                               : (vm > v ? vm : v);
+      den = std::sqrt(vm) / float(bc2_sqrt) + float(h.eps);
     } else {
       den = std::sqrt(v) / float(bc2_sqrt) + float(h.eps);
     }

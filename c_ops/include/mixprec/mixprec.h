@@ -378,17 +378,20 @@ MIXPREC_API mixprec_sgd_params mixprec_sgd_params_default(void);
  *  are computed in double and rounded to float once, as torch's fused CPU
  *  kernel does: decay = 1 - lr*weight_decay, step_size = lr / (1 - beta1^t),
  *  bc2_sqrt = sqrt(1 - beta2^t), w = 1 - beta1, c2 = 1 - beta2, beta2, eps.
- *  Then per element, in float, every operation rounded (no contraction):
+ *  Then per element, in float (fma: one rounding), as torch's AVX2 build
+ *  of that kernel computes it (GCC contracts its a*b + c into FMAs, and its
+ *  vectorised body and scalar tail fuse differently; the tail is each
+ *  tensor's last numel % 8 elements):
  *    g = grad; g = g / *grad_scale (if given); g = -g (if maximize);
  *    p = p * decay                               (only if weight_decay != 0)
  *    m = fma(w, g - m, m) if |w| < 0.5 else fma(w - 1, g - m, g)   (lerp)
- *    v = v * beta2;  v = v + (c2 * g) * g
- *    vmax = max(vmax, v) (NaN if either is NaN)  (amsgrad only)
+ *    v = fma(c2 * g, g, v * beta2)        (tail: fma(v, beta2, (c2 * g) * g))
+ *    vmax = max(vmax, v)                  (amsgrad only; NaN as torch's)
  *    denom = sqrt(amsgrad ? vmax : v) / bc2_sqrt + eps
  *    p = p - (step_size * m) / denom
  *    param = p rounded to param_dtype (nearest even) when param is F16/BF16
- *  and finally *step = t. The lerp's fma is one rounding (fmaf), as torch's
- *  vectorised lerp (vec::fmadd) does.
+ *  and finally *step = t. FP32 results are bitwise equal to torch's fused
+ *  CPU AdamW with ATEN_CPU_CAPABILITY avx2 (see c_ops/src/adamw.c).
  *  Results do not depend on the thread count.
  *  @param list : host array of n descriptors (n >= 0).
  *  @param p    : hyper-parameters (host pointer).
@@ -412,12 +415,15 @@ MIXPREC_API mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list,
  *  lr, momentum, weight_decay and 1 - dampening (computed in double) each
  *  rounded to float once, per element in float:
  *    g = grad; g = g / *grad_scale (if given); g = -g (if maximize);
- *    g = g + p * weight_decay                    (only if weight_decay != 0)
+ *    g = fma(p, weight_decay, g)                 (only if weight_decay != 0)
  *    if momentum != 0:
  *      buf = g                        on the tensor's first step, else
- *      buf = buf * momentum + g * (1 - dampening)
- *      g = nesterov ? g + buf * momentum : buf
- *    p = p - g * lr;  param = p rounded to param_dtype when F16/BF16.
+ *      buf = fma(1 - dampening, g, buf * momentum)
+ *            (in the last numel % 8 elements: fma(buf, momentum, g * (1 - dampening)))
+ *      g = nesterov ? fma(buf, momentum, g) : buf
+ *    p = fma(-g, lr, p);  param = p rounded to param_dtype when F16/BF16.
+ *  (fma: one rounding, as torch's AVX2 build computes it: bitwise equal to
+ *  torch's fused CPU SGD there; see c_ops/src/sgd.c.)
  *  "First step" (torch: the momentum_buffer is still None): for a tensor
  *  whose step is not NULL, it is *step == 0, read when the step runs (so a
  *  captured CUDA graph initialises the buffers on its first replay), and
