@@ -65,6 +65,18 @@ void run_update_cuda(const char* op, const ScaleUpdateArgs& a) {
                op);
 }
 
+mixprec_status adamw_cuda(const mixprec_opt_tensor* list, int64_t n,
+                          const mixprec_adamw_params* p, int32_t device) {
+  torch::stable::accelerator::DeviceGuard guard(device);
+  return mixprec_cuda_adamw_step(list, n, p, current_stream("adamw_step_", device));
+}
+
+mixprec_status sgd_cuda(const mixprec_opt_tensor* list, int64_t n, const mixprec_sgd_params* p,
+                        int32_t device) {
+  torch::stable::accelerator::DeviceGuard guard(device);
+  return mixprec_cuda_sgd_step(list, n, p, current_stream("sgd_step_", device));
+}
+
 }  // namespace
 }  // namespace mixprec_shim
 
@@ -75,4 +87,6 @@ STABLE_TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
          TORCH_BOX(&mixprec_shim::update_scale_op<mixprec_shim::run_update_cuda>));
   m.impl("update_scale_ex_",
          TORCH_BOX(&mixprec_shim::update_scale_ex_op<mixprec_shim::run_update_cuda>));
+  m.impl("adamw_step_", TORCH_BOX(&mixprec_shim::adamw_step_op<mixprec_shim::adamw_cuda>));
+  m.impl("sgd_step_", TORCH_BOX(&mixprec_shim::sgd_step_op<mixprec_shim::sgd_cuda>));
 }

@@ -156,3 +156,61 @@ def test_bad_inputs_cuda(gen):
     with pytest.raises(RuntimeError, match="inv_scale"):
         torch.ops.mixprec.unscale_(g[:1], fi, torch.tensor([0.5]))
     assert fi.item() == 0.0
+
+
+@pytest.mark.parametrize("cls,kw", [(mixprec.optim.AdamW, dict(lr=1e-2, amsgrad=True)),
+                                    (mixprec.optim.SGD, dict(lr=1e-2, momentum=0.9, nesterov=True))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_optimizer_cuda_matches_cpu(gen, cls, kw, dtype):
+    shapes = [(1,), (7,), (33, 5), (4097,), (100003,)]
+    cpu = [torch.nn.Parameter(torch.randn(*s, generator=gen).to(dtype)) for s in shapes]
+    gpu = [torch.nn.Parameter(p.detach().cuda()) for p in cpu]
+    oc, og = cls(cpu, **kw), cls(gpu, **kw)
+    for step in range(10):
+        for p, q in zip(cpu, gpu):
+            g = torch.randn(p.shape, generator=gen).to(dtype)
+            p.grad, q.grad = g, g.cuda()
+        oc.step()
+        og.step()
+    for p, q in zip(cpu, gpu):
+        assert_same(p.detach(), q.detach().cpu())
+        for k, v in oc.state[p].items():
+            torch.testing.assert_close(og.state[q][k].cpu(), v, rtol=2e-7, atol=0)
+
+
+def test_optimizer_step_in_cuda_graph_with_scaler(gen):
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).cuda().bfloat16()
+    ref = [p.detach().clone() for p in model.parameters()]
+    opt = mixprec.optim.AdamW(model.parameters(), lr=torch.tensor(1e-3, device="cuda"))
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()  # creates state outside the graph
+    ref_params = [torch.nn.Parameter(r) for r in ref]
+    ref_opt = mixprec.optim.AdamW(ref_params, lr=torch.tensor(1e-3, device="cuda"))
+    for p in ref_params:
+        p.grad = torch.zeros_like(p)
+    ref_opt.step()
+    found_inf = torch.zeros((), device="cuda")
+    grad_scale = torch.tensor(256.0, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        opt.found_inf, opt.grad_scale = found_inf, grad_scale
+        with torch.cuda.graph(graph, stream=s):
+            opt.step()
+        del opt.found_inf, opt.grad_scale
+    torch.cuda.current_stream().wait_stream(s)
+    for step in range(5):
+        grads = [torch.randn(p.shape, generator=gen).to("cuda", torch.bfloat16) for p in model.parameters()]
+        for p, q, g in zip(model.parameters(), ref_params, grads):
+            p.grad.copy_(g * 256)
+            q.grad = (g * 256).clone()
+        found_inf.fill_(1.0 if step == 2 else 0.0)
+        graph.replay()
+        ref_opt.found_inf, ref_opt.grad_scale = found_inf.clone(), grad_scale
+        ref_opt.step()
+        del ref_opt.found_inf, ref_opt.grad_scale
+    torch.cuda.synchronize()
+    for p, q in zip(model.parameters(), ref_params):
+        assert torch.equal(p, q)

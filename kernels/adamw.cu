@@ -1,0 +1,174 @@
+/* Fused multi-tensor AdamW step on CUDA: the GPU twin of c_ops/src/adamw.c,
+ * equal to it bit for bit (see optim.cuh for the one caveat, the bias
+ * corrections' pow).
+ *
+ * One launch per group of up to 64 or 384 tensors (multi-tensor apply, see
+ * common.cuh); each block takes chunks of MIXPREC__OPT_CU_CHUNK elements of
+ * one tensor, with the param/grad dtypes chosen per chunk on the device. At
+ * each chunk, thread 0 reads the tensor's step count and computes the
+ * tensor's scalars exactly as the CPU does (double from the float count,
+ * rounded to float once); the block shares them through shared memory. The
+ * counts are advanced by a separate kernel after the last group (optim.cuh).
+ * Every thread reads *found_inf first and returns when the step is skipped,
+ * so nothing is written and no host synchronisation is needed.
+ *
+ * Elementwise math: every float operation is an explicit round-to-nearest
+ * intrinsic (__fadd_rn, __fmul_rn, __fdiv_rn, __fsqrt_rn), so nvcc can
+ * neither contract nor approximate it, and fmaf is used exactly where the CPU
+ * uses it (the lerp, and the second moment, whose fused product differs
+ * between torch's vectorised body and its scalar tail: the last numel % 8
+ * elements of each tensor, see c_ops/src/adamw.c). */
+#include "optim.cuh"
+
+/* Per-call constants, rounded on the host exactly as adamw.c rounds them. */
+struct mixprec__adamw_k {
+  double beta1, beta2, weight_decay, lr; /* lr: used when lr_tensor is NULL */
+  const float *lr_tensor, *grad_scale, *found_inf;
+  float w, w_m1, beta2f, c2, eps;
+  int w_small, decay_on, amsgrad, maximize;
+};
+
+/* One element: the formulas of adamw_range in c_ops/src/adamw.c. s0 is
+ * exp_avg, s1 exp_avg_sq, s2 max_exp_avg_sq. */
+struct mixprec__adamw_op {
+  float w, w_m1, beta2, c2, eps, scale;
+  float decay, step_size, bc2_sqrt;
+  bool w_small, decay_on, amsgrad, maximize, has_scale;
+
+  __device__ __forceinline__ void operator()(float g, float &p, float &m, float &v,
+                                             float &vmax, bool tail) const {
+    if (has_scale) g = __fdiv_rn(g, scale);
+    if (maximize) g = -g;
+    if (decay_on) p = __fmul_rn(p, decay);
+    const float diff = __fsub_rn(g, m);
+    m = w_small ? fmaf(w, diff, m) : fmaf(w_m1, diff, g);
+    const float cg = __fmul_rn(c2, g);
+    /* torch's AVX2 build, as GCC contracts it: the body and the tail fuse
+     * different products (adamw.c). */
+    v = tail ? fmaf(v, beta2, __fmul_rn(cg, g)) : fmaf(cg, g, __fmul_rn(v, beta2));
+    float vd = v;
+    if (amsgrad) {
+      const float old = vmax;
+      if (tail) /* std::max(old, v) */
+        vd = old < v ? v : old;
+      else /* _mm256_max_ps or'ed with an unordered compare: all-ones NaN */
+        vd = (old != old || v != v) ? __uint_as_float(0xffffffffu) : (old > v ? old : v);
+      vmax = vd;
+    }
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vd), bc2_sqrt), eps);
+    const float upd = __fmul_rn(step_size, m);
+    p = __fsub_rn(p, __fdiv_rn(upd, denom));
+  }
+};
+
+template <int CAP>
+__global__ void __launch_bounds__(MIXPREC__OPT_CU_THREADS)
+    mixprec__adamw_kernel(const __grid_constant__ mixprec__opt_args<CAP> a,
+                          const mixprec__adamw_k k) {
+  if (mixprec__opt_skip_dev(k.found_inf)) return;
+  __shared__ float scalars[3]; /* decay, step_size, bc2_sqrt */
+
+  mixprec__adamw_op op;
+  op.w = k.w;
+  op.w_m1 = k.w_m1;
+  op.beta2 = k.beta2f;
+  op.c2 = k.c2;
+  op.eps = k.eps;
+  op.w_small = k.w_small != 0;
+  op.decay_on = k.decay_on != 0;
+  op.amsgrad = k.amsgrad != 0;
+  op.maximize = k.maximize != 0;
+  op.has_scale = k.grad_scale != NULL;
+  op.scale = k.grad_scale ? *k.grad_scale : 1.0f;
+
+  const int64_t n_chunks = a.chunk_start[a.count];
+  for (int64_t c = blockIdx.x; c < n_chunks; c += gridDim.x) {
+    const int t = mixprec__mta_find(a.chunk_start, a.count, c);
+    if (threadIdx.x == 0) {
+      /* As adamw.c: torch reads the lr tensor as a double; every scalar in
+       * double from the float count t = *step + 1, rounded to float once. */
+      const double lr = k.lr_tensor ? (double)*k.lr_tensor : k.lr;
+      const float tf = __fadd_rn(*a.step[t], 1.0f);
+      const double step = (double)tf;
+      const double bc1 = mixprec__one_minus_pow(k.beta1, step);
+      const double bc2 = mixprec__one_minus_pow(k.beta2, step);
+      scalars[0] = __double2float_rn(__dadd_rn(1.0, -__dmul_rn(lr, k.weight_decay)));
+      scalars[1] = __double2float_rn(__ddiv_rn(lr, bc1));
+      scalars[2] = __double2float_rn(__dsqrt_rn(bc2));
+    }
+    __syncthreads();
+    op.decay = scalars[0];
+    op.step_size = scalars[1];
+    op.bc2_sqrt = scalars[2];
+    const int64_t begin = (c - a.chunk_start[t]) * MIXPREC__OPT_CU_CHUNK;
+    const int64_t left = a.numel[t] - begin;
+    const int n = left < MIXPREC__OPT_CU_CHUNK ? (int)left : MIXPREC__OPT_CU_CHUNK;
+    mixprec__opt_span_dispatch(a, t, begin, n, true, op);
+    __syncthreads(); /* the next chunk's scalars overwrite these */
+  }
+}
+
+template <int CAP>
+static mixprec_status mixprec__adamw_group(const mixprec_opt_tensor *list, int64_t first,
+                                           int count, const mixprec__adamw_k &k,
+                                           cudaStream_t stream) {
+  mixprec__opt_args<CAP> a;
+  const int64_t n_chunks = mixprec__opt_pack<CAP>(list, first, count, 1, 1, k.amsgrad, &a);
+  if (n_chunks == 0) return MIXPREC_OK;
+  const unsigned grid =
+      (unsigned)(n_chunks < MIXPREC__MAX_GRID ? n_chunks : MIXPREC__MAX_GRID);
+  mixprec__adamw_kernel<CAP><<<grid, MIXPREC__OPT_CU_THREADS, 0, stream>>>(a, k);
+  return mixprec__cuda_launch_status();
+}
+
+extern "C" MIXPREC_API mixprec_status mixprec_cuda_adamw_step(const mixprec_opt_tensor *list,
+                                                              int64_t n,
+                                                              const mixprec_adamw_params *p,
+                                                              void *stream) {
+  mixprec_status st = mixprec__adamw_check_cu(list, n, p);
+  if (st != MIXPREC_OK) return st;
+  st = mixprec__opt_check_alignment(list, n, 1, 1, p->amsgrad != 0);
+  if (st != MIXPREC_OK) return st;
+  if (n == 0) return MIXPREC_OK;
+
+  float **steps;
+  int64_t n_steps;
+  st = mixprec__opt_distinct_steps(list, n, &steps, &n_steps);
+  if (st != MIXPREC_OK) return st;
+
+  mixprec__adamw_k k;
+  k.beta1 = p->beta1;
+  k.beta2 = p->beta2;
+  k.weight_decay = p->weight_decay;
+  k.lr = p->lr;
+  k.lr_tensor = p->lr_tensor;
+  k.grad_scale = p->grad_scale;
+  k.found_inf = p->found_inf;
+  const double w = 1.0 - p->beta1;
+  k.w = (float)w;
+  k.w_m1 = k.w - 1.0f;
+  k.w_small = fabsf(k.w) < 0.5f;
+  k.beta2f = (float)p->beta2;
+  k.c2 = (float)(1.0 - p->beta2);
+  k.eps = (float)p->eps;
+  k.decay_on = p->weight_decay != 0.0;
+  k.amsgrad = p->amsgrad != 0;
+  k.maximize = p->maximize != 0;
+
+  cudaStream_t s = (cudaStream_t)stream;
+  for (int64_t first = 0; first < n && st == MIXPREC_OK;) {
+    const int64_t left = n - first;
+    int count;
+    if (left <= MIXPREC__OPT_CAP_SMALL) {
+      count = (int)left;
+      st = mixprec__adamw_group<MIXPREC__OPT_CAP_SMALL>(list, first, count, k, s);
+    } else {
+      count = mixprec__mta_group_count(n, first, MIXPREC__OPT_CAP_LARGE);
+      st = mixprec__adamw_group<MIXPREC__OPT_CAP_LARGE>(list, first, count, k, s);
+    }
+    first += count;
+  }
+  if (st == MIXPREC_OK) st = mixprec__opt_advance(steps, n_steps, p->found_inf, s);
+  free(steps);
+  return st;
+}

@@ -1,0 +1,507 @@
+/* Shared pieces of the fused optimizer steps on CUDA (adamw.cu, sgd.cu): the
+ * host-side argument checks, the bias correction 1 - beta^t computed as the
+ * CPU computes it, the multi-tensor packing of optimizer descriptors, the
+ * per-chunk element loop (vectorised when aligned), and the step-count
+ * advance. Included only by the .cu files of kernels/; every name starts with
+ * mixprec__.
+ *
+ * Step counts. Tensors may share one step pointer and every count must be
+ * read before any is written, across all launches of one call. So the update
+ * kernels only READ the counts (each block reads its tensor's), and after the
+ * last update launch, on the same stream, one small kernel per group of
+ * DISTINCT step pointers adds 1 to each (the host sorts a copy of the
+ * pointers to drop duplicates: the only host allocation, hence
+ * MIXPREC_ERR_OUT_OF_MEMORY). Stream order makes every read happen before
+ * every write, with no workspace and no host synchronisation; that kernel
+ * reads *found_inf like the others, so a skipped step advances nothing. */
+#ifndef MIXPREC_KERNELS_OPTIM_CUH
+#define MIXPREC_KERNELS_OPTIM_CUH
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "common.cuh"
+
+/* ---- argument checks -----------------------------------------------------
+ * These mirror adamw_check / sgd_check and mixprec__opt_check_tensor of
+ * c_ops/src (adamw.c, sgd.c, optim_common.h) check for check and in the same
+ * order, so both backends return the same status for the same arguments.
+ * They are copied, not shared, only because those files are being edited
+ * concurrently; fold them into one header once that settles. */
+
+static inline int mixprec__opt_dtype_ok_cu(mixprec_dtype d) {
+  return d == MIXPREC_F32 || d == MIXPREC_F16 || d == MIXPREC_BF16;
+}
+
+static inline int mixprec__opt_finite_ge_cu(double x, double lo) {
+  return isfinite(x) && x >= lo;
+}
+
+static inline mixprec_status mixprec__opt_check_tensor_cu(const mixprec_opt_tensor *t) {
+  if (t->numel < 0) return MIXPREC_ERR_BAD_SIZE;
+  if (!mixprec__opt_dtype_ok_cu(t->param_dtype) || !mixprec__opt_dtype_ok_cu(t->grad_dtype))
+    return MIXPREC_ERR_BAD_DTYPE;
+  if (t->param_dtype == MIXPREC_F32 && t->master) return MIXPREC_ERR_BAD_ARGUMENT;
+  if (t->numel == 0) return MIXPREC_OK;
+  if (!t->param || !t->grad) return MIXPREC_ERR_NULL_POINTER;
+  if (t->param_dtype != MIXPREC_F32 && !t->master) return MIXPREC_ERR_NULL_POINTER;
+  return MIXPREC_OK;
+}
+
+static inline mixprec_status mixprec__adamw_check_cu(const mixprec_opt_tensor *list, int64_t n,
+                                                     const mixprec_adamw_params *p) {
+  if (!p) return MIXPREC_ERR_NULL_POINTER;
+  if (n < 0) return MIXPREC_ERR_BAD_SIZE;
+  if (n > 0 && !list) return MIXPREC_ERR_NULL_POINTER;
+  if (!p->lr_tensor && !mixprec__opt_finite_ge_cu(p->lr, 0.0)) return MIXPREC_ERR_BAD_ARGUMENT;
+  if (!mixprec__opt_finite_ge_cu(p->eps, 0.0) ||
+      !mixprec__opt_finite_ge_cu(p->weight_decay, 0.0) ||
+      !(p->beta1 >= 0.0 && p->beta1 < 1.0) || !(p->beta2 >= 0.0 && p->beta2 < 1.0))
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  for (int64_t i = 0; i < n; i++) {
+    const mixprec_opt_tensor *t = &list[i];
+    mixprec_status st = mixprec__opt_check_tensor_cu(t);
+    if (st != MIXPREC_OK) return st;
+    if (!t->step) return MIXPREC_ERR_NULL_POINTER;
+    if (t->numel > 0 &&
+        (!t->exp_avg || !t->exp_avg_sq || (p->amsgrad && !t->max_exp_avg_sq)))
+      return MIXPREC_ERR_NULL_POINTER;
+  }
+  return MIXPREC_OK;
+}
+
+static inline mixprec_status mixprec__sgd_check_cu(const mixprec_opt_tensor *list, int64_t n,
+                                                   const mixprec_sgd_params *p) {
+  if (!p) return MIXPREC_ERR_NULL_POINTER;
+  if (n < 0) return MIXPREC_ERR_BAD_SIZE;
+  if (n > 0 && !list) return MIXPREC_ERR_NULL_POINTER;
+  if (!p->lr_tensor && !mixprec__opt_finite_ge_cu(p->lr, 0.0)) return MIXPREC_ERR_BAD_ARGUMENT;
+  if (!mixprec__opt_finite_ge_cu(p->momentum, 0.0) ||
+      !mixprec__opt_finite_ge_cu(p->weight_decay, 0.0) || !isfinite(p->dampening))
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  if (p->nesterov && (!(p->momentum > 0.0) || p->dampening != 0.0))
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  for (int64_t i = 0; i < n; i++) {
+    const mixprec_opt_tensor *t = &list[i];
+    mixprec_status st = mixprec__opt_check_tensor_cu(t);
+    if (st != MIXPREC_OK) return st;
+    if (t->numel > 0 && p->momentum != 0.0 && !t->exp_avg) return MIXPREC_ERR_NULL_POINTER;
+  }
+  return MIXPREC_OK;
+}
+
+/* The device-only check, after the CPU's: a device load not aligned to its
+ * element size faults and ruins the CUDA context (as in mixprec_cuda_unscale,
+ * such a pointer is refused with BAD_ARGUMENT). `use_*` say which state
+ * buffers the step will touch. */
+static inline mixprec_status mixprec__opt_check_alignment(const mixprec_opt_tensor *list,
+                                                          int64_t n, int use_m, int use_v,
+                                                          int use_vmax) {
+  for (int64_t i = 0; i < n; i++) {
+    const mixprec_opt_tensor *t = &list[i];
+    if (t->step && (uintptr_t)t->step % 4 != 0) return MIXPREC_ERR_BAD_ARGUMENT;
+    if (t->numel == 0) continue;
+    const uintptr_t pa = (uintptr_t)mixprec_dtype_size(t->param_dtype);
+    const uintptr_t ga = (uintptr_t)mixprec_dtype_size(t->grad_dtype);
+    if ((uintptr_t)t->param % pa != 0 || (uintptr_t)t->grad % ga != 0 ||
+        (t->master && (uintptr_t)t->master % 4 != 0) ||
+        (use_m && (uintptr_t)t->exp_avg % 4 != 0) ||
+        (use_v && (uintptr_t)t->exp_avg_sq % 4 != 0) ||
+        (use_vmax && (uintptr_t)t->max_exp_avg_sq % 4 != 0))
+      return MIXPREC_ERR_BAD_ARGUMENT;
+  }
+  return MIXPREC_OK;
+}
+
+/* ---- 1 - beta^t, as the CPU computes it ----------------------------------
+ * The CPU rounds glibc's pow(beta, t) to double and subtracts it from 1.
+ * CUDA's double pow is documented with up to 2 ulp of error, so it would
+ * differ from glibc's in the last bit now and then, and 1 - x amplifies that
+ * (1 - 0.999^1 loses ten bits), which can flip the float rounding of
+ * step_size or bc2_sqrt. Instead, for the case that matters (t a
+ * non-negative integer up to 2^32, beta in [0, 1)), beta^t is computed in
+ * double-double by binary powering: each product has a relative error below
+ * ~2^-104 and squaring doubles the error carried so far, so the result is
+ * within ~t * 2^-103 relative of the exact power and rounds to the correctly
+ * rounded double except when the exact value lies within ~2^-18 ulp of a
+ * rounding midpoint. glibc's pow (since 2.28) is within 0.52 ulp, not
+ * correctly rounded: measured on glibc 2.36 against this function, t = 0 ..
+ * 2e6, no difference for beta 0.9, 0.99, 0.999, 0.95, 0.98, 0.995; a few per
+ * million for 0.9995, 0.9999, (double)0.999f; ~5e-4 of steps for 0.999999;
+ * in every case examined glibc was the one misrounded. A 1-ulp difference in
+ * the double then changes the float scalars only with probability ~2^-19 or
+ * less. Any other t (fractional, negative, huge, NaN) uses the device pow.
+ * The same function compiles for the host, so the two agree by construction
+ * if the CPU ever adopts it.
+ *
+ * Every operation is an explicit round-to-nearest intrinsic on the device so
+ * that nvcc cannot contract a product and a sum into an FMA. */
+#ifdef __CUDA_ARCH__
+#define MIXPREC__DMUL(a, b) __dmul_rn((a), (b))
+#define MIXPREC__DADD(a, b) __dadd_rn((a), (b))
+#else
+#define MIXPREC__DMUL(a, b) ((a) * (b))
+#define MIXPREC__DADD(a, b) ((a) + (b))
+#endif
+
+struct mixprec__dd {
+  double hi, lo;
+};
+
+/* x * y in double-double; the exact product of the high parts by FMA. */
+MIXPREC__HOST_DEVICE mixprec__dd mixprec__dd_mul(mixprec__dd x, mixprec__dd y) {
+  const double p = MIXPREC__DMUL(x.hi, y.hi);
+  double e = fma(x.hi, y.hi, -p);
+  e = MIXPREC__DADD(e, MIXPREC__DADD(MIXPREC__DMUL(x.hi, y.lo), MIXPREC__DMUL(x.lo, y.hi)));
+  mixprec__dd r;
+  r.hi = MIXPREC__DADD(p, e);
+  r.lo = MIXPREC__DADD(e, -MIXPREC__DADD(r.hi, -p));
+  return r;
+}
+
+/* 1.0 - pow(beta, t) in double, as `1.0 - pow(beta, step)` on the CPU. */
+MIXPREC__HOST_DEVICE double mixprec__one_minus_pow(double beta, double t) {
+  if (t >= 0.0 && t <= 4294967296.0 && t == floor(t) && beta >= 0.0 && beta < 1.0) {
+    const uint64_t n = (uint64_t)t;
+    mixprec__dd acc = {1.0, 0.0};
+    const mixprec__dd b = {beta, 0.0};
+    int top = 63;
+    while (top >= 0 && !((n >> top) & 1u)) top--;
+    for (int i = top; i >= 0; i--) {
+      acc = mixprec__dd_mul(acc, acc);
+      if ((n >> i) & 1u) acc = mixprec__dd_mul(acc, b);
+      /* acc only shrinks from here, and 1 - x is exactly 1.0 for any
+       * x <= 2^-54: stop before the low part underflows. */
+      if (acc.hi < 0x1p-100) return 1.0;
+    }
+    return MIXPREC__DADD(1.0, -acc.hi);
+  }
+  return MIXPREC__DADD(1.0, -pow(beta, t));
+}
+
+/* ---- multi-tensor packing --------------------------------------------- */
+
+/* Elements per chunk (one block's share at a time) and threads per block. */
+#define MIXPREC__OPT_CU_CHUNK 16384
+#define MIXPREC__OPT_CU_THREADS 256
+/* Elements per thread per iteration on the aligned path: 16-byte loads of
+ * the FP32 buffers, 8-byte loads of the 16-bit ones. */
+#define MIXPREC__OPT_CU_VEC 4
+
+/* torch's vector width, MIXPREC__OPT_TORCH_VEC of c_ops/src/optim_common.h
+ * (mirrored, not included: that header is C with internal.h). The last
+ * numel % 8 elements of each tensor are torch's scalar tail, which fuses
+ * different products than its vectorised body; the CPU reproduces that split
+ * and so does the GPU (the op gets a `tail` flag). */
+#ifdef MIXPREC__OPT_TORCH_VEC
+#define MIXPREC__OPT_CU_TORCH_VEC MIXPREC__OPT_TORCH_VEC
+#else
+#define MIXPREC__OPT_CU_TORCH_VEC 8
+#endif
+
+/* Group capacities: small lists take a ~5 KB argument struct; the large one
+ * stays under the 32 KB kernel-parameter budget. */
+#define MIXPREC__OPT_CAP_SMALL 64
+#define MIXPREC__OPT_CAP_LARGE 384
+#define MIXPREC__OPT_STEP_CAP 2048
+
+/* kind byte: param dtype (bits 0-1), grad dtype (bits 2-3), aligned (bit 4). */
+#define MIXPREC__OPT_ALIGNED 16
+
+/* One group of tensors. p32 is where the FP32 value lives (master, or the
+ * F32 param), half the F16/BF16 param to receive it rounded (NULL for F32).
+ * s0..s2 are the state buffers the optimizer uses (NULL when unused: the
+ * kernel then neither reads nor writes them). */
+template <int CAP>
+struct mixprec__opt_args {
+  float *p32[CAP];
+  void *half[CAP];
+  const void *grad[CAP];
+  float *s0[CAP];
+  float *s1[CAP];
+  float *s2[CAP];
+  const float *step[CAP];
+  int64_t numel[CAP];
+  int64_t chunk_start[CAP + 1];
+  int32_t count;
+  uint8_t kind[CAP];
+};
+
+static_assert(MIXPREC__OPT_CU_CHUNK % MIXPREC__OPT_CU_TORCH_VEC == 0 &&
+                  MIXPREC__OPT_CU_TORCH_VEC % MIXPREC__OPT_CU_VEC == 0,
+              "a vector of elements must never straddle torch's body/tail split");
+static_assert(sizeof(mixprec__opt_args<MIXPREC__OPT_CAP_LARGE>) + 256 <= MIXPREC__MTA_PARAM_BUDGET,
+              "optimizer kernel arguments exceed the parameter budget");
+
+/* Fills a group's struct from list[first .. first + count); which state
+ * buffers are used is the caller's choice (use_*). Returns the chunk count. */
+template <int CAP>
+static int64_t mixprec__opt_pack(const mixprec_opt_tensor *list, int64_t first, int count,
+                                 int use_s0, int use_s1, int use_s2,
+                                 mixprec__opt_args<CAP> *a) {
+  memset(a, 0, sizeof *a);
+  int64_t chunks = 0;
+  for (int i = 0; i < count; i++) {
+    const mixprec_opt_tensor *t = &list[first + i];
+    const int half = t->param_dtype != MIXPREC_F32;
+    a->p32[i] = half ? t->master : (float *)t->param;
+    a->half[i] = half ? t->param : NULL;
+    a->grad[i] = t->grad;
+    a->s0[i] = use_s0 ? t->exp_avg : NULL;
+    a->s1[i] = use_s1 ? t->exp_avg_sq : NULL;
+    a->s2[i] = use_s2 ? t->max_exp_avg_sq : NULL;
+    a->step[i] = t->step;
+    a->numel[i] = t->numel;
+    a->chunk_start[i] = chunks;
+    chunks += mixprec__mta_chunks(t->numel, MIXPREC__OPT_CU_CHUNK);
+    /* Vector loads need every buffer aligned to 4 of its elements; chunk
+     * starts are multiples of the chunk size, so that holds in every chunk. */
+    const uintptr_t f4 = 16, h4 = 8;
+    const uintptr_t ga = t->grad_dtype == MIXPREC_F32 ? f4 : h4;
+    int aligned = (uintptr_t)a->p32[i] % f4 == 0 && (uintptr_t)t->grad % ga == 0 &&
+                  (!half || (uintptr_t)t->param % h4 == 0) &&
+                  (uintptr_t)a->s0[i] % f4 == 0 && (uintptr_t)a->s1[i] % f4 == 0 &&
+                  (uintptr_t)a->s2[i] % f4 == 0;
+    a->kind[i] = (uint8_t)((unsigned)t->param_dtype | ((unsigned)t->grad_dtype << 2) |
+                           (aligned ? MIXPREC__OPT_ALIGNED : 0));
+  }
+  a->chunk_start[count] = chunks;
+  a->count = count;
+  return chunks;
+}
+
+/* ---- device element access ---------------------------------------------- */
+
+template <int D>
+MIXPREC__DEVICE float mixprec__opt_ld1(const void *base, int64_t i) {
+  if constexpr (D == MIXPREC_F32)
+    return ((const float *)base)[i];
+  else if constexpr (D == MIXPREC_F16)
+    return mixprec__f16_to_f32(((const uint16_t *)base)[i]);
+  else
+    return mixprec__bf16_to_f32(((const uint16_t *)base)[i]);
+}
+
+/* Four elements from an address aligned to four of them. */
+template <int D>
+MIXPREC__DEVICE void mixprec__opt_ld4(const void *base, int64_t i, float *out) {
+  if constexpr (D == MIXPREC_F32) {
+    const float4 r = *(const float4 *)((const float *)base + i);
+    out[0] = r.x;
+    out[1] = r.y;
+    out[2] = r.z;
+    out[3] = r.w;
+  } else {
+    const uint2 r = *(const uint2 *)((const uint16_t *)base + i);
+    const uint32_t w[2] = {r.x, r.y};
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+      out[2 * k] = D == MIXPREC_F16 ? mixprec__f16_to_f32((uint16_t)(w[k] & 0xffffu))
+                                    : mixprec__bf16_to_f32((uint16_t)(w[k] & 0xffffu));
+      out[2 * k + 1] = D == MIXPREC_F16 ? mixprec__f16_to_f32((uint16_t)(w[k] >> 16))
+                                        : mixprec__bf16_to_f32((uint16_t)(w[k] >> 16));
+    }
+  }
+}
+
+MIXPREC__DEVICE void mixprec__opt_st4f(float *base, int64_t i, const float *v) {
+  *(float4 *)(base + i) = make_float4(v[0], v[1], v[2], v[3]);
+}
+
+template <int D>
+MIXPREC__DEVICE uint32_t mixprec__opt_narrow(float v) {
+  if constexpr (D == MIXPREC_F16)
+    return mixprec__f32_to_f16(v);
+  else
+    return mixprec__f32_to_bf16(v);
+}
+
+/* The model param of four elements, rounded to nearest even. */
+template <int D>
+MIXPREC__DEVICE void mixprec__opt_st4h(void *base, int64_t i, const float *v) {
+  uint2 r;
+  r.x = mixprec__opt_narrow<D>(v[0]) | (mixprec__opt_narrow<D>(v[1]) << 16);
+  r.y = mixprec__opt_narrow<D>(v[2]) | (mixprec__opt_narrow<D>(v[3]) << 16);
+  *(uint2 *)((uint16_t *)base + i) = r;
+}
+
+/* Pointers of one chunk, already offset to its first element. */
+struct mixprec__opt_span_ptrs {
+  float *p32;
+  void *half;
+  const void *grad;
+  float *s0, *s1, *s2;
+};
+
+template <int CAP>
+MIXPREC__DEVICE mixprec__opt_span_ptrs mixprec__opt_span_at(const mixprec__opt_args<CAP> &a,
+                                                            int t, int64_t begin) {
+  mixprec__opt_span_ptrs s;
+  const int pd = a.kind[t] & 3, gd = (a.kind[t] >> 2) & 3;
+  s.p32 = a.p32[t] + begin;
+  s.half = a.half[t] ? (void *)((uint16_t *)a.half[t] + begin) : NULL;
+  s.grad = gd == MIXPREC_F32 ? (const void *)((const float *)a.grad[t] + begin)
+                             : (const void *)((const uint16_t *)a.grad[t] + begin);
+  s.s0 = a.s0[t] ? a.s0[t] + begin : NULL;
+  s.s1 = a.s1[t] ? a.s1[t] + begin : NULL;
+  s.s2 = a.s2[t] ? a.s2[t] + begin : NULL;
+  (void)pd;
+  return s;
+}
+
+/* The n elements of one chunk, by the whole block. op(g, p, s0, s1, s2, tail)
+ * updates one element in registers (tail: the element is in torch's scalar
+ * tail, i.e. its chunk-relative index is >= tail_from); a state buffer that
+ * is NULL is neither read nor written (its register holds 0), and s0 is not
+ * read when read_s0 is false (SGD's first step overwrites the momentum buffer). The
+ * element order does not matter: the update is elementwise. */
+template <int PD, int GD, bool ALIGNED, typename Op>
+MIXPREC__DEVICE void mixprec__opt_span(const mixprec__opt_span_ptrs &s, int n, int tail_from,
+                                       bool read_s0, const Op &op) {
+  constexpr int T = MIXPREC__OPT_CU_THREADS;
+  constexpr int V = MIXPREC__OPT_CU_VEC;
+  int done = 0;
+  if constexpr (ALIGNED) {
+    const int nv = n / V;
+    for (int j = threadIdx.x; j < nv; j += T) {
+      const int64_t i = (int64_t)j * V;
+      float g[V], p[V], a0[V] = {}, a1[V] = {}, a2[V] = {};
+      mixprec__opt_ld4<GD>(s.grad, i, g);
+      mixprec__opt_ld4<MIXPREC_F32>(s.p32, i, p);
+      if (s.s0 && read_s0) mixprec__opt_ld4<MIXPREC_F32>(s.s0, i, a0);
+      if (s.s1) mixprec__opt_ld4<MIXPREC_F32>(s.s1, i, a1);
+      if (s.s2) mixprec__opt_ld4<MIXPREC_F32>(s.s2, i, a2);
+      /* tail_from is a multiple of 8 (or <= 0): a vector is wholly on one side. */
+      const bool tail = (int)i >= tail_from;
+#pragma unroll
+      for (int k = 0; k < V; k++) op(g[k], p[k], a0[k], a1[k], a2[k], tail);
+      mixprec__opt_st4f(s.p32, i, p);
+      if (s.s0) mixprec__opt_st4f(s.s0, i, a0);
+      if (s.s1) mixprec__opt_st4f(s.s1, i, a1);
+      if (s.s2) mixprec__opt_st4f(s.s2, i, a2);
+      if constexpr (PD != MIXPREC_F32) mixprec__opt_st4h<PD>(s.half, i, p);
+    }
+    done = nv * V;
+  }
+  for (int i = done + threadIdx.x; i < n; i += T) {
+    const float g = mixprec__opt_ld1<GD>(s.grad, i);
+    float p = s.p32[i];
+    float a0 = s.s0 && read_s0 ? s.s0[i] : 0.0f;
+    float a1 = s.s1 ? s.s1[i] : 0.0f;
+    float a2 = s.s2 ? s.s2[i] : 0.0f;
+    op(g, p, a0, a1, a2, i >= tail_from);
+    s.p32[i] = p;
+    if (s.s0) s.s0[i] = a0;
+    if (s.s1) s.s1[i] = a1;
+    if (s.s2) s.s2[i] = a2;
+    if constexpr (PD != MIXPREC_F32) ((uint16_t *)s.half)[i] = (uint16_t)mixprec__opt_narrow<PD>(p);
+  }
+}
+
+/* The chunk with the dtypes chosen at run time: one switch per chunk, so a
+ * mixed-dtype list takes no more launches than a uniform one. */
+template <bool ALIGNED, typename Op>
+MIXPREC__DEVICE void mixprec__opt_span_dispatch2(int pd, int gd, const mixprec__opt_span_ptrs &s,
+                                                 int n, int tf, bool read_s0, const Op &op) {
+#define MIXPREC__OPT_G(PD)                                                            \
+  switch (gd) {                                                                       \
+    case MIXPREC_F32: mixprec__opt_span<PD, MIXPREC_F32, ALIGNED>(s, n, tf, read_s0, op); break; \
+    case MIXPREC_F16: mixprec__opt_span<PD, MIXPREC_F16, ALIGNED>(s, n, tf, read_s0, op); break; \
+    default: mixprec__opt_span<PD, MIXPREC_BF16, ALIGNED>(s, n, tf, read_s0, op); break;         \
+  }
+  switch (pd) {
+    case MIXPREC_F32: MIXPREC__OPT_G(MIXPREC_F32) break;
+    case MIXPREC_F16: MIXPREC__OPT_G(MIXPREC_F16) break;
+    default: MIXPREC__OPT_G(MIXPREC_BF16) break;
+  }
+#undef MIXPREC__OPT_G
+}
+
+template <int CAP, typename Op>
+MIXPREC__DEVICE void mixprec__opt_span_dispatch(const mixprec__opt_args<CAP> &a, int t,
+                                                int64_t begin, int n, bool read_s0,
+                                                const Op &op) {
+  const mixprec__opt_span_ptrs s = mixprec__opt_span_at(a, t, begin);
+  const int pd = a.kind[t] & 3, gd = (a.kind[t] >> 2) & 3;
+  /* torch's tail starts at numel - numel % 8, here relative to the chunk and
+   * clamped to [0, n] (chunk sizes are multiples of 8). */
+  const int64_t numel = a.numel[t];
+  int64_t tf64 = numel - numel % MIXPREC__OPT_CU_TORCH_VEC - begin;
+  const int tf = tf64 < 0 ? 0 : tf64 > n ? n : (int)tf64;
+  if (a.kind[t] & MIXPREC__OPT_ALIGNED)
+    mixprec__opt_span_dispatch2<true>(pd, gd, s, n, tf, read_s0, op);
+  else
+    mixprec__opt_span_dispatch2<false>(pd, gd, s, n, tf, read_s0, op);
+}
+
+/* Nonzero when the step must be skipped: *found_inf is nonzero or NaN. */
+MIXPREC__DEVICE bool mixprec__opt_skip_dev(const float *found_inf) {
+  return found_inf != NULL && !(*found_inf == 0.0f);
+}
+
+/* ---- step advance --------------------------------------------------------- */
+
+struct mixprec__step_args {
+  float *step[MIXPREC__OPT_STEP_CAP];
+  int32_t count;
+};
+
+static __global__ void __launch_bounds__(MIXPREC__OPT_CU_THREADS)
+    mixprec__opt_advance_kernel(const __grid_constant__ mixprec__step_args a,
+                                const float *found_inf) {
+  if (mixprec__opt_skip_dev(found_inf)) return;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < a.count) {
+    float *s = a.step[i];
+    *s = __fadd_rn(*s, 1.0f);
+  }
+}
+
+static int mixprec__opt_ptr_cmp(const void *x, const void *y) {
+  const uintptr_t a = (uintptr_t) * (float *const *)x, b = (uintptr_t) * (float *const *)y;
+  return a < b ? -1 : a > b;
+}
+
+/* The distinct non-NULL step pointers of the list, sorted, in a malloc'd
+ * array (*out; NULL when there are none). Returns OUT_OF_MEMORY on failure. */
+static inline mixprec_status mixprec__opt_distinct_steps(const mixprec_opt_tensor *list,
+                                                         int64_t n, float ***out,
+                                                         int64_t *n_out) {
+  *out = NULL;
+  *n_out = 0;
+  int64_t k = 0;
+  for (int64_t i = 0; i < n; i++) k += list[i].step != NULL;
+  if (k == 0) return MIXPREC_OK;
+  if ((uint64_t)k > SIZE_MAX / sizeof(float *)) return MIXPREC_ERR_OUT_OF_MEMORY;
+  float **v = (float **)malloc(sizeof(float *) * (size_t)k);
+  if (!v) return MIXPREC_ERR_OUT_OF_MEMORY;
+  k = 0;
+  for (int64_t i = 0; i < n; i++)
+    if (list[i].step) v[k++] = list[i].step;
+  qsort(v, (size_t)k, sizeof(float *), mixprec__opt_ptr_cmp);
+  int64_t u = 0;
+  for (int64_t i = 0; i < k; i++)
+    if (u == 0 || v[u - 1] != v[i]) v[u++] = v[i];
+  *out = v;
+  *n_out = u;
+  return MIXPREC_OK;
+}
+
+/* Enqueues the advance of the distinct counts, after every update launch. */
+static inline mixprec_status mixprec__opt_advance(float **steps, int64_t n_steps,
+                                                  const float *found_inf, cudaStream_t s) {
+  for (int64_t first = 0; first < n_steps; first += MIXPREC__OPT_STEP_CAP) {
+    mixprec__step_args a;
+    memset(&a, 0, sizeof a);
+    const int count = mixprec__mta_group_count(n_steps, first, MIXPREC__OPT_STEP_CAP);
+    for (int i = 0; i < count; i++) a.step[i] = steps[first + i];
+    a.count = count;
+    const unsigned grid = (unsigned)((count + MIXPREC__OPT_CU_THREADS - 1) / MIXPREC__OPT_CU_THREADS);
+    mixprec__opt_advance_kernel<<<grid, MIXPREC__OPT_CU_THREADS, 0, s>>>(a, found_inf);
+    const mixprec_status st = mixprec__cuda_launch_status();
+    if (st != MIXPREC_OK) return st;
+  }
+  return MIXPREC_OK;
+}
+
+#endif /* MIXPREC_KERNELS_OPTIM_CUH */

@@ -1,0 +1,133 @@
+/* Fused multi-tensor SGD step on CUDA: the GPU twin of c_ops/src/sgd.c,
+ * equal to it bit for bit.
+ *
+ * Same structure as adamw.cu (optim.cuh): one launch per group of tensors,
+ * dtypes per chunk on the device, every thread returns at once when
+ * *found_inf says skip, step counts only read by the update (a tensor's
+ * "first step" is *step == 0, read by each thread) and advanced by a separate
+ * kernel after the last group. Elementwise float math as sgd.c: fmaf where
+ * it fuses (torch's AVX2 build as GCC contracts it; the momentum update fuses
+ * a different product in torch's scalar tail, the last numel % 8 elements of
+ * each tensor), explicit round-to-nearest intrinsics elsewhere so that nvcc
+ * cannot contract anything else. */
+#include "optim.cuh"
+
+/* Per-call constants, rounded on the host exactly as sgd.c rounds them. */
+struct mixprec__sgd_k {
+  const float *lr_tensor, *grad_scale, *found_inf;
+  float lr, momentum, wd, damp1; /* lr: used when lr_tensor is NULL */
+  int wd_on, momentum_on, nesterov, maximize, first_step;
+};
+
+/* One element: the formulas of sgd_range in c_ops/src/sgd.c. s0 is the
+ * momentum buffer; s1 and s2 are unused (NULL, never touched). */
+struct mixprec__sgd_op {
+  float lr, momentum, wd, damp1, scale;
+  bool wd_on, momentum_on, nesterov, maximize, has_scale, first;
+
+  __device__ __forceinline__ void operator()(float g, float &p, float &buf, float &, float &,
+                                             bool tail) const {
+    if (has_scale) g = __fdiv_rn(g, scale);
+    if (maximize) g = -g;
+    if (wd_on) g = fmaf(p, wd, g);
+    if (momentum_on) {
+      if (first)
+        buf = g;
+      else if (tail)
+        buf = fmaf(buf, momentum, __fmul_rn(g, damp1));
+      else
+        buf = fmaf(damp1, g, __fmul_rn(buf, momentum));
+      g = nesterov ? fmaf(buf, momentum, g) : buf;
+    }
+    p = fmaf(-g, lr, p);
+  }
+};
+
+template <int CAP>
+__global__ void __launch_bounds__(MIXPREC__OPT_CU_THREADS)
+    mixprec__sgd_kernel(const __grid_constant__ mixprec__opt_args<CAP> a,
+                        const mixprec__sgd_k k) {
+  if (mixprec__opt_skip_dev(k.found_inf)) return;
+  mixprec__sgd_op op;
+  /* (float)(double)x == x: the CPU's lr.item<double>() rounded back. */
+  op.lr = k.lr_tensor ? *k.lr_tensor : k.lr;
+  op.momentum = k.momentum;
+  op.wd = k.wd;
+  op.damp1 = k.damp1;
+  op.wd_on = k.wd_on != 0;
+  op.momentum_on = k.momentum_on != 0;
+  op.nesterov = k.nesterov != 0;
+  op.maximize = k.maximize != 0;
+  op.has_scale = k.grad_scale != NULL;
+  op.scale = k.grad_scale ? *k.grad_scale : 1.0f;
+
+  const int64_t n_chunks = a.chunk_start[a.count];
+  for (int64_t c = blockIdx.x; c < n_chunks; c += gridDim.x) {
+    const int t = mixprec__mta_find(a.chunk_start, a.count, c);
+    op.first = a.step[t] ? *a.step[t] == 0.0f : k.first_step != 0;
+    const int64_t begin = (c - a.chunk_start[t]) * MIXPREC__OPT_CU_CHUNK;
+    const int64_t left = a.numel[t] - begin;
+    const int n = left < MIXPREC__OPT_CU_CHUNK ? (int)left : MIXPREC__OPT_CU_CHUNK;
+    mixprec__opt_span_dispatch(a, t, begin, n, !op.first, op);
+  }
+}
+
+template <int CAP>
+static mixprec_status mixprec__sgd_group(const mixprec_opt_tensor *list, int64_t first,
+                                         int count, const mixprec__sgd_k &k,
+                                         cudaStream_t stream) {
+  mixprec__opt_args<CAP> a;
+  const int64_t n_chunks = mixprec__opt_pack<CAP>(list, first, count, k.momentum_on, 0, 0, &a);
+  if (n_chunks == 0) return MIXPREC_OK;
+  const unsigned grid =
+      (unsigned)(n_chunks < MIXPREC__MAX_GRID ? n_chunks : MIXPREC__MAX_GRID);
+  mixprec__sgd_kernel<CAP><<<grid, MIXPREC__OPT_CU_THREADS, 0, stream>>>(a, k);
+  return mixprec__cuda_launch_status();
+}
+
+extern "C" MIXPREC_API mixprec_status mixprec_cuda_sgd_step(const mixprec_opt_tensor *list,
+                                                            int64_t n,
+                                                            const mixprec_sgd_params *p,
+                                                            void *stream) {
+  mixprec_status st = mixprec__sgd_check_cu(list, n, p);
+  if (st != MIXPREC_OK) return st;
+  st = mixprec__opt_check_alignment(list, n, p->momentum != 0.0, 0, 0);
+  if (st != MIXPREC_OK) return st;
+  if (n == 0) return MIXPREC_OK;
+
+  float **steps;
+  int64_t n_steps;
+  st = mixprec__opt_distinct_steps(list, n, &steps, &n_steps);
+  if (st != MIXPREC_OK) return st;
+
+  mixprec__sgd_k k;
+  k.lr_tensor = p->lr_tensor;
+  k.grad_scale = p->grad_scale;
+  k.found_inf = p->found_inf;
+  k.lr = (float)p->lr;
+  k.momentum = (float)p->momentum;
+  k.wd = (float)p->weight_decay;
+  k.damp1 = (float)(1.0 - p->dampening);
+  k.wd_on = p->weight_decay != 0.0;
+  k.momentum_on = p->momentum != 0.0;
+  k.nesterov = p->nesterov != 0;
+  k.maximize = p->maximize != 0;
+  k.first_step = p->first_step != 0;
+
+  cudaStream_t s = (cudaStream_t)stream;
+  for (int64_t first = 0; first < n && st == MIXPREC_OK;) {
+    const int64_t left = n - first;
+    int count;
+    if (left <= MIXPREC__OPT_CAP_SMALL) {
+      count = (int)left;
+      st = mixprec__sgd_group<MIXPREC__OPT_CAP_SMALL>(list, first, count, k, s);
+    } else {
+      count = mixprec__mta_group_count(n, first, MIXPREC__OPT_CAP_LARGE);
+      st = mixprec__sgd_group<MIXPREC__OPT_CAP_LARGE>(list, first, count, k, s);
+    }
+    first += count;
+  }
+  if (st == MIXPREC_OK) st = mixprec__opt_advance(steps, n_steps, p->found_inf, s);
+  free(steps);
+  return st;
+}
