@@ -34,25 +34,8 @@
  * if its build contracts the same way (not verified). */
 #include "optim_common.h"
 
-/* Per-tensor scalars, computed once per step from that tensor's count. */
-typedef struct adamw_scalars {
-  float new_step; /* *step + 1, written back at the end */
-  float decay;    /* 1 - lr * weight_decay */
-  float step_size;
-  float bc2_sqrt;
-} adamw_scalars;
-
-/* Per-step constants shared by every tensor. */
-typedef struct adamw_consts {
-  float w;       /* lerp weight 1 - beta1 */
-  float w_m1;    /* w - 1, the other branch's coefficient */
-  int w_small;   /* |w| < 0.5 */
-  float beta2, c2, eps;
-  int decay_on;  /* weight_decay != 0 */
-  int amsgrad, maximize;
-  int has_scale;
-  float scale;
-} adamw_consts;
+typedef mixprec__adamw_scalars adamw_scalars;
+typedef mixprec__adamw_consts adamw_consts;
 
 /* Elements [begin, end) of one tensor, all in torch's vectorised body
  * (tail == 0) or all in its scalar tail (tail == 1). Inlined twice with a
@@ -98,11 +81,32 @@ MIXPREC__INLINE void adamw_range(const mixprec_opt_tensor *t, int64_t begin, int
   }
 }
 
+static int64_t adamw_body_scalar(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
+                                 const adamw_scalars *s, const adamw_consts *k) {
+  adamw_range(t, begin, end, s, k, 0);
+  return end;
+}
+
+/* The body kernel of the active ISA (the scalar one is the reference). */
+static mixprec__adamw_body_fn adamw_body_kernel(void) {
+  switch (mixprec__active_isa()) {
+#if defined(MIXPREC_X86)
+    case MIXPREC_ISA_AVX512: /* no AVX-512 variant: its AVX2 subset */
+    case MIXPREC_ISA_AVX2:
+      return mixprec__adamw_body_avx2;
+#endif
+    default:
+      return adamw_body_scalar;
+  }
+}
+
 static void adamw_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
-                        const adamw_scalars *s, const adamw_consts *k) {
+                        const adamw_scalars *s, const adamw_consts *k,
+                        mixprec__adamw_body_fn body) {
   const int64_t tail = mixprec__opt_tail_start(t->numel);
   const int64_t mid = end < tail ? end : (begin > tail ? begin : tail);
-  adamw_range(t, begin, mid, s, k, 0);
+  const int64_t done = body(t, begin, mid, s, k);
+  adamw_range(t, done, mid, s, k, 0);
   adamw_range(t, mid, end, s, k, 1);
 }
 
@@ -187,6 +191,7 @@ mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list, int64_t n,
     sc[i].bc2_sqrt = (float)sqrt(bc2);
   }
 
+  const mixprec__adamw_body_fn body = adamw_body_kernel();
   int n_threads = mixprec__num_threads();
   (void)n_threads;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) \
@@ -196,7 +201,7 @@ mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list, int64_t n,
     const int64_t begin = (c - first[t]) * MIXPREC__OPT_CHUNK;
     const int64_t end = list[t].numel - begin < MIXPREC__OPT_CHUNK ? list[t].numel
                                                                     : begin + MIXPREC__OPT_CHUNK;
-    adamw_chunk(&list[t], begin, end, &sc[t], &k);
+    adamw_chunk(&list[t], begin, end, &sc[t], &k, body);
   }
 
   for (int64_t i = 0; i < n; i++) *list[i].step = sc[i].new_step;

@@ -107,4 +107,103 @@ MIXPREC__INLINE int mixprec__opt_skip(const float *found_inf) {
   return found_inf && !(*found_inf == 0.0f);
 }
 
+/* ---- Per-step constants and the ISA-specific body kernels ------------- */
+
+/* AdamW, per tensor: computed once per step from that tensor's count. */
+typedef struct mixprec__adamw_scalars {
+  float new_step; /* *step + 1, written back at the end */
+  float decay;    /* 1 - lr * weight_decay */
+  float step_size;
+  float bc2_sqrt;
+} mixprec__adamw_scalars;
+
+/* AdamW, per step: shared by every tensor. */
+typedef struct mixprec__adamw_consts {
+  float w;       /* lerp weight 1 - beta1 */
+  float w_m1;    /* w - 1, the other branch's coefficient */
+  int w_small;   /* |w| < 0.5 */
+  float beta2, c2, eps;
+  int decay_on;  /* weight_decay != 0 */
+  int amsgrad, maximize;
+  int has_scale;
+  float scale;
+} mixprec__adamw_consts;
+
+/* SGD, per step. */
+typedef struct mixprec__sgd_consts {
+  float lr, momentum, wd, damp1; /* damp1 = 1 - dampening */
+  int wd_on, momentum_on, nesterov, maximize;
+  int has_scale;
+  float scale;
+} mixprec__sgd_consts;
+
+/* A body kernel updates elements [begin, end) of one tensor, all of them in
+ * torch's vectorised body (end <= mixprec__opt_tail_start(numel)), with the
+ * body's formulas, and returns the index it stopped at: a vector kernel
+ * covers whole vectors from begin (begin is a multiple of 8, and so is end in
+ * practice) and the caller finishes [returned, end) with the scalar body.
+ * Every kernel's results are bit-identical to the scalar body's. */
+typedef int64_t (*mixprec__adamw_body_fn)(const mixprec_opt_tensor *t, int64_t begin,
+                                          int64_t end, const mixprec__adamw_scalars *s,
+                                          const mixprec__adamw_consts *k);
+typedef int64_t (*mixprec__sgd_body_fn)(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
+                                        int first, const mixprec__sgd_consts *k);
+#if defined(MIXPREC_X86)
+int64_t mixprec__adamw_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
+                                 const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k);
+int64_t mixprec__sgd_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
+                               const mixprec__sgd_consts *k);
+#endif
+
+/* ---- AVX2 + FMA + F16C loads and stores (only in files built with them) */
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+
+/* Elements [i, i + 8) widened to float; bit-identical to
+ * mixprec__opt_load (F16C quiets a NaN and keeps its payload, as
+ * mixprec__f16_to_f32 does). */
+MIXPREC__INLINE __m256 mixprec__opt_load8(const void *data, mixprec_dtype dtype, int64_t i) {
+  switch (dtype) {
+    case MIXPREC_F16:
+      return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)data + i)));
+    case MIXPREC_BF16:
+      return _mm256_castsi256_ps(_mm256_slli_epi32(
+          _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)data + i))),
+          16));
+    default:
+      return _mm256_loadu_ps((const float *)data + i);
+  }
+}
+
+/* Stores elements [i, i + 8) of a low-precision param, bit-identical to
+ * mixprec__opt_store_half: F16 by F16C round-to-nearest-even (a NaN keeps its
+ * sign and top payload bits and is quieted, as mixprec__f32_to_f16 does),
+ * BF16 by the integer round-to-nearest-even, with a NaN (whose rounding
+ * could carry into the exponent) replaced by its quieted top half. */
+MIXPREC__INLINE void mixprec__opt_store8_half(void *data, mixprec_dtype dtype, int64_t i,
+                                              __m256 v) {
+  __m128i h;
+  if (dtype == MIXPREC_F16) {
+    h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  } else {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i hi = _mm256_srli_epi32(u, 16);
+    const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+    const __m256i rne =
+        _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i nan = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
+    const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    const __m256i r = _mm256_blendv_epi8(rne, nan, is_nan);
+    /* Every lane is < 2^16: the signed-to-unsigned saturation never bites. */
+    h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  }
+  _mm_storeu_si128((__m128i *)((uint16_t *)data + i), h);
+}
+
+/* -x for every lane: flips the sign bit, NaNs included, like C's unary -. */
+MIXPREC__INLINE __m256 mixprec__opt_neg8(__m256 x) {
+  return _mm256_xor_ps(x, _mm256_set1_ps(-0.0f));
+}
+#endif
+
 #endif /* MIXPREC_OPTIM_COMMON_H */

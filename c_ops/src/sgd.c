@@ -27,12 +27,7 @@
  * AVX-512 with width 16) are not matched bit for bit. */
 #include "optim_common.h"
 
-typedef struct sgd_consts {
-  float lr, momentum, wd, damp1; /* damp1 = 1 - dampening */
-  int wd_on, momentum_on, nesterov, maximize;
-  int has_scale;
-  float scale;
-} sgd_consts;
+typedef mixprec__sgd_consts sgd_consts;
 
 /* Elements [begin, end) of one tensor, all in torch's vectorised body
  * (tail == 0) or all in its scalar tail (tail == 1). */
@@ -64,11 +59,31 @@ MIXPREC__INLINE void sgd_range(const mixprec_opt_tensor *t, int64_t begin, int64
   }
 }
 
+static int64_t sgd_body_scalar(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
+                               int first, const sgd_consts *k) {
+  sgd_range(t, begin, end, first, k, 0);
+  return end;
+}
+
+/* The body kernel of the active ISA (the scalar one is the reference). */
+static mixprec__sgd_body_fn sgd_body_kernel(void) {
+  switch (mixprec__active_isa()) {
+#if defined(MIXPREC_X86)
+    case MIXPREC_ISA_AVX512: /* no AVX-512 variant: its AVX2 subset */
+    case MIXPREC_ISA_AVX2:
+      return mixprec__sgd_body_avx2;
+#endif
+    default:
+      return sgd_body_scalar;
+  }
+}
+
 static void sgd_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
-                      const sgd_consts *k) {
+                      const sgd_consts *k, mixprec__sgd_body_fn body) {
   const int64_t tail = mixprec__opt_tail_start(t->numel);
   const int64_t mid = end < tail ? end : (begin > tail ? begin : tail);
-  sgd_range(t, begin, mid, first, k, 0);
+  const int64_t done = body(t, begin, mid, first, k);
+  sgd_range(t, done, mid, first, k, 0);
   sgd_range(t, mid, end, first, k, 1);
 }
 
@@ -146,6 +161,7 @@ mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list, int64_t n,
   k.has_scale = p->grad_scale != NULL;
   k.scale = p->grad_scale ? *p->grad_scale : 1.0f;
 
+  const mixprec__sgd_body_fn body = sgd_body_kernel();
   int n_threads = mixprec__num_threads();
   (void)n_threads;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) \
@@ -155,7 +171,7 @@ mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list, int64_t n,
     const int64_t begin = (c - first[t]) * MIXPREC__OPT_CHUNK;
     const int64_t end = list[t].numel - begin < MIXPREC__OPT_CHUNK ? list[t].numel
                                                                     : begin + MIXPREC__OPT_CHUNK;
-    sgd_chunk(&list[t], begin, end, is_first[t], &k);
+    sgd_chunk(&list[t], begin, end, is_first[t], &k, body);
   }
 
   for (int64_t i = 0; i < n; i++)
