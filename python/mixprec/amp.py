@@ -30,7 +30,7 @@ from torch.amp.grad_scaler import OptState, _MultiDeviceReplicator, _refresh_per
 
 from . import _library
 
-__all__ = ["GradScaler", "OptState"]
+__all__ = ["GradScaler", "OptState", "backward_and_step"]
 
 _MIXPREC_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -429,6 +429,40 @@ class GradScaler(torch.amp.GradScaler):
             state["_hysteresis_tracker"] = None
             state["_skipped_steps"] = None
         return state
+
+
+def backward_and_step(
+    loss: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    scaler: GradScaler,
+    *,
+    max_norm: float | None = None,
+    set_to_none: bool = True,
+) -> torch.Tensor | None:
+    """The whole mixed-precision update of one iteration, in the order the
+    AMP recipe prescribes: scale the loss, backward, unscale (with the
+    gradient norm from the same pass) and clip to ``max_norm`` if given, step
+    (skipped on the device if a gradient overflowed), update the scale, zero
+    the gradients. Returns the total gradient norm before clipping (a device
+    tensor, no sync) when ``max_norm`` is given, else None.
+
+    Typical use with a BF16/FP16 model and FP32 master weights::
+
+        model = model.to(torch.bfloat16)
+        opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)
+        scaler = mixprec.amp.GradScaler("cuda")
+        for x, y in loader:
+            loss = F.cross_entropy(model(x).float(), y)   # loss in FP32
+            mixprec.amp.backward_and_step(loss, opt, scaler, max_norm=1.0)
+    """
+    scaler.scale(loss).backward()
+    norm = None
+    if max_norm is not None:
+        norm = scaler.clip_grad_norm_(optimizer, max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=set_to_none)
+    return norm
 
 
 def _combine_norms(norms: dict[torch.device, list[torch.Tensor]], dev: torch.device) -> torch.Tensor:

@@ -353,3 +353,26 @@ def test_optimizer_rejects_sparse_and_bad_dtypes(gen):
         SGD([q], lr=0.1).step()
     with pytest.raises(ValueError):
         AdamW([p], betas=(1.0, 0.999))
+
+
+def test_backward_and_step_equals_the_manual_loop(gen):
+    torch.manual_seed(5)
+    a = Net().to(torch.bfloat16)
+    b = copy.deepcopy(a)
+    oa, ob = AdamW(a.parameters(), lr=1e-2), AdamW(b.parameters(), lr=1e-2)
+    sa = mixprec.amp.GradScaler("cpu", init_scale=2.0**9, growth_interval=3)
+    sb = mixprec.amp.GradScaler("cpu", init_scale=2.0**9, growth_interval=3)
+    for step in range(8):
+        x = torch.randn(8, 20, generator=gen).bfloat16()
+        y = torch.randint(0, 5, (8,), generator=gen)
+        norm = mixprec.amp.backward_and_step(torch.nn.functional.cross_entropy(a(x).float(), y), oa, sa, max_norm=0.5)
+        sb.scale(torch.nn.functional.cross_entropy(b(x).float(), y)).backward()
+        want = sb.clip_grad_norm_(ob, 0.5)
+        sb.step(ob)
+        sb.update()
+        ob.zero_grad()
+        assert torch.equal(norm, want)
+        assert all(p.grad is None for p in a.parameters())
+    assert sa.get_scale() == sb.get_scale()
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
