@@ -1,0 +1,274 @@
+// The fused optimizer steps on every ISA path: the same multi-step problem
+// (mixed dtypes, sizes around the vector width and the 65536-element chunk,
+// misaligned buffers, grads with inf and NaN of several bit patterns, NaN
+// masters) is run on each supported ISA chosen by mixprec_set_cpu_isa, and
+// every buffer (param, master, state, step) must be bit for bit the scalar
+// path's. NaNs are compared by their bits too.
+#include <functional>
+
+#include "test_util.h"
+
+namespace {
+
+using mpt::Buf;
+
+const std::vector<int64_t> kSizes = {1, 7, 8, 9, 15, 16, 17, 4097, 65536 + 13, 100003};
+const mixprec_dtype kDtypes[3] = {MIXPREC_F32, MIXPREC_F16, MIXPREC_BF16};
+
+// A float buffer whose data pointer is one element off the allocator's
+// alignment when `misalign` is set.
+struct FBuf {
+  std::vector<float> store;
+  size_t off = 0;
+  FBuf() = default;
+  FBuf(int64_t n, bool misalign) : store(size_t(n) + 1, 0.0f), off(misalign ? 1 : 0) {}
+  float *data() { return store.data() + off; }
+  float &operator[](int64_t i) { return store[off + size_t(i)]; }
+  bool operator==(const FBuf &o) const {
+    return store.size() == o.store.size() &&
+           std::memcmp(store.data(), o.store.data(), store.size() * sizeof(float)) == 0;
+  }
+};
+
+struct Tensor {
+  Buf param, grad;
+  FBuf master, m, v, vmax;
+  float step = 0.0f;
+  Tensor(int64_t n, mixprec_dtype pd, mixprec_dtype gd, int salt)
+      : param(pd, n, (salt & 1) != 0),
+        grad(gd, n, (salt & 2) != 0),
+        master(pd == MIXPREC_F32 ? 0 : n, (salt & 4) != 0),
+        m(n, (salt & 1) == 0),
+        v(n, (salt & 2) == 0),
+        vmax(n, (salt & 4) == 0) {}
+  int64_t numel() const { return param.numel(); }
+  mixprec_opt_tensor desc(bool amsgrad) {
+    mixprec_opt_tensor t{};
+    t.param = param.data();
+    t.grad = grad.data();
+    t.master = param.dtype() == MIXPREC_F32 ? nullptr : master.data();
+    t.exp_avg = m.data();
+    t.exp_avg_sq = v.data();
+    t.max_exp_avg_sq = amsgrad ? vmax.data() : nullptr;
+    t.step = &step;
+    t.numel = numel();
+    t.param_dtype = param.dtype();
+    t.grad_dtype = grad.dtype();
+    return t;
+  }
+};
+
+// NaN and inf bit patterns of each dtype: quiet, signalling, negative, with
+// payloads (one with every payload bit set: a naive BF16 rounding of it would
+// carry into the sign).
+const uint32_t kF32Special[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff812345u,
+                                0x7fffffffu, 0x7f800000u, 0xff800000u};
+const uint32_t kF16Special[] = {0x7e00u, 0xfe00u, 0x7c01u, 0xfd23u, 0x7fffu, 0x7c00u, 0xfc00u};
+const uint32_t kBF16Special[] = {0x7fc0u, 0xffc0u, 0x7f81u, 0xffa3u, 0x7fffu, 0x7f80u, 0xff80u};
+
+uint32_t special(mixprec_dtype d, std::mt19937 &rng) {
+  const size_t k = rng() % 7;
+  switch (d) {
+    case MIXPREC_F16: return kF16Special[k];
+    case MIXPREC_BF16: return kBF16Special[k];
+    default: return kF32Special[k];
+  }
+}
+
+// Random values with a sprinkling of inf and NaN (about 1 in 500).
+void fill_grad(Buf &b, std::mt19937 &rng) {
+  mpt::fill_random(b, rng, -12, 2);
+  for (int64_t i = 0; i < b.numel(); i++)
+    if (rng() % 500 == 0) b.set_raw(i, special(b.dtype(), rng));
+}
+
+// Each size once per rotation of the nine (param, grad) dtype pairs.
+std::vector<Tensor> make_problem(int rotation, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<Tensor> ts;
+  ts.reserve(kSizes.size());
+  for (size_t j = 0; j < kSizes.size(); j++) {
+    const int pair = int(j + size_t(rotation)) % 9;
+    ts.emplace_back(kSizes[j], kDtypes[pair / 3], kDtypes[pair % 3], int(j) + rotation);
+    Tensor &t = ts.back();
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int64_t i = 0; i < t.numel(); i++) {
+      float x = nd(rng);
+      uint32_t bits = mpt::f32_bits(x);
+      // A few NaN masters, including the all-ones payload.
+      if (rng() % 1000 == 0) bits = kF32Special[rng() % 5];
+      x = mpt::f32_from_bits(bits);
+      if (t.param.dtype() == MIXPREC_F32) {
+        t.param.set_raw(i, bits);
+      } else {
+        t.master[i] = x;
+        t.param.set_value(i, x);
+      }
+      // Non-zero state, as after earlier steps.
+      t.m[i] = nd(rng) * 1e-3f;
+      const float v = nd(rng) * 1e-4f;
+      t.v[i] = v * v;
+      t.vmax[i] = t.v[i] * (rng() % 2 ? 1.5f : 0.5f);
+    }
+  }
+  return ts;
+}
+
+void expect_same(std::vector<Tensor> &got, std::vector<Tensor> &want, const std::string &what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t j = 0; j < got.size(); j++) {
+    Tensor &a = got[j], &b = want[j];
+    SCOPED_TRACE(what + ": tensor " + std::to_string(j) + " n=" + std::to_string(a.numel()) + " " +
+                 mpt::dtype_name(a.param.dtype()) + "/" + mpt::dtype_name(a.grad.dtype()));
+    EXPECT_EQ(mpt::f32_bits(a.step), mpt::f32_bits(b.step));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < a.numel(); i++) {
+      const bool ok = a.param.raw(i) == b.param.raw(i) &&
+                      (a.param.dtype() == MIXPREC_F32 ||
+                       mpt::f32_bits(a.master[i]) == mpt::f32_bits(b.master[i])) &&
+                      mpt::f32_bits(a.m[i]) == mpt::f32_bits(b.m[i]) &&
+                      mpt::f32_bits(a.v[i]) == mpt::f32_bits(b.v[i]) &&
+                      mpt::f32_bits(a.vmax[i]) == mpt::f32_bits(b.vmax[i]);
+      if (!ok && bad++ < 3)
+        ADD_FAILURE() << "element " << i << std::hex << ": param 0x" << a.param.raw(i) << " want 0x"
+                      << b.param.raw(i) << ", m 0x" << mpt::f32_bits(a.m[i]) << " want 0x"
+                      << mpt::f32_bits(b.m[i]) << ", v 0x" << mpt::f32_bits(a.v[i]) << " want 0x"
+                      << mpt::f32_bits(b.v[i]) << ", vmax 0x" << mpt::f32_bits(a.vmax[i])
+                      << " want 0x" << mpt::f32_bits(b.vmax[i]);
+    }
+    EXPECT_EQ(bad, 0);
+    // Whole buffers, padding included: nothing outside [0, numel) is written.
+    EXPECT_TRUE(a.m == b.m && a.v == b.v && a.vmax == b.vmax && a.master == b.master);
+  }
+}
+
+// Runs `steps` steps of `step_fn` on the problem of `rotation` on every
+// supported ISA, with the same grads, and compares with the scalar path.
+using StepFn = std::function<mixprec_status(std::vector<mixprec_opt_tensor> &, int step)>;
+
+void run_all_isas(const std::string &name, bool amsgrad, const StepFn &step_fn, uint32_t salt) {
+  SCOPED_TRACE(name);
+  mpt::GlobalStateGuard guard;
+  const int kSteps = 4;
+  for (int rotation = 0; rotation < 9; rotation++) {
+    SCOPED_TRACE("rotation " + std::to_string(rotation));
+    std::vector<Tensor> want;
+    bool have_want = false;
+    for (mixprec_cpu_isa isa : mpt::supported_isas()) {
+      ASSERT_EQ(mixprec_set_cpu_isa(isa), MIXPREC_OK);
+      ASSERT_EQ(mixprec_get_cpu_isa(), isa);
+      const uint32_t seed = mpt::kSeed + salt * 131u + uint32_t(rotation);
+      std::vector<Tensor> ts = make_problem(rotation, seed);
+      std::mt19937 rng(seed ^ 0x5a5a5a5au);
+      for (int s = 0; s < kSteps; s++) {
+        for (Tensor &t : ts) fill_grad(t.grad, rng);
+        std::vector<mixprec_opt_tensor> list;
+        for (Tensor &t : ts) list.push_back(t.desc(amsgrad));
+        ASSERT_EQ(step_fn(list, s), MIXPREC_OK);
+      }
+      if (!have_want) {
+        ASSERT_EQ(isa, MIXPREC_ISA_SCALAR);
+        want = std::move(ts);
+        have_want = true;
+      } else {
+        expect_same(ts, want, mpt::isa_name(isa));
+      }
+    }
+  }
+}
+
+void run_adamw(const std::string &name, const std::function<void(mixprec_adamw_params &)> &tweak,
+               bool use_scale, bool use_lr_tensor, uint32_t salt) {
+  mixprec_adamw_params h = mixprec_adamw_params_default();
+  if (tweak) tweak(h);
+  float scale = 1024.0f, lr_t = 0.0f;
+  run_all_isas(name, h.amsgrad != 0,
+               [&](std::vector<mixprec_opt_tensor> &list, int s) {
+                 mixprec_adamw_params q = h;
+                 if (use_scale) q.grad_scale = &scale;
+                 if (use_lr_tensor) {
+                   lr_t = float(h.lr * (1.0 + 0.5 * std::cos(s * 0.7)));
+                   q.lr_tensor = &lr_t;
+                 }
+                 return mixprec_adamw_step(list.data(), int64_t(list.size()), &q);
+               },
+               salt);
+}
+
+void run_sgd(const std::string &name, const std::function<void(mixprec_sgd_params &)> &tweak,
+             bool use_scale, uint32_t salt) {
+  mixprec_sgd_params h = mixprec_sgd_params_default();
+  h.lr = 0.01;
+  if (tweak) tweak(h);
+  float scale = 512.0f;
+  run_all_isas(name, false,
+               [&](std::vector<mixprec_opt_tensor> &list, int) {
+                 mixprec_sgd_params q = h;
+                 if (use_scale) q.grad_scale = &scale;
+                 return mixprec_sgd_step(list.data(), int64_t(list.size()), &q);
+               },
+               salt);
+}
+
+TEST(OptimIsa, SeveralIsasToCompare) {
+  // Not a failure on a CPU without AVX2, but then nothing below compares.
+  if (mpt::supported_isas().size() < 2) GTEST_SKIP() << "only the scalar path on this CPU";
+}
+
+TEST(OptimIsa, AdamWDefault) { run_adamw("adamw default", nullptr, false, false, 1); }
+TEST(OptimIsa, AdamWAmsgrad) {
+  run_adamw("adamw amsgrad", [](mixprec_adamw_params &h) { h.amsgrad = 1; }, false, false, 2);
+}
+TEST(OptimIsa, AdamWMaximize) {
+  run_adamw("adamw maximize", [](mixprec_adamw_params &h) { h.maximize = 1; }, false, false, 3);
+}
+TEST(OptimIsa, AdamWGradScale) { run_adamw("adamw grad_scale", nullptr, true, false, 4); }
+TEST(OptimIsa, AdamWOtherLerpBranchNoDecay) {
+  run_adamw("adamw beta1 0.3, wd 0",
+            [](mixprec_adamw_params &h) {
+              h.beta1 = 0.3;
+              h.weight_decay = 0.0;
+            },
+            false, false, 5);
+}
+TEST(OptimIsa, AdamWEverything) {
+  run_adamw("adamw amsgrad maximize grad_scale lr_tensor",
+            [](mixprec_adamw_params &h) {
+              h.amsgrad = 1;
+              h.maximize = 1;
+              h.lr = 0.05;
+              h.weight_decay = 0.1;
+              h.beta2 = 0.95;
+              h.eps = 1e-6;
+            },
+            true, true, 6);
+}
+
+TEST(OptimIsa, SgdPlain) { run_sgd("sgd plain", nullptr, false, 11); }
+TEST(OptimIsa, SgdMomentum) {
+  run_sgd("sgd momentum", [](mixprec_sgd_params &h) { h.momentum = 0.9; }, false, 12);
+}
+TEST(OptimIsa, SgdNesterovWeightDecay) {
+  run_sgd("sgd nesterov wd",
+          [](mixprec_sgd_params &h) {
+            h.momentum = 0.9;
+            h.nesterov = 1;
+            h.weight_decay = 0.01;
+          },
+          false, 13);
+}
+TEST(OptimIsa, SgdDampeningMaximizeScale) {
+  run_sgd("sgd dampening maximize grad_scale",
+          [](mixprec_sgd_params &h) {
+            h.momentum = 0.8;
+            h.dampening = 0.3;
+            h.weight_decay = 0.05;
+            h.maximize = 1;
+          },
+          true, 14);
+}
+TEST(OptimIsa, SgdWeightDecayNoMomentum) {
+  run_sgd("sgd wd", [](mixprec_sgd_params &h) { h.weight_decay = 0.02; }, false, 15);
+}
+
+}  // namespace
