@@ -125,7 +125,7 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_adamw_step(const mixprec_opt_
                                                               int64_t n,
                                                               const mixprec_adamw_params *p,
                                                               void *stream) {
-  mixprec_status st = mixprec__adamw_check_cu(list, n, p);
+  mixprec_status st = mixprec__adamw_check(list, n, p);
   if (st != MIXPREC_OK) return st;
   st = mixprec__opt_check_alignment(list, n, 1, 1, p->amsgrad != 0);
   if (st != MIXPREC_OK) return st;

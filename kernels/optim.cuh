@@ -21,74 +21,12 @@
 #include <stdlib.h>
 
 #include "common.cuh"
+#include "optim_check.h"
 
 /* ---- argument checks -----------------------------------------------------
- * These mirror adamw_check / sgd_check and mixprec__opt_check_tensor of
- * c_ops/src (adamw.c, sgd.c, optim_common.h) check for check and in the same
- * order, so both backends return the same status for the same arguments.
- * They are copied, not shared, only because those files are being edited
- * concurrently; fold them into one header once that settles. */
-
-static inline int mixprec__opt_dtype_ok_cu(mixprec_dtype d) {
-  return d == MIXPREC_F32 || d == MIXPREC_F16 || d == MIXPREC_BF16;
-}
-
-static inline int mixprec__opt_finite_ge_cu(double x, double lo) {
-  return isfinite(x) && x >= lo;
-}
-
-static inline mixprec_status mixprec__opt_check_tensor_cu(const mixprec_opt_tensor *t) {
-  if (t->numel < 0) return MIXPREC_ERR_BAD_SIZE;
-  if (!mixprec__opt_dtype_ok_cu(t->param_dtype) || !mixprec__opt_dtype_ok_cu(t->grad_dtype))
-    return MIXPREC_ERR_BAD_DTYPE;
-  if (t->param_dtype == MIXPREC_F32 && t->master) return MIXPREC_ERR_BAD_ARGUMENT;
-  if (t->numel == 0) return MIXPREC_OK;
-  if (!t->param || !t->grad) return MIXPREC_ERR_NULL_POINTER;
-  if (t->param_dtype != MIXPREC_F32 && !t->master) return MIXPREC_ERR_NULL_POINTER;
-  return MIXPREC_OK;
-}
-
-static inline mixprec_status mixprec__adamw_check_cu(const mixprec_opt_tensor *list, int64_t n,
-                                                     const mixprec_adamw_params *p) {
-  if (!p) return MIXPREC_ERR_NULL_POINTER;
-  if (n < 0) return MIXPREC_ERR_BAD_SIZE;
-  if (n > 0 && !list) return MIXPREC_ERR_NULL_POINTER;
-  if (!p->lr_tensor && !mixprec__opt_finite_ge_cu(p->lr, 0.0)) return MIXPREC_ERR_BAD_ARGUMENT;
-  if (!mixprec__opt_finite_ge_cu(p->eps, 0.0) ||
-      !mixprec__opt_finite_ge_cu(p->weight_decay, 0.0) ||
-      !(p->beta1 >= 0.0 && p->beta1 < 1.0) || !(p->beta2 >= 0.0 && p->beta2 < 1.0))
-    return MIXPREC_ERR_BAD_ARGUMENT;
-  for (int64_t i = 0; i < n; i++) {
-    const mixprec_opt_tensor *t = &list[i];
-    mixprec_status st = mixprec__opt_check_tensor_cu(t);
-    if (st != MIXPREC_OK) return st;
-    if (!t->step) return MIXPREC_ERR_NULL_POINTER;
-    if (t->numel > 0 &&
-        (!t->exp_avg || !t->exp_avg_sq || (p->amsgrad && !t->max_exp_avg_sq)))
-      return MIXPREC_ERR_NULL_POINTER;
-  }
-  return MIXPREC_OK;
-}
-
-static inline mixprec_status mixprec__sgd_check_cu(const mixprec_opt_tensor *list, int64_t n,
-                                                   const mixprec_sgd_params *p) {
-  if (!p) return MIXPREC_ERR_NULL_POINTER;
-  if (n < 0) return MIXPREC_ERR_BAD_SIZE;
-  if (n > 0 && !list) return MIXPREC_ERR_NULL_POINTER;
-  if (!p->lr_tensor && !mixprec__opt_finite_ge_cu(p->lr, 0.0)) return MIXPREC_ERR_BAD_ARGUMENT;
-  if (!mixprec__opt_finite_ge_cu(p->momentum, 0.0) ||
-      !mixprec__opt_finite_ge_cu(p->weight_decay, 0.0) || !isfinite(p->dampening))
-    return MIXPREC_ERR_BAD_ARGUMENT;
-  if (p->nesterov && (!(p->momentum > 0.0) || p->dampening != 0.0))
-    return MIXPREC_ERR_BAD_ARGUMENT;
-  for (int64_t i = 0; i < n; i++) {
-    const mixprec_opt_tensor *t = &list[i];
-    mixprec_status st = mixprec__opt_check_tensor_cu(t);
-    if (st != MIXPREC_OK) return st;
-    if (t->numel > 0 && p->momentum != 0.0 && !t->exp_avg) return MIXPREC_ERR_NULL_POINTER;
-  }
-  return MIXPREC_OK;
-}
+ * The CPU's own checks (c_ops/src/optim_common.h), so both backends return
+ * the same status for the same arguments; the device adds an alignment check
+ * below. */
 
 /* The device-only check, after the CPU's: a device load not aligned to its
  * element size faults and ruins the CUDA context (as in mixprec_cuda_unscale,

@@ -89,7 +89,7 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_sgd_step(const mixprec_opt_te
                                                             int64_t n,
                                                             const mixprec_sgd_params *p,
                                                             void *stream) {
-  mixprec_status st = mixprec__sgd_check_cu(list, n, p);
+  mixprec_status st = mixprec__sgd_check(list, n, p);
   if (st != MIXPREC_OK) return st;
   st = mixprec__opt_check_alignment(list, n, p->momentum != 0.0, 0, 0);
   if (st != MIXPREC_OK) return st;

@@ -125,32 +125,10 @@ mixprec_adamw_params mixprec_adamw_params_default(void) {
   return p;
 }
 
-static mixprec_status adamw_check(const mixprec_opt_tensor *list, int64_t n,
-                                  const mixprec_adamw_params *p) {
-  if (!p) return MIXPREC_ERR_NULL_POINTER;
-  if (n < 0) return MIXPREC_ERR_BAD_SIZE;
-  if (n > 0 && !list) return MIXPREC_ERR_NULL_POINTER;
-  /* torch.optim.AdamW's checks (0 <= lr, 0 <= eps, 0 <= beta < 1,
-   * 0 <= weight_decay), plus finiteness. */
-  if (!p->lr_tensor && !mixprec__opt_finite_ge(p->lr, 0.0)) return MIXPREC_ERR_BAD_ARGUMENT;
-  if (!mixprec__opt_finite_ge(p->eps, 0.0) || !mixprec__opt_finite_ge(p->weight_decay, 0.0) ||
-      !(p->beta1 >= 0.0 && p->beta1 < 1.0) || !(p->beta2 >= 0.0 && p->beta2 < 1.0))
-    return MIXPREC_ERR_BAD_ARGUMENT;
-  for (int64_t i = 0; i < n; i++) {
-    const mixprec_opt_tensor *t = &list[i];
-    mixprec_status st = mixprec__opt_check_tensor(t);
-    if (st != MIXPREC_OK) return st;
-    if (!t->step) return MIXPREC_ERR_NULL_POINTER;
-    if (t->numel > 0 &&
-        (!t->exp_avg || !t->exp_avg_sq || (p->amsgrad && !t->max_exp_avg_sq)))
-      return MIXPREC_ERR_NULL_POINTER;
-  }
-  return MIXPREC_OK;
-}
 
 mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list, int64_t n,
                                   const mixprec_adamw_params *p) {
-  mixprec_status st = adamw_check(list, n, p);
+  mixprec_status st = mixprec__adamw_check(list, n, p);
   if (st != MIXPREC_OK) return st;
   if (mixprec__opt_skip(p->found_inf) || n == 0) return MIXPREC_OK;
 

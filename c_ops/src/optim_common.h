@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "internal.h"
+#include "optim_check.h"
 
 /* Work is cut into chunks of at most this many elements of one tensor. The
  * update is elementwise, so the chunking only balances threads; results do not
@@ -32,28 +33,8 @@ MIXPREC__INLINE int64_t mixprec__opt_tail_start(int64_t numel) {
   return numel - numel % MIXPREC__OPT_TORCH_VEC;
 }
 
-MIXPREC__INLINE int mixprec__opt_dtype_ok(mixprec_dtype d) {
-  return d == MIXPREC_F32 || d == MIXPREC_F16 || d == MIXPREC_BF16;
-}
 
-/* A hyper-parameter must be finite and at least lo. */
-MIXPREC__INLINE int mixprec__opt_finite_ge(double x, double lo) {
-  return isfinite(x) && x >= lo;
-}
 
-/* Checks one descriptor's pointers, size and dtypes. The optimizer-specific
- * state pointers are checked by the caller. */
-MIXPREC__INLINE mixprec_status mixprec__opt_check_tensor(const mixprec_opt_tensor *t) {
-  if (t->numel < 0) return MIXPREC_ERR_BAD_SIZE;
-  if (!mixprec__opt_dtype_ok(t->param_dtype) || !mixprec__opt_dtype_ok(t->grad_dtype))
-    return MIXPREC_ERR_BAD_DTYPE;
-  /* A master copy beside an F32 param would be a second, diverging copy. */
-  if (t->param_dtype == MIXPREC_F32 && t->master) return MIXPREC_ERR_BAD_ARGUMENT;
-  if (t->numel == 0) return MIXPREC_OK;
-  if (!t->param || !t->grad) return MIXPREC_ERR_NULL_POINTER;
-  if (t->param_dtype != MIXPREC_F32 && !t->master) return MIXPREC_ERR_NULL_POINTER;
-  return MIXPREC_OK;
-}
 
 /* Gradient element i widened to float. */
 MIXPREC__INLINE float mixprec__opt_load(const void *data, mixprec_dtype dtype, int64_t i) {

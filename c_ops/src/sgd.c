@@ -102,31 +102,10 @@ mixprec_sgd_params mixprec_sgd_params_default(void) {
   return p;
 }
 
-static mixprec_status sgd_check(const mixprec_opt_tensor *list, int64_t n,
-                                const mixprec_sgd_params *p) {
-  if (!p) return MIXPREC_ERR_NULL_POINTER;
-  if (n < 0) return MIXPREC_ERR_BAD_SIZE;
-  if (n > 0 && !list) return MIXPREC_ERR_NULL_POINTER;
-  /* torch.optim.SGD's checks (0 <= lr, 0 <= momentum, 0 <= weight_decay,
-   * nesterov needs momentum > 0 and dampening == 0), plus finiteness. */
-  if (!p->lr_tensor && !mixprec__opt_finite_ge(p->lr, 0.0)) return MIXPREC_ERR_BAD_ARGUMENT;
-  if (!mixprec__opt_finite_ge(p->momentum, 0.0) ||
-      !mixprec__opt_finite_ge(p->weight_decay, 0.0) || !isfinite(p->dampening))
-    return MIXPREC_ERR_BAD_ARGUMENT;
-  if (p->nesterov && (!(p->momentum > 0.0) || p->dampening != 0.0))
-    return MIXPREC_ERR_BAD_ARGUMENT;
-  for (int64_t i = 0; i < n; i++) {
-    const mixprec_opt_tensor *t = &list[i];
-    mixprec_status st = mixprec__opt_check_tensor(t);
-    if (st != MIXPREC_OK) return st;
-    if (t->numel > 0 && p->momentum != 0.0 && !t->exp_avg) return MIXPREC_ERR_NULL_POINTER;
-  }
-  return MIXPREC_OK;
-}
 
 mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list, int64_t n,
                                 const mixprec_sgd_params *p) {
-  mixprec_status st = sgd_check(list, n, p);
+  mixprec_status st = mixprec__sgd_check(list, n, p);
   if (st != MIXPREC_OK) return st;
   if (mixprec__opt_skip(p->found_inf) || n == 0) return MIXPREC_OK;
 

@@ -1,0 +1,84 @@
+/* Argument checks of the fused optimizer steps, shared verbatim by the CPU
+ * entry points (adamw.c, sgd.c) and their CUDA twins (kernels/optim.cuh), so
+ * both backends return the same status for the same arguments. Depends only
+ * on the public header. */
+#ifndef MIXPREC_OPTIM_CHECK_H
+#define MIXPREC_OPTIM_CHECK_H
+
+#include <math.h>
+
+#include "mixprec/mixprec.h"
+
+#define MIXPREC__CHECK_INLINE static inline
+
+MIXPREC__CHECK_INLINE int mixprec__opt_dtype_ok(mixprec_dtype d) {
+  return d == MIXPREC_F32 || d == MIXPREC_F16 || d == MIXPREC_BF16;
+}
+
+/* A hyper-parameter must be finite and at least lo. */
+MIXPREC__CHECK_INLINE int mixprec__opt_finite_ge(double x, double lo) {
+  return isfinite(x) && x >= lo;
+}
+
+/* Checks one descriptor's pointers, size and dtypes. The optimizer-specific
+ * state pointers are checked by the caller. */
+MIXPREC__CHECK_INLINE mixprec_status mixprec__opt_check_tensor(const mixprec_opt_tensor *t) {
+  if (t->numel < 0) return MIXPREC_ERR_BAD_SIZE;
+  if (!mixprec__opt_dtype_ok(t->param_dtype) || !mixprec__opt_dtype_ok(t->grad_dtype))
+    return MIXPREC_ERR_BAD_DTYPE;
+  /* A master copy beside an F32 param would be a second, diverging copy. */
+  if (t->param_dtype == MIXPREC_F32 && t->master) return MIXPREC_ERR_BAD_ARGUMENT;
+  if (t->numel == 0) return MIXPREC_OK;
+  if (!t->param || !t->grad) return MIXPREC_ERR_NULL_POINTER;
+  if (t->param_dtype != MIXPREC_F32 && !t->master) return MIXPREC_ERR_NULL_POINTER;
+  return MIXPREC_OK;
+}
+
+/* The argument checks of mixprec_adamw_step / mixprec_sgd_step, shared with
+ * their CUDA twins (kernels/optim.cuh) so both return the same status. */
+MIXPREC__CHECK_INLINE mixprec_status mixprec__adamw_check(const mixprec_opt_tensor *list, int64_t n,
+                                                     const mixprec_adamw_params *p) {
+  if (!p) return MIXPREC_ERR_NULL_POINTER;
+  if (n < 0) return MIXPREC_ERR_BAD_SIZE;
+  if (n > 0 && !list) return MIXPREC_ERR_NULL_POINTER;
+  /* torch.optim.AdamW's checks (0 <= lr, 0 <= eps, 0 <= beta < 1,
+   * 0 <= weight_decay), plus finiteness. */
+  if (!p->lr_tensor && !mixprec__opt_finite_ge(p->lr, 0.0)) return MIXPREC_ERR_BAD_ARGUMENT;
+  if (!mixprec__opt_finite_ge(p->eps, 0.0) || !mixprec__opt_finite_ge(p->weight_decay, 0.0) ||
+      !(p->beta1 >= 0.0 && p->beta1 < 1.0) || !(p->beta2 >= 0.0 && p->beta2 < 1.0))
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  for (int64_t i = 0; i < n; i++) {
+    const mixprec_opt_tensor *t = &list[i];
+    mixprec_status st = mixprec__opt_check_tensor(t);
+    if (st != MIXPREC_OK) return st;
+    if (!t->step) return MIXPREC_ERR_NULL_POINTER;
+    if (t->numel > 0 &&
+        (!t->exp_avg || !t->exp_avg_sq || (p->amsgrad && !t->max_exp_avg_sq)))
+      return MIXPREC_ERR_NULL_POINTER;
+  }
+  return MIXPREC_OK;
+}
+
+MIXPREC__CHECK_INLINE mixprec_status mixprec__sgd_check(const mixprec_opt_tensor *list, int64_t n,
+                                                   const mixprec_sgd_params *p) {
+  if (!p) return MIXPREC_ERR_NULL_POINTER;
+  if (n < 0) return MIXPREC_ERR_BAD_SIZE;
+  if (n > 0 && !list) return MIXPREC_ERR_NULL_POINTER;
+  /* torch.optim.SGD's checks (0 <= lr, 0 <= momentum, 0 <= weight_decay,
+   * nesterov needs momentum > 0 and dampening == 0), plus finiteness. */
+  if (!p->lr_tensor && !mixprec__opt_finite_ge(p->lr, 0.0)) return MIXPREC_ERR_BAD_ARGUMENT;
+  if (!mixprec__opt_finite_ge(p->momentum, 0.0) ||
+      !mixprec__opt_finite_ge(p->weight_decay, 0.0) || !isfinite(p->dampening))
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  if (p->nesterov && (!(p->momentum > 0.0) || p->dampening != 0.0))
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  for (int64_t i = 0; i < n; i++) {
+    const mixprec_opt_tensor *t = &list[i];
+    mixprec_status st = mixprec__opt_check_tensor(t);
+    if (st != MIXPREC_OK) return st;
+    if (t->numel > 0 && p->momentum != 0.0 && !t->exp_avg) return MIXPREC_ERR_NULL_POINTER;
+  }
+  return MIXPREC_OK;
+}
+
+#endif /* MIXPREC_OPTIM_CHECK_H */
