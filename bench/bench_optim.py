@@ -12,7 +12,7 @@ In one process, same sizes, interleaved, median of several runs:
 and the RMW limit: in-place read-modify-write bandwidth measured in the same
 run on a buffer of the same byte count. Same for SGD with momentum (20 B/param).
 
-Usage: python bench/bench_optim.py [--quick] [--out FILE]
+Usage: python bench/bench_optim.py [--device cpu|cuda] [--quick] [--out FILE]
 """
 
 from __future__ import annotations
@@ -21,42 +21,41 @@ import argparse
 import datetime
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import mixprec  # noqa: E402
-from bench_unscale import machine  # noqa: E402
+from bench_unscale import machine, timed  # noqa: E402
 
 # (number of tensors, elements each)
 CONFIGS = [(100, 10_000), (10, 1_000_000), (100, 1_000_000)]
 QUICK = [(100, 10_000), (10, 100_000)]
 
 
-def make(n, numel, dtype, gen):
-    ps = [torch.nn.Parameter((torch.randn(numel, generator=gen) * 0.1).to(dtype)) for _ in range(n)]
+def make(n, numel, dtype, gen, device):
+    ps = [torch.nn.Parameter((torch.randn(numel, generator=gen) * 0.1).to(device, dtype)) for _ in range(n)]
     for p in ps:
-        p.grad = (torch.randn(numel, generator=gen) * 0.01).to(dtype)
+        p.grad = (torch.randn(numel, generator=gen) * 0.01).to(device, dtype)
     return ps
 
 
-def bench(kind, n, numel, reps):
+def bench(kind, n, numel, reps, device=torch.device("cpu")):
     gen = torch.Generator().manual_seed(n + numel)
     opt_cls = {"adamw": (mixprec.optim.AdamW, torch.optim.AdamW), "sgd": (mixprec.optim.SGD, torch.optim.SGD)}[kind]
     kw = dict(lr=1e-3) if kind == "adamw" else dict(lr=1e-3, momentum=0.9)
     bytes_per = 28 if kind == "adamw" else 20
     runs = {
-        "torch_fused_fp32": opt_cls[1](make(n, numel, torch.float32, gen), fused=True, **kw),
-        "torch_foreach_fp32": opt_cls[1](make(n, numel, torch.float32, gen), foreach=True, **kw),
-        "torch_fused_bf16": opt_cls[1](make(n, numel, torch.bfloat16, gen), fused=True, **kw),
-        "mixprec_bf16_master": opt_cls[0](make(n, numel, torch.bfloat16, gen), **kw),
+        "torch_fused_fp32": opt_cls[1](make(n, numel, torch.float32, gen, device), fused=True, **kw),
+        "torch_foreach_fp32": opt_cls[1](make(n, numel, torch.float32, gen, device), foreach=True, **kw),
+        "torch_fused_bf16": opt_cls[1](make(n, numel, torch.bfloat16, gen, device), fused=True, **kw),
+        "mixprec_bf16_master": opt_cls[0](make(n, numel, torch.bfloat16, gen, device), **kw),
     }
     nbytes = bytes_per * n * numel
-    flat = torch.randn(nbytes // 8, generator=gen)  # RMW of nbytes/2 reads + nbytes/2 writes
-    two = torch.tensor(2.0)
-    half = torch.tensor(0.5)
+    flat = torch.randn(nbytes // 8, generator=gen).to(device)  # RMW of nbytes/2 reads + nbytes/2 writes
+    two = torch.tensor(2.0, device=device)
+    half = torch.tensor(0.5, device=device)
     state = {"k": 0}
 
     def limit():
@@ -70,26 +69,28 @@ def bench(kind, n, numel, reps):
         fn()
     for _ in range(reps):
         for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
+            times[k].append(timed(fn, device))
     return {k: statistics.median(v) for k, v in times.items()}, nbytes
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     reps = args.reps or (3 if args.quick else 7)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not mixprec.cuda_ops_loaded():
+        sys.exit("mixprec CUDA ops not loaded (no GPU, or libmixprec_cuda.so not built)")
     header = ("| optimizer | params | torch fused FP32 ms | torch foreach FP32 ms | torch fused BF16 ms | "
               "mixprec BF16+master ms | vs fused FP32 | mixprec GB/s | RMW limit GB/s | % of limit |")
     rows = [header, "|" + "---|" * 10]
     print(header)
     for kind in ("adamw", "sgd"):
         for n, numel in QUICK if args.quick else CONFIGS:
-            t, nbytes = bench(kind, n, numel, reps)
+            t, nbytes = bench(kind, n, numel, reps, device)
             ours = t["mixprec_bf16_master"]
             row = (
                 f"| {kind} | {n}x{numel:,} | {t['torch_fused_fp32'] * 1e3:.2f} | {t['torch_foreach_fp32'] * 1e3:.2f} | "
@@ -99,13 +100,13 @@ def main():
             rows.append(row)
             print(row, flush=True)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    info = machine(torch.device("cpu"))
+    info = machine(device)
     print(f"\nmachine: {info}; date: {when}; median of {reps} interleaved runs")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w") as f:
-            f.write(f"# optimizer benchmark (cpu)\n\nMachine: {info}. Date: {when}. Median of {reps} interleaved runs.\n")
-            f.write(f"Command: `python bench/bench_optim.py{' --quick' if args.quick else ''}`\n\n")
+            f.write(f"# optimizer benchmark ({device.type})\n\nMachine: {info}. Date: {when}. Median of {reps} interleaved runs.\n")
+            f.write(f"Command: `python bench/bench_optim.py --device {args.device}{' --quick' if args.quick else ''}`\n\n")
             f.write("\n".join(rows) + "\n")
 
 
