@@ -73,6 +73,47 @@ def bench(kind, n, numel, reps, device=torch.device("cpu")):
     return {k: statistics.median(v) for k, v in times.items()}, nbytes
 
 
+SEQ_CONFIGS = [(10, 1_000_000), (100, 1_000_000)]
+
+
+def bench_sequence(n, numel, reps, device):
+    """The whole update a user runs with clipping: torch = GradScaler.unscale_
+    + clip_grad_norm_ + step(fused AdamW, FP32 params) + update; mixprec =
+    GradScaler.clip_grad_norm_ (norm from the unscale pass) + step(master-
+    weight AdamW on BF16 params) + update. init_scale 1 keeps the grads'
+    values stable from one repetition to the next."""
+    gen = torch.Generator().manual_seed(n * 3 + numel)
+    tp = make(n, numel, torch.float32, gen, device)
+    mp = make(n, numel, torch.bfloat16, gen, device)
+    topt = torch.optim.AdamW(tp, lr=1e-3, fused=True)
+    mopt = mixprec.optim.AdamW(mp, lr=1e-3)
+    tsc = torch.amp.GradScaler(device.type, init_scale=1.0, growth_interval=10**9)
+    msc = mixprec.amp.GradScaler(device.type, init_scale=1.0, growth_interval=10**9)
+    one = torch.ones((), device=device)
+
+    def torch_seq():
+        tsc.scale(one)
+        tsc.unscale_(topt)
+        torch.nn.utils.clip_grad_norm_(tp, 1.0)
+        tsc.step(topt)
+        tsc.update()
+
+    def mixprec_seq():
+        msc.scale(one)
+        msc.clip_grad_norm_(mopt, 1.0)
+        msc.step(mopt)
+        msc.update()
+
+    fns = {"torch": torch_seq, "mixprec": mixprec_seq}
+    times = {k: [] for k in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(reps):
+        for k, fn in fns.items():
+            times[k].append(timed(fn, device))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
@@ -99,6 +140,15 @@ def main():
             )
             rows.append(row)
             print(row, flush=True)
+    seq_header = "| whole step (unscale + clip + AdamW + update) | params | torch FP32 ms | mixprec BF16+master ms | speedup |"
+    rows += ["", seq_header, "|---|---|---|---|---|"]
+    print("\n" + seq_header)
+    for n, numel in QUICK if args.quick else SEQ_CONFIGS:
+        t = bench_sequence(n, numel, reps, device)
+        row = (f"| adamw | {n}x{numel:,} | {t['torch'] * 1e3:.2f} | {t['mixprec'] * 1e3:.2f} | "
+               f"{t['torch'] / t['mixprec']:.2f}x |")
+        rows.append(row)
+        print(row, flush=True)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     info = machine(device)
     print(f"\nmachine: {info}; date: {when}; median of {reps} interleaved runs")
