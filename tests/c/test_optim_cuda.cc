@@ -103,7 +103,12 @@ class World {
     for (void *p : allocs_) cudaFree(p);
   }
 
-  void SetStep(int id, float v) { steps_[(size_t)id] = v; }
+  /* Host and device count together (the device copy was uploaded already). */
+  void SetStep(int id, float v) {
+    steps_[(size_t)id] = v;
+    EXPECT_EQ(cudaSuccess, cudaMemcpy(d_steps_ + id, &v, sizeof v, cudaMemcpyHostToDevice));
+    EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  }
 
   /* Fresh random gradients (times `scale`), on both sides. */
   void NewGrads(float scale) {
@@ -146,6 +151,10 @@ class World {
   void Step(Hyper h, float found_inf, cudaStream_t stream, bool check_status = true) {
     float host[3] = {h.lr_value, h.scale_value, found_inf};
     ASSERT_EQ(cudaSuccess, cudaMemcpy(d_scalars_, host, sizeof host, cudaMemcpyHostToDevice));
+    /* cudaMemcpy from pageable memory may return before its DMA (on the
+     * legacy stream) lands, and `stream` is non-blocking: wait for it (and
+     * for NewGrads/Upload's copies) before enqueuing the step. */
+    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
     auto hl = List(false), dl = List(true);
     mixprec_status cs, gs;
     if (h.adamw) {
@@ -441,6 +450,7 @@ TEST_F(OptimCuda, GraphReplayMatchesCpu) {
     w.NewGrads(h.scale_value);
     float host[3] = {h.lr_value * (1.0f + 0.1f * (float)r), h.scale_value, found[r]};
     ASSERT_EQ(cudaSuccess, cudaMemcpy(w.d_scalars(), host, sizeof host, cudaMemcpyHostToDevice));
+    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());  // legacy-stream copies vs non-blocking stream_
     ASSERT_EQ(cudaSuccess, cudaGraphLaunch(exec, stream_));
     ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(stream_));
     mixprec_adamw_params hp = h.a;
