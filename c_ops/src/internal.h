@@ -160,6 +160,19 @@ MIXPREC__INLINE double mixprec__sum_lanes(const mixprec__norm_acc *acc) {
   return s;
 }
 
+/* Multi-tensor lists are cut into chunks of one tensor each; first[t] is
+ * tensor t's first global chunk. Returns the tensor owning chunk c: the last
+ * t with first[t] <= c (tensors without chunks share their successor's first
+ * index and are skipped by taking the last match). */
+MIXPREC__INLINE int64_t mixprec__chunk_owner(const int64_t *first, int64_t n, int64_t c) {
+  int64_t lo = 0, hi = n - 1;
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo + 1) / 2;
+    if (first[mid] <= c) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
 mixprec_cpu_isa mixprec__active_isa(void);
 int mixprec__num_threads(void);
 

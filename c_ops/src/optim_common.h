@@ -72,17 +72,6 @@ MIXPREC__INLINE int64_t *mixprec__opt_chunks(const mixprec_opt_tensor *list, int
   return first;
 }
 
-/* Index of the tensor owning global chunk c: the last t with first[t] <= c
- * (tensors without chunks share their successor's first index). */
-MIXPREC__INLINE int64_t mixprec__opt_owner(const int64_t *first, int64_t n, int64_t c) {
-  int64_t lo = 0, hi = n - 1;
-  while (lo < hi) {
-    int64_t mid = lo + (hi - lo + 1) / 2;
-    if (first[mid] <= c) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
-
 /* Nonzero when the step must be skipped: *found_inf is nonzero or NaN. */
 MIXPREC__INLINE int mixprec__opt_skip(const float *found_inf) {
   return found_inf && !(*found_inf == 0.0f);

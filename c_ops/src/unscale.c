@@ -123,18 +123,6 @@ static mixprec__unscale_chunk_fn chunk_kernel(float inv_scale) {
   }
 }
 
-/* Index of the tensor owning global chunk c: the last t with first[t] <= c.
- * Tensors with no chunk (numel 0) share their successor's first index and
- * are skipped by taking the last match. */
-static int64_t owner_of(const int64_t *first, int64_t n_tensors, int64_t c) {
-  int64_t lo = 0, hi = n_tensors - 1;
-  while (lo < hi) {
-    int64_t mid = lo + (hi - lo + 1) / 2;
-    if (first[mid] <= c) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
-
 mixprec_status mixprec_unscale(const mixprec_tensor *tensors, int64_t n_tensors,
                                const float *inv_scale, float *found_inf,
                                float *norms, float *total_norm) {
@@ -175,7 +163,7 @@ mixprec_status mixprec_unscale(const mixprec_tensor *tensors, int64_t n_tensors,
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) \
     if (total >= PARALLEL_MIN && n_chunks > 1) reduction(| : any_nonfinite)
   for (int64_t c = 0; c < n_chunks; c++) {
-    int64_t t = owner_of(first, n_tensors, c);
+    int64_t t = mixprec__chunk_owner(first, n_tensors, c);
     int64_t begin = (c - first[t]) * CHUNK;
     int64_t len = tensors[t].numel - begin < CHUNK ? tensors[t].numel - begin : CHUNK;
     char *base = (char *)tensors[t].data + begin * mixprec_dtype_size(tensors[t].dtype);
