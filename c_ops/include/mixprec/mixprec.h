@@ -444,8 +444,7 @@ MIXPREC_API mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list,
  *  the current device. Enqueued on `stream` (a cudaStream_t) with no host
  *  synchronisation: a skipped step is decided on the device, so it is
  *  capturable in a CUDA graph. Results must equal the CPU's bit for bit
- *  (sqrt and division correctly rounded, the lerp with fmaf). Not yet
- *  implemented: declared here so the CUDA layer has its contract. */
+ *  (sqrt and division correctly rounded, the lerp with fmaf). */
 MIXPREC_API mixprec_status mixprec_cuda_adamw_step(
     const mixprec_opt_tensor *list, int64_t n, const mixprec_adamw_params *p,
     void *stream);
@@ -456,5 +455,9 @@ MIXPREC_API mixprec_status mixprec_cuda_sgd_step(
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
+
+/* The rest of the C API, one header per feature (each includes this one). */
+#include "mixprec/nms.h"     /* greedy and class-aware NMS */
+#include "mixprec/softmax.h" /* softmax, log_softmax, cross-entropy */
 
 #endif /* MIXPREC_MIXPREC_H */
