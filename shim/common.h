@@ -171,4 +171,24 @@ void sgd_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
   check_status(Run(a.list.data(), (int64_t)a.list.size(), &p, a.device.index), op);
 }
 
+// NMS (nms.cpp, nms_cuda.cpp): the C arguments of mixprec::nms /
+// batched_nms / nms_padded after every check. boxes: (N, 4) contiguous
+// float32/float16/bfloat16; scores: (N,) contiguous, one of those dtypes;
+// idxs (batched, may be null): (N,) contiguous int64/int32; all on one
+// device; iou_threshold >= 0, thresholds not NaN.
+struct NmsArgs {
+  const void* boxes;
+  mixprec_dtype boxes_dtype;
+  const void* scores;
+  mixprec_dtype scores_dtype;
+  const void* classes;  // null: one class
+  mixprec_index_dtype classes_dtype;
+  int64_t n;
+  int64_t capacity;  // entries of the padded output
+  mixprec_nms_params params;
+  Where device;
+};
+NmsArgs nms_args(const char* op, const Tensor& boxes, const Tensor& scores, const Tensor* idxs,
+                 double iou_threshold, std::optional<double> score_threshold, int64_t max_output);
+
 }  // namespace mixprec_shim

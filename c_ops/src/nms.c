@@ -1,0 +1,376 @@
+/* Greedy NMS and class-aware (batched) NMS on the CPU.
+ *
+ * Plan: widen the scores, drop those at or below the score threshold, sort
+ * the rest by decreasing score with a stable LSD radix sort on 32-bit keys;
+ * gather the boxes in that order into structure-of-arrays floats
+ * (x1, y1, x2, y2, area); for the batched variant regroup them by class
+ * (stable, so each class stays in score order). Then, per class, the greedy
+ * loop: the first live box is kept and sweeps every later live box of its
+ * class with an IoU test that is SIMD over 8 candidates (nms_avx2.c), marking
+ * the ones it suppresses. When a quarter of the remaining candidates are dead
+ * they are compacted away, so in dense scenes each kept box only looks at
+ * the survivors. Classes run in parallel; each marks its kept boxes in a
+ * per-rank flag array, which is read out in rank order (= global decreasing
+ * score, stable) at the end, so the result does not depend on threads.
+ *
+ * Bit-exactness with torchvision: the IoU is computed with its exact
+ * operations and order in float (max/min as std::max/std::min, no FMA: this
+ * file is built with -ffp-contract=off), and its `float_iou > double_thr` is
+ * reproduced by comparing with the largest float not above the threshold. */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Sweep of candidates [begin, end) by the kept box b: sets dead[j] = -1 for
+ * every live j with IoU(b, j) > thr; returns how many it newly killed. */
+typedef int64_t (*sweep_fn)(const float *x1, const float *y1, const float *x2,
+                            const float *y2, const float *area, int32_t *dead,
+                            int64_t begin, int64_t end, const float b[5], float thr);
+
+#if defined(MIXPREC_X86)
+int64_t mixprec__nms_sweep_avx2(const float *x1, const float *y1, const float *x2,
+                                const float *y2, const float *area, int32_t *dead,
+                                int64_t begin, int64_t end, const float b[5], float thr);
+#endif
+
+/* std::max(a, b) and std::min(a, b) of torchvision's kernel, NaN cases included. */
+MIXPREC__INLINE float tv_max(float a, float b) { return a < b ? b : a; }
+MIXPREC__INLINE float tv_min(float a, float b) { return b < a ? b : a; }
+
+static int64_t sweep_scalar(const float *x1, const float *y1, const float *x2,
+                            const float *y2, const float *area, int32_t *dead,
+                            int64_t begin, int64_t end, const float b[5], float thr) {
+  int64_t killed = 0;
+  for (int64_t j = begin; j < end; j++) {
+    if (dead[j]) continue;
+    float xx1 = tv_max(b[0], x1[j]);
+    float yy1 = tv_max(b[1], y1[j]);
+    float xx2 = tv_min(b[2], x2[j]);
+    float yy2 = tv_min(b[3], y2[j]);
+    float w = tv_max(0.0f, xx2 - xx1);
+    float h = tv_max(0.0f, yy2 - yy1);
+    float inter = w * h;
+    float ovr = inter / (b[4] + area[j] - inter);
+    if (ovr > thr) {
+      dead[j] = -1;
+      killed++;
+    }
+  }
+  return killed;
+}
+
+static sweep_fn choose_sweep(void) {
+  switch (mixprec__active_isa()) {
+#if defined(MIXPREC_X86)
+    case MIXPREC_ISA_AVX512: /* no AVX-512 sweep: AVX2 is a subset */
+    case MIXPREC_ISA_AVX2:
+      return mixprec__nms_sweep_avx2;
+#endif
+    default:
+      return sweep_scalar;
+  }
+}
+
+/* The largest float f with f <= t (t not NaN): `float > t` <=> `> f`. */
+static float float_floor(double t) {
+  float f = (float)t;
+  if ((double)f > t) f = nextafterf(f, -INFINITY);
+  return f;
+}
+
+MIXPREC__INLINE float load_value(const void *data, mixprec_dtype dtype, int64_t i) {
+  switch (dtype) {
+    case MIXPREC_F16:
+      return mixprec__f16_to_f32(((const uint16_t *)data)[i]);
+    case MIXPREC_BF16:
+      return mixprec__bf16_to_f32(((const uint16_t *)data)[i]);
+    default:
+      return ((const float *)data)[i];
+  }
+}
+
+/* Sort key: larger key = earlier in the output. NaN above +inf (torch.sort's
+ * order), -0 equal to +0. The radix sort sorts ~key ascending. */
+MIXPREC__INLINE uint32_t score_key(float s) {
+  uint32_t u = mixprec__f32_bits(s);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0xffffffffu;
+  if ((u & 0x7fffffffu) == 0) u = 0;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Stable LSD radix sort of m (key, value) pairs by ascending key, 8 bits per
+ * pass; passes whose digit is the same for every key are skipped. Result in
+ * keys/vals; tk/tv are scratch of the same size. */
+static void radix_sort(uint32_t *keys, int32_t *vals, uint32_t *tk, int32_t *tv, int64_t m) {
+  for (int shift = 0; shift < 32; shift += 8) {
+    int64_t count[257] = {0};
+    for (int64_t i = 0; i < m; i++) count[((keys[i] >> shift) & 0xffu) + 1]++;
+    int trivial = 0;
+    for (int d = 1; d <= 256; d++)
+      if (count[d] == m) trivial = 1;
+    if (trivial) continue;
+    for (int d = 1; d <= 256; d++) count[d] += count[d - 1];
+    for (int64_t i = 0; i < m; i++) {
+      int64_t at = count[(keys[i] >> shift) & 0xffu]++;
+      tk[at] = keys[i];
+      tv[at] = vals[i];
+    }
+    memcpy(keys, tk, sizeof *keys * (size_t)m);
+    memcpy(vals, tv, sizeof *vals * (size_t)m);
+  }
+}
+
+/* Candidates of one class, positions [begin, end) of the SoA arrays, in
+ * decreasing score order. */
+typedef struct nms_soa {
+  float *x1, *y1, *x2, *y2, *area;
+  int32_t *rank; /* position in the global score order */
+  int32_t *dead; /* 0 live, -1 suppressed */
+} nms_soa;
+
+/* Greedy NMS of one class: flags[rank] = 1 for each kept box; stops after
+ * max_keep (< 0: no limit). Reorders (compacts) the segment in place. */
+static void greedy(const nms_soa *s, int64_t begin, int64_t end, float thr, int64_t max_keep,
+                   sweep_fn sweep, uint8_t *flags) {
+  int64_t kept = 0, dead_since = 0;
+  for (int64_t i = begin; i < end; i++) {
+    if (s->dead[i]) continue;
+    flags[s->rank[i]] = 1;
+    if (++kept == max_keep) return;
+    const float b[5] = {s->x1[i], s->y1[i], s->x2[i], s->y2[i], s->area[i]};
+    dead_since += sweep(s->x1, s->y1, s->x2, s->y2, s->area, s->dead, i + 1, end, b, thr);
+    if (dead_since >= 64 && 4 * dead_since >= end - i) {
+      /* Drop the dead, keeping the survivors' order. */
+      int64_t w = i + 1;
+      for (int64_t j = i + 1; j < end; j++) {
+        if (s->dead[j]) continue;
+        s->x1[w] = s->x1[j];
+        s->y1[w] = s->y1[j];
+        s->x2[w] = s->x2[j];
+        s->y2[w] = s->y2[j];
+        s->area[w] = s->area[j];
+        s->rank[w] = s->rank[j];
+        s->dead[w] = 0;
+        w++;
+      }
+      end = w;
+      dead_since = 0;
+    }
+  }
+}
+
+MIXPREC__INLINE int64_t load_class(const void *classes, mixprec_index_dtype dt, int64_t i) {
+  return dt == MIXPREC_I32 ? (int64_t)((const int32_t *)classes)[i]
+                           : ((const int64_t *)classes)[i];
+}
+
+typedef struct class_rank {
+  int64_t cls;
+  int32_t rank;
+} class_rank;
+
+static int cmp_class_rank(const void *pa, const void *pb) {
+  const class_rank *a = (const class_rank *)pa, *b = (const class_rank *)pb;
+  if (a->cls != b->cls) return a->cls < b->cls ? -1 : 1;
+  return (a->rank > b->rank) - (a->rank < b->rank);
+}
+
+/* Fills perm[0..m) with the ranks 0..m-1 grouped by class (each class in
+ * rank order) and seg[0..n_seg] with the class boundaries. seg has room for
+ * m + 1 entries. Returns the segment count, or -1 if out of memory. */
+static int64_t group_by_class(const void *classes, mixprec_index_dtype cdt, const int32_t *orig,
+                              int64_t m, int32_t *perm, int64_t *seg) {
+  int64_t lo = INT64_MAX, hi = INT64_MIN;
+  for (int64_t r = 0; r < m; r++) {
+    int64_t c = load_class(classes, cdt, orig[r]);
+    if (c < lo) lo = c;
+    if (c > hi) hi = c;
+  }
+  const uint64_t range = (uint64_t)hi - (uint64_t)lo + 1u; /* >= 1, may wrap to 0 */
+  int64_t n_seg = 0;
+  if (range != 0 && range <= (uint64_t)(2 * m + 4096)) {
+    /* Counting sort by class: stable, so each class keeps rank order. */
+    int64_t *count = (int64_t *)calloc((size_t)range + 1, sizeof *count);
+    if (!count) return -1;
+    for (int64_t r = 0; r < m; r++)
+      count[(uint64_t)load_class(classes, cdt, orig[r]) - (uint64_t)lo + 1u]++;
+    for (uint64_t k = 1; k <= range; k++) {
+      if (count[k]) seg[n_seg++] = count[k - 1];
+      count[k] += count[k - 1];
+    }
+    for (int64_t r = 0; r < m; r++)
+      perm[count[(uint64_t)load_class(classes, cdt, orig[r]) - (uint64_t)lo]++] = (int32_t)r;
+    free(count);
+  } else {
+    class_rank *cr = (class_rank *)malloc(sizeof *cr * (size_t)m);
+    if (!cr) return -1;
+    for (int64_t r = 0; r < m; r++) {
+      cr[r].cls = load_class(classes, cdt, orig[r]);
+      cr[r].rank = (int32_t)r;
+    }
+    qsort(cr, (size_t)m, sizeof *cr, cmp_class_rank);
+    for (int64_t r = 0; r < m; r++) {
+      perm[r] = cr[r].rank;
+      if (r == 0 || cr[r].cls != cr[r - 1].cls) seg[n_seg++] = r;
+    }
+    free(cr);
+  }
+  seg[n_seg] = m;
+  return n_seg;
+}
+
+mixprec_nms_params mixprec_nms_params_default(void) {
+  mixprec_nms_params p;
+  p.iou_threshold = 0.5;
+  p.use_score_threshold = 0;
+  p.score_threshold = 0.0;
+  p.max_output = -1;
+  return p;
+}
+
+int64_t mixprec_nms_capacity(int64_t n, const mixprec_nms_params *p) {
+  if (n < 0 || !p) return -1;
+  return p->max_output >= 0 && p->max_output < n ? p->max_output : n;
+}
+
+static mixprec_status check_args(const void *boxes, mixprec_dtype boxes_dtype,
+                                 const void *scores, mixprec_dtype scores_dtype, int64_t n,
+                                 const mixprec_nms_params *p, const int64_t *keep,
+                                 const int64_t *n_keep) {
+  if (!p || !n_keep) return MIXPREC_ERR_NULL_POINTER;
+  if (n < 0 || n > INT32_MAX) return MIXPREC_ERR_BAD_SIZE;
+  if (mixprec_dtype_size(boxes_dtype) == 0 || mixprec_dtype_size(scores_dtype) == 0)
+    return MIXPREC_ERR_BAD_DTYPE;
+  if (n > 0 && (!boxes || !scores)) return MIXPREC_ERR_NULL_POINTER;
+  if (mixprec_nms_capacity(n, p) > 0 && !keep) return MIXPREC_ERR_NULL_POINTER;
+  if (!(p->iou_threshold >= 0.0)) return MIXPREC_ERR_BAD_ARGUMENT; /* NaN too */
+  if (p->use_score_threshold && p->score_threshold != p->score_threshold)
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  return MIXPREC_OK;
+}
+
+static mixprec_status run(const void *boxes, mixprec_dtype boxes_dtype, const void *scores,
+                          mixprec_dtype scores_dtype, const void *classes,
+                          mixprec_index_dtype classes_dtype, int64_t n,
+                          const mixprec_nms_params *p, int64_t *keep, int64_t *n_keep) {
+  const int64_t cap = mixprec_nms_capacity(n, p);
+  const float iou_thr = float_floor(p->iou_threshold);
+  const float score_thr = p->use_score_threshold ? float_floor(p->score_threshold) : 0.0f;
+
+  /* One allocation: keys, tk (u32), orig, tv, rank, dead, perm (i32),
+   * x1, y1, x2, y2, area (f32), seg (i64), flags (u8). */
+  const size_t nn = (size_t)n + 8;
+  const size_t bytes = nn * (4 * 2 + 4 * 5 + 4 * 5 + 8 + 1) + 64;
+  uint8_t *mem = (uint8_t *)malloc(bytes);
+  if (!mem) return MIXPREC_ERR_OUT_OF_MEMORY;
+  uint8_t *at = mem;
+#define TAKE(type, name, count) \
+  type *name = (type *)at;      \
+  at += sizeof(type) * (count)
+  TAKE(int64_t, seg, nn);
+  TAKE(uint32_t, keys, nn);
+  TAKE(uint32_t, tk, nn);
+  TAKE(int32_t, orig, nn);
+  TAKE(int32_t, tv, nn);
+  TAKE(int32_t, perm, nn);
+  nms_soa s;
+  TAKE(float, x1, nn);
+  TAKE(float, y1, nn);
+  TAKE(float, x2, nn);
+  TAKE(float, y2, nn);
+  TAKE(float, area, nn);
+  TAKE(int32_t, rank, nn);
+  TAKE(int32_t, dead, nn);
+  TAKE(uint8_t, flags, nn);
+#undef TAKE
+  s.x1 = x1, s.y1 = y1, s.x2 = x2, s.y2 = y2, s.area = area, s.rank = rank, s.dead = dead;
+
+  /* Candidates (score > threshold), sorted by decreasing score, stable. */
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; i++) {
+    float sc = load_value(scores, scores_dtype, i);
+    if (p->use_score_threshold && !(sc > score_thr)) continue;
+    keys[m] = ~score_key(sc);
+    orig[m] = (int32_t)i;
+    m++;
+  }
+  radix_sort(keys, orig, tk, tv, m);
+
+  int64_t n_seg = 1;
+  seg[0] = 0;
+  seg[1] = m;
+  if (classes && m > 0) {
+    n_seg = group_by_class(classes, classes_dtype, orig, m, perm, seg);
+    if (n_seg < 0) {
+      free(mem);
+      return MIXPREC_ERR_OUT_OF_MEMORY;
+    }
+  } else {
+    for (int64_t r = 0; r < m; r++) perm[r] = (int32_t)r;
+  }
+  for (int64_t k = 0; k < m; k++) {
+    const int32_t r = perm[k];
+    const int64_t i = orig[r];
+    x1[k] = load_value(boxes, boxes_dtype, 4 * i + 0);
+    y1[k] = load_value(boxes, boxes_dtype, 4 * i + 1);
+    x2[k] = load_value(boxes, boxes_dtype, 4 * i + 2);
+    y2[k] = load_value(boxes, boxes_dtype, 4 * i + 3);
+    area[k] = (x2[k] - x1[k]) * (y2[k] - y1[k]);
+    rank[k] = r;
+    dead[k] = 0;
+    flags[k] = 0;
+  }
+
+  const sweep_fn sweep = choose_sweep();
+  const int64_t max_keep = p->max_output >= 0 ? p->max_output : -1;
+  if (max_keep != 0) {
+    if (n_seg == 1) {
+      greedy(&s, 0, m, iou_thr, max_keep, sweep, flags);
+    } else {
+      int threads = mixprec__num_threads();
+      if (threads > n_seg) threads = (int)n_seg;
+      if (m < 2048) threads = 1;
+      (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+#endif
+      for (int64_t c = 0; c < n_seg; c++)
+        greedy(&s, seg[c], seg[c + 1], iou_thr, max_keep, sweep, flags);
+    }
+  }
+
+  int64_t count = 0;
+  for (int64_t r = 0; r < m && count < cap; r++)
+    if (flags[r]) keep[count++] = orig[r];
+  for (int64_t k = count; k < cap; k++) keep[k] = -1;
+  *n_keep = count;
+  free(mem);
+  return MIXPREC_OK;
+}
+
+mixprec_status mixprec_nms(const void *boxes, mixprec_dtype boxes_dtype, const void *scores,
+                           mixprec_dtype scores_dtype, int64_t n, const mixprec_nms_params *p,
+                           int64_t *keep, int64_t *n_keep) {
+  mixprec_status st = check_args(boxes, boxes_dtype, scores, scores_dtype, n, p, keep, n_keep);
+  if (st != MIXPREC_OK) return st;
+  return run(boxes, boxes_dtype, scores, scores_dtype, NULL, MIXPREC_I64, n, p, keep, n_keep);
+}
+
+mixprec_status mixprec_batched_nms(const void *boxes, mixprec_dtype boxes_dtype,
+                                   const void *scores, mixprec_dtype scores_dtype,
+                                   const void *classes, mixprec_index_dtype classes_dtype,
+                                   int64_t n, const mixprec_nms_params *p, int64_t *keep,
+                                   int64_t *n_keep) {
+  mixprec_status st = check_args(boxes, boxes_dtype, scores, scores_dtype, n, p, keep, n_keep);
+  if (st != MIXPREC_OK) return st;
+  if (n > 0 && !classes) return MIXPREC_ERR_NULL_POINTER;
+  if (classes_dtype != MIXPREC_I64 && classes_dtype != MIXPREC_I32) return MIXPREC_ERR_BAD_DTYPE;
+  return run(boxes, boxes_dtype, scores, scores_dtype, classes, classes_dtype, n, p, keep,
+             n_keep);
+}

@@ -1,0 +1,65 @@
+/* AVX2 path of the NMS sweep (see nms.c): one kept box against 8 candidates
+ * per step. Compiled with -mavx2 -mfma -mf16c, called only when the CPU has
+ * them. Bit-identical to the scalar sweep: the same IEEE operations in the
+ * same order (vdivps is correctly rounded, nothing is fused), and the
+ * operand order of vmaxps/vminps reproduces std::max/std::min even for NaN:
+ * _mm256_max_ps(a, b) is (a > b ? a : b), so std::max(k, c) = (k < c ? c : k)
+ * is _mm256_max_ps(c, k), and std::min(k, c) = (c < k ? c : k) is
+ * _mm256_min_ps(c, k). */
+#include <immintrin.h>
+
+#include "internal.h"
+
+int64_t mixprec__nms_sweep_avx2(const float *x1, const float *y1, const float *x2,
+                                const float *y2, const float *area, int32_t *dead,
+                                int64_t begin, int64_t end, const float b[5], float thr);
+
+MIXPREC__INLINE float tv_max(float a, float b) { return a < b ? b : a; }
+MIXPREC__INLINE float tv_min(float a, float b) { return b < a ? b : a; }
+
+int64_t mixprec__nms_sweep_avx2(const float *x1, const float *y1, const float *x2,
+                                const float *y2, const float *area, int32_t *dead,
+                                int64_t begin, int64_t end, const float b[5], float thr) {
+  const __m256 bx1 = _mm256_set1_ps(b[0]), by1 = _mm256_set1_ps(b[1]);
+  const __m256 bx2 = _mm256_set1_ps(b[2]), by2 = _mm256_set1_ps(b[3]);
+  const __m256 barea = _mm256_set1_ps(b[4]), vthr = _mm256_set1_ps(thr);
+  const __m256 zero = _mm256_setzero_ps();
+  int64_t killed = 0;
+  int64_t j = begin;
+  for (; j + 8 <= end; j += 8) {
+    const __m256 d = _mm256_loadu_ps((const float *)(dead + j));
+    const int dm = _mm256_movemask_ps(d);
+    if (dm == 0xff) continue; /* all 8 already suppressed */
+    const __m256 xx1 = _mm256_max_ps(_mm256_loadu_ps(x1 + j), bx1);
+    const __m256 yy1 = _mm256_max_ps(_mm256_loadu_ps(y1 + j), by1);
+    const __m256 xx2 = _mm256_min_ps(_mm256_loadu_ps(x2 + j), bx2);
+    const __m256 yy2 = _mm256_min_ps(_mm256_loadu_ps(y2 + j), by2);
+    const __m256 w = _mm256_max_ps(_mm256_sub_ps(xx2, xx1), zero);
+    const __m256 h = _mm256_max_ps(_mm256_sub_ps(yy2, yy1), zero);
+    const __m256 inter = _mm256_mul_ps(w, h);
+    const __m256 uni = _mm256_sub_ps(_mm256_add_ps(barea, _mm256_loadu_ps(area + j)), inter);
+    const __m256 ovr = _mm256_div_ps(inter, uni);
+    const __m256 hit = _mm256_cmp_ps(ovr, vthr, _CMP_GT_OQ);
+    const int hm = _mm256_movemask_ps(hit) & ~dm;
+    if (hm) {
+      _mm256_storeu_ps((float *)(dead + j), _mm256_or_ps(d, hit));
+      killed += __builtin_popcount((unsigned)hm);
+    }
+  }
+  for (; j < end; j++) {
+    if (dead[j]) continue;
+    float xx1 = tv_max(b[0], x1[j]);
+    float yy1 = tv_max(b[1], y1[j]);
+    float xx2 = tv_min(b[2], x2[j]);
+    float yy2 = tv_min(b[3], y2[j]);
+    float w = tv_max(0.0f, xx2 - xx1);
+    float h = tv_max(0.0f, yy2 - yy1);
+    float inter = w * h;
+    float ovr = inter / (b[4] + area[j] - inter);
+    if (ovr > thr) {
+      dead[j] = -1;
+      killed++;
+    }
+  }
+  return killed;
+}
