@@ -1,0 +1,261 @@
+/* Cross-entropy with class-index targets (torch.nn.functional.cross_entropy
+ * semantics: weight, ignore_index, label_smoothing, reduction), forward and
+ * backward, from FP32/FP16/BF16 logits without an FP32 copy of them.
+ *
+ * Forward reads the logits twice per slice (max, then sum of exponentials
+ * and the weighted sum that label smoothing needs; the second read comes
+ * from cache) and writes one float per position: the loss (reduction none)
+ * and the log-sum-exp that backward needs. Backward reads the logits once
+ * and writes the gradient in their dtype. Slices are those of softmax.c. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+#define MIXPREC__SM_WIDTH 32
+#define PARALLEL_MIN ((int64_t)1 << 15)
+
+/* Defined in softmax.c and softmax_avx2.c (see there). */
+void mixprec__ce_stats_scalar(const void *x, mixprec_dtype xd, int64_t n,
+                              int64_t stride, int64_t width,
+                              const float *weight, float *mx, float *se,
+                              float *wx);
+void mixprec__ce_grad_scalar(const void *x, mixprec_dtype xd, void *dx,
+                             int64_t n, int64_t stride, int64_t width,
+                             const float *lse, const float *a, const float *b,
+                             const float *weight);
+#if defined(MIXPREC_X86)
+void mixprec__ce_stats_avx2(const void *x, mixprec_dtype xd, int64_t n,
+                            int64_t stride, int64_t width, const float *weight,
+                            float *mx, float *se, float *wx);
+void mixprec__ce_grad_avx2(const void *x, mixprec_dtype xd, void *dx,
+                           int64_t n, int64_t stride, int64_t width,
+                           const float *lse, const float *a, const float *b,
+                           const float *weight);
+#endif
+
+typedef void (*stats_fn)(const void *, mixprec_dtype, int64_t, int64_t, int64_t,
+                         const float *, float *, float *, float *);
+typedef void (*grad_fn)(const void *, mixprec_dtype, void *, int64_t, int64_t, int64_t,
+                        const float *, const float *, const float *, const float *);
+
+mixprec_cross_entropy_params mixprec_cross_entropy_params_default(void) {
+  mixprec_cross_entropy_params p;
+  p.outer = p.classes = p.inner = 0;
+  p.ignore_index = -100;
+  p.label_smoothing = 0.0;
+  p.reduction = MIXPREC_REDUCTION_MEAN;
+  p.weight = NULL;
+  return p;
+}
+
+MIXPREC__INLINE float ld(const void *p, mixprec_dtype d, int64_t i) {
+  switch (d) {
+    case MIXPREC_F16: return mixprec__f16_to_f32(((const uint16_t *)p)[i]);
+    case MIXPREC_BF16: return mixprec__bf16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+  }
+}
+
+MIXPREC__INLINE void st(void *p, mixprec_dtype d, int64_t i, float v) {
+  switch (d) {
+    case MIXPREC_F16: ((uint16_t *)p)[i] = mixprec__f32_to_f16(v); break;
+    case MIXPREC_BF16: ((uint16_t *)p)[i] = mixprec__f32_to_bf16(v); break;
+    default: ((float *)p)[i] = v; break;
+  }
+}
+
+/* Argument and target checks shared by forward and backward; *positions
+ * receives outer * inner. */
+static mixprec_status check(const void *logits, mixprec_dtype dtype, const int64_t *target,
+                            const mixprec_cross_entropy_params *p, int64_t *positions) {
+  if (!p) return MIXPREC_ERR_NULL_POINTER;
+  if (mixprec_dtype_size(dtype) == 0) return MIXPREC_ERR_BAD_DTYPE;
+  if (p->outer < 0 || p->classes < 0 || p->inner < 0) return MIXPREC_ERR_BAD_SIZE;
+  if (!(p->label_smoothing >= 0.0 && p->label_smoothing <= 1.0)) return MIXPREC_ERR_BAD_ARGUMENT;
+  if (p->reduction != MIXPREC_REDUCTION_NONE && p->reduction != MIXPREC_REDUCTION_MEAN &&
+      p->reduction != MIXPREC_REDUCTION_SUM)
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  *positions = 0;
+  if (p->outer == 0 || p->inner == 0) return MIXPREC_OK;
+  if (p->outer > INT64_MAX / p->inner) return MIXPREC_ERR_BAD_SIZE;
+  *positions = p->outer * p->inner;
+  if (p->classes < 1) return MIXPREC_ERR_BAD_SIZE;
+  if (p->classes > INT64_MAX / *positions) return MIXPREC_ERR_BAD_SIZE;
+  if (!logits || !target) return MIXPREC_ERR_NULL_POINTER;
+  int bad = 0;
+  for (int64_t i = 0; i < *positions; i++) {
+    const int64_t t = target[i];
+    bad |= t != p->ignore_index && (t < 0 || t >= p->classes);
+  }
+  return bad ? MIXPREC_ERR_BAD_ARGUMENT : MIXPREC_OK;
+}
+
+static int use_avx2(void) {
+#if defined(MIXPREC_X86)
+  return mixprec__active_isa() != MIXPREC_ISA_SCALAR;
+#else
+  return 0;
+#endif
+}
+
+MIXPREC__INLINE int64_t slice_count(int64_t outer, int64_t inner) {
+  return inner == 1 ? outer : outer * ((inner + MIXPREC__SM_WIDTH - 1) / MIXPREC__SM_WIDTH);
+}
+
+/* Slice t: element offset of its first logit; *pos = its first position. */
+MIXPREC__INLINE int64_t slice_at(int64_t t, int64_t n, int64_t inner, int64_t *width,
+                                 int64_t *pos) {
+  if (inner == 1) {
+    *width = 1;
+    *pos = t;
+    return t * n;
+  }
+  const int64_t blocks = (inner + MIXPREC__SM_WIDTH - 1) / MIXPREC__SM_WIDTH;
+  const int64_t o = t / blocks, col = (t % blocks) * MIXPREC__SM_WIDTH;
+  *width = inner - col < MIXPREC__SM_WIDTH ? inner - col : MIXPREC__SM_WIDTH;
+  *pos = o * inner + col;
+  return o * n * inner + col;
+}
+
+mixprec_status mixprec_cross_entropy(const void *logits, mixprec_dtype dtype,
+                                     const int64_t *target,
+                                     const mixprec_cross_entropy_params *p,
+                                     float *loss, float *lse, float *weight_sum) {
+  int64_t positions;
+  mixprec_status status = check(logits, dtype, target, p, &positions);
+  if (status != MIXPREC_OK) return status;
+  if (!loss && (positions > 0 || p->reduction != MIXPREC_REDUCTION_NONE))
+    return MIXPREC_ERR_NULL_POINTER;
+  const int64_t n = p->classes, inner = p->inner;
+  const float *weight = p->weight;
+  const double eps = p->label_smoothing;
+  const int smooth = eps > 0.0;
+  /* W = sum of the class weights (C without weight), for label smoothing. */
+  double wsum_all = (double)n;
+  if (weight) {
+    wsum_all = 0.0;
+    for (int64_t c = 0; c < n; c++) wsum_all += (double)weight[c];
+  }
+  stats_fn fn = mixprec__ce_stats_scalar;
+#if defined(MIXPREC_X86)
+  if (use_avx2()) fn = mixprec__ce_stats_avx2;
+#endif
+  const int64_t slices = positions ? slice_count(p->outer, inner) : 0;
+  /* Per slice: sum of losses and of target weights, added in slice order
+   * afterwards, so the reduction does not depend on the thread count. */
+  double *part = NULL;
+  if (slices > 0) {
+    part = (double *)malloc(sizeof(double) * 2 * (size_t)slices);
+    if (!part) return MIXPREC_ERR_OUT_OF_MEMORY;
+  }
+  const size_t es = (size_t)mixprec_dtype_size(dtype);
+  const int n_threads = positions * n < PARALLEL_MIN ? 1 : mixprec__num_threads();
+#pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1)
+  for (int64_t t = 0; t < slices; t++) {
+    int64_t width, pos;
+    const int64_t off = slice_at(t, n, inner, &width, &pos);
+    const char *x = (const char *)logits + (size_t)off * es;
+    float mx[MIXPREC__SM_WIDTH], se[MIXPREC__SM_WIDTH], wx[MIXPREC__SM_WIDTH];
+    fn(x, dtype, n, inner, width, weight, mx, se, smooth ? wx : NULL);
+    double sl = 0.0, sw = 0.0;
+    for (int64_t j = 0; j < width; j++) {
+      const int64_t tg = target[pos + j];
+      float l = 0.0f, lj = 0.0f;
+      if (tg != p->ignore_index) {
+        const float wt = weight ? weight[tg] : 1.0f;
+        const float lg = logf(se[j]);
+        lj = mx[j] + lg;
+        /* -log_softmax(x)_t, in torch's order: (x_t - max) - log(sum). */
+        const float nll = -((ld(x, dtype, tg * inner + j) - mx[j]) - lg);
+        double v = (1.0 - eps) * (double)wt * (double)nll;
+        if (smooth) v += eps / (double)n * (wsum_all * (double)lg - (double)wx[j]);
+        l = (float)v;
+        sl += v;
+        sw += (double)wt;
+      }
+      if (p->reduction == MIXPREC_REDUCTION_NONE) loss[pos + j] = l;
+      if (lse) lse[pos + j] = lj;
+    }
+    part[2 * t] = sl;
+    part[2 * t + 1] = sw;
+  }
+  double total = 0.0, wtotal = 0.0;
+  for (int64_t t = 0; t < slices; t++) {
+    total += part[2 * t];
+    wtotal += part[2 * t + 1];
+  }
+  free(part);
+  if (p->reduction == MIXPREC_REDUCTION_SUM) loss[0] = (float)total;
+  /* All positions ignored: 0 / 0 = NaN, as torch's mean. */
+  if (p->reduction == MIXPREC_REDUCTION_MEAN) loss[0] = (float)(total / wtotal);
+  if (weight_sum) weight_sum[0] = (float)wtotal;
+  return MIXPREC_OK;
+}
+
+mixprec_status mixprec_cross_entropy_backward(const float *grad_loss, const void *logits,
+                                              mixprec_dtype dtype, const int64_t *target,
+                                              const mixprec_cross_entropy_params *p,
+                                              const float *lse, const float *weight_sum,
+                                              void *grad_logits) {
+  int64_t positions;
+  mixprec_status status = check(logits, dtype, target, p, &positions);
+  if (status != MIXPREC_OK || positions == 0) return status;
+  if (!grad_loss || !lse || !grad_logits) return MIXPREC_ERR_NULL_POINTER;
+  if (p->reduction == MIXPREC_REDUCTION_MEAN && !weight_sum) return MIXPREC_ERR_NULL_POINTER;
+  const int64_t n = p->classes, inner = p->inner;
+  const float *weight = p->weight;
+  const double eps = p->label_smoothing;
+  double wsum_all = (double)n;
+  if (weight) {
+    wsum_all = 0.0;
+    for (int64_t c = 0; c < n; c++) wsum_all += (double)weight[c];
+  }
+  /* The gradient of a SUM/MEAN loss is the same for every position. */
+  float g_all = 0.0f;
+  if (p->reduction == MIXPREC_REDUCTION_SUM) g_all = grad_loss[0];
+  if (p->reduction == MIXPREC_REDUCTION_MEAN) g_all = grad_loss[0] / weight_sum[0];
+  grad_fn fn = mixprec__ce_grad_scalar;
+#if defined(MIXPREC_X86)
+  if (use_avx2()) fn = mixprec__ce_grad_avx2;
+#endif
+  const int64_t slices = slice_count(p->outer, inner);
+  const size_t es = (size_t)mixprec_dtype_size(dtype);
+  const int n_threads = positions * n < PARALLEL_MIN ? 1 : mixprec__num_threads();
+#pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1)
+  for (int64_t t = 0; t < slices; t++) {
+    int64_t width, pos;
+    const int64_t off = slice_at(t, n, inner, &width, &pos);
+    const char *x = (const char *)logits + (size_t)off * es;
+    char *dx = (char *)grad_logits + (size_t)off * es;
+    float l[MIXPREC__SM_WIDTH], a[MIXPREC__SM_WIDTH], b[MIXPREC__SM_WIDTH];
+    for (int64_t j = 0; j < width; j++) {
+      const int64_t tg = target[pos + j];
+      if (tg == p->ignore_index) {
+        /* exp(x - inf) = 0: the whole slice of this position becomes 0. */
+        l[j] = INFINITY;
+        a[j] = b[j] = 0.0f;
+        continue;
+      }
+      const float g = p->reduction == MIXPREC_REDUCTION_NONE ? grad_loss[pos + j] : g_all;
+      const double wt = weight ? (double)weight[tg] : 1.0;
+      l[j] = lse[pos + j];
+      a[j] = (float)((double)g * ((1.0 - eps) * wt + eps / (double)n * wsum_all));
+      b[j] = (float)((double)g * eps / (double)n);
+    }
+    fn(x, dtype, dx, n, inner, width, l, a, b, weight);
+    /* The target's own term, -g * (1 - eps) * w_t, on top of what the
+     * kernel wrote. */
+    for (int64_t j = 0; j < width; j++) {
+      const int64_t tg = target[pos + j];
+      if (tg == p->ignore_index) continue;
+      const float g = p->reduction == MIXPREC_REDUCTION_NONE ? grad_loss[pos + j] : g_all;
+      const float wt = weight ? weight[tg] : 1.0f;
+      const int64_t i = tg * inner + j;
+      const float pt = expf(ld(x, dtype, i) - l[j]);
+      const float bt = (float)((double)g * (1.0 - eps) * (double)wt);
+      st(dx, dtype, i, a[j] * pt - b[j] * wt - bt);
+    }
+  }
+  return MIXPREC_OK;
+}
