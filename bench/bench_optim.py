@@ -9,6 +9,9 @@ In one process, same sizes, interleaved, median of several runs:
                 master weights: loses small updates)
   mixprec       mixprec.optim.AdamW on BF16 params with FP32 master + state:
                 28 B/param (grad 2, master 8, m 8, v 8, param 2)
+  no-master     mixprec.optim.AdamW(master_weights=False) on BF16 params:
+                stochastic rounding, 22 B/param (param 4, grad 2, m 8, v 8);
+                SGD 14 B/param
 and the RMW limit: in-place read-modify-write bandwidth measured in the same
 run on a buffer of the same byte count. Same for SGD with momentum (20 B/param).
 
@@ -51,6 +54,7 @@ def bench(kind, n, numel, reps, device=torch.device("cpu")):
         "torch_foreach_fp32": opt_cls[1](make(n, numel, torch.float32, gen, device), foreach=True, **kw),
         "torch_fused_bf16": opt_cls[1](make(n, numel, torch.bfloat16, gen, device), fused=True, **kw),
         "mixprec_bf16_master": opt_cls[0](make(n, numel, torch.bfloat16, gen, device), **kw),
+        "mixprec_bf16_sr": opt_cls[0](make(n, numel, torch.bfloat16, gen, device), master_weights=False, seed=0, **kw),
     }
     nbytes = bytes_per * n * numel
     flat = torch.randn(nbytes // 8, generator=gen).to(device)  # RMW of nbytes/2 reads + nbytes/2 writes
@@ -73,6 +77,7 @@ def bench(kind, n, numel, reps, device=torch.device("cpu")):
     return {k: statistics.median(v) for k, v in times.items()}, nbytes
 
 
+SR_BYTES = {"adamw": 22, "sgd": 14}
 SEQ_CONFIGS = [(10, 1_000_000), (100, 1_000_000)]
 
 
@@ -126,8 +131,9 @@ def main():
     if device.type == "cuda" and not mixprec.cuda_ops_loaded():
         sys.exit("mixprec CUDA ops not loaded (no GPU, or libmixprec_cuda.so not built)")
     header = ("| optimizer | params | torch fused FP32 ms | torch foreach FP32 ms | torch fused BF16 ms | "
-              "mixprec BF16+master ms | vs fused FP32 | mixprec GB/s | RMW limit GB/s | % of limit |")
-    rows = [header, "|" + "---|" * 10]
+              "mixprec BF16+master ms | vs fused FP32 | mixprec GB/s | RMW limit GB/s | % of limit | "
+              "no-master (SR) ms | SR vs fused FP32 | SR % of limit |")
+    rows = [header, "|" + "---|" * 13]
     print(header)
     for kind in ("adamw", "sgd"):
         for n, numel in QUICK if args.quick else CONFIGS:
@@ -136,7 +142,9 @@ def main():
             row = (
                 f"| {kind} | {n}x{numel:,} | {t['torch_fused_fp32'] * 1e3:.2f} | {t['torch_foreach_fp32'] * 1e3:.2f} | "
                 f"{t['torch_fused_bf16'] * 1e3:.2f} | {ours * 1e3:.2f} | {t['torch_fused_fp32'] / ours:.2f}x | "
-                f"{nbytes / ours / 1e9:.1f} | {nbytes / t['limit'] / 1e9:.1f} | {100 * t['limit'] / ours:.0f}% |"
+                f"{nbytes / ours / 1e9:.1f} | {nbytes / t['limit'] / 1e9:.1f} | {100 * t['limit'] / ours:.0f}% | "
+                f"{t['mixprec_bf16_sr'] * 1e3:.2f} | {t['torch_fused_fp32'] / t['mixprec_bf16_sr']:.2f}x | "
+                f"{100 * (SR_BYTES[kind] * n * numel / t['mixprec_bf16_sr']) / (nbytes / t['limit']):.0f}% |"
             )
             rows.append(row)
             print(row, flush=True)

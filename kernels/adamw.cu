@@ -26,6 +26,7 @@ struct mixprec__adamw_k {
   const float *lr_tensor, *grad_scale, *found_inf;
   float w, w_m1, beta2f, c2, eps;
   int w_small, decay_on, amsgrad, maximize;
+  uint64_t sr_seed;
 };
 
 /* One element: the formulas of adamw_range in c_ops/src/adamw.c. s0 is
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(MIXPREC__OPT_CU_THREADS)
     const int64_t begin = (c - a.chunk_start[t]) * MIXPREC__OPT_CU_CHUNK;
     const int64_t left = a.numel[t] - begin;
     const int n = left < MIXPREC__OPT_CU_CHUNK ? (int)left : MIXPREC__OPT_CU_CHUNK;
-    mixprec__opt_span_dispatch(a, t, begin, n, true, op);
+    mixprec__opt_span_dispatch(a, t, begin, n, true, k.sr_seed, op);
     __syncthreads(); /* the next chunk's scalars overwrite these */
   }
 }
@@ -154,6 +155,7 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_adamw_step(const mixprec_opt_
   k.decay_on = p->weight_decay != 0.0;
   k.amsgrad = p->amsgrad != 0;
   k.maximize = p->maximize != 0;
+  k.sr_seed = p->sr_seed;
 
   cudaStream_t s = (cudaStream_t)stream;
   for (int64_t first = 0; first < n && st == MIXPREC_OK;) {

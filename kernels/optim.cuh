@@ -22,6 +22,7 @@
 
 #include "common.cuh"
 #include "optim_check.h"
+#include "stochastic_round.h"
 
 /* ---- argument checks -----------------------------------------------------
  * The CPU's own checks (c_ops/src/optim_common.h), so both backends return
@@ -143,11 +144,16 @@ MIXPREC__HOST_DEVICE double mixprec__one_minus_pow(double beta, double t) {
 #define MIXPREC__OPT_CAP_LARGE 384
 #define MIXPREC__OPT_STEP_CAP 2048
 
-/* kind byte: param dtype (bits 0-1), grad dtype (bits 2-3), aligned (bit 4). */
+/* kind byte: param dtype (bits 0-1), grad dtype (bits 2-3), aligned (bit 4),
+ * master-free BF16 with stochastic rounding (bit 5). */
 #define MIXPREC__OPT_ALIGNED 16
+#define MIXPREC__OPT_SR 32
 
 /* One group of tensors. p32 is where the FP32 value lives (master, or the
- * F32 param), half the F16/BF16 param to receive it rounded (NULL for F32).
+ * F32 param; NULL for a master-free BF16 param, which is read from and
+ * written to half), half the F16/BF16 param to receive it rounded (NULL for
+ * F32). first_index: the list index of the group's first tensor (the
+ * stochastic rounding hashes a tensor's index in the whole list).
  * s0..s2 are the state buffers the optimizer uses (NULL when unused: the
  * kernel then neither reads nor writes them). */
 template <int CAP>
@@ -161,6 +167,7 @@ struct mixprec__opt_args {
   const float *step[CAP];
   int64_t numel[CAP];
   int64_t chunk_start[CAP + 1];
+  int64_t first_index;
   int32_t count;
   uint8_t kind[CAP];
 };
@@ -182,7 +189,8 @@ static int64_t mixprec__opt_pack(const mixprec_opt_tensor *list, int64_t first, 
   for (int i = 0; i < count; i++) {
     const mixprec_opt_tensor *t = &list[first + i];
     const int half = t->param_dtype != MIXPREC_F32;
-    a->p32[i] = half ? t->master : (float *)t->param;
+    const int sr = mixprec__opt_is_sr(t);
+    a->p32[i] = half ? t->master : (float *)t->param; /* NULL when sr */
     a->half[i] = half ? t->param : NULL;
     a->grad[i] = t->grad;
     a->s0[i] = use_s0 ? t->exp_avg : NULL;
@@ -201,9 +209,10 @@ static int64_t mixprec__opt_pack(const mixprec_opt_tensor *list, int64_t first, 
                   (uintptr_t)a->s0[i] % f4 == 0 && (uintptr_t)a->s1[i] % f4 == 0 &&
                   (uintptr_t)a->s2[i] % f4 == 0;
     a->kind[i] = (uint8_t)((unsigned)t->param_dtype | ((unsigned)t->grad_dtype << 2) |
-                           (aligned ? MIXPREC__OPT_ALIGNED : 0));
+                           (aligned ? MIXPREC__OPT_ALIGNED : 0) | (sr ? MIXPREC__OPT_SR : 0));
   }
   a->chunk_start[count] = chunks;
+  a->first_index = first;
   a->count = count;
   return chunks;
 }
@@ -254,6 +263,20 @@ MIXPREC__DEVICE uint32_t mixprec__opt_narrow(float v) {
     return mixprec__f32_to_bf16(v);
 }
 
+/* A master-free BF16 param of four elements, rounded stochastically with the
+ * bits of elements e .. e + 3 of its tensor (e: the tensor-relative index of
+ * i; a multiple of 4, so lo32(e) + k does not wrap). */
+MIXPREC__DEVICE void mixprec__opt_st4sr(void *base, int64_t i, uint32_t key, int64_t e,
+                                        const float *v) {
+  uint32_t h[4];
+#pragma unroll
+  for (int k = 0; k < 4; k++) h[k] = mixprec__f32_to_bf16_sr(v[k], mixprec__sr_bits(key, e + k));
+  uint2 r;
+  r.x = h[0] | (h[1] << 16);
+  r.y = h[2] | (h[3] << 16);
+  *(uint2 *)((uint16_t *)base + i) = r;
+}
+
 /* The model param of four elements, rounded to nearest even. */
 template <int D>
 MIXPREC__DEVICE void mixprec__opt_st4h(void *base, int64_t i, const float *v) {
@@ -276,7 +299,7 @@ MIXPREC__DEVICE mixprec__opt_span_ptrs mixprec__opt_span_at(const mixprec__opt_a
                                                             int t, int64_t begin) {
   mixprec__opt_span_ptrs s;
   const int pd = a.kind[t] & 3, gd = (a.kind[t] >> 2) & 3;
-  s.p32 = a.p32[t] + begin;
+  s.p32 = a.p32[t] ? a.p32[t] + begin : NULL;
   s.half = a.half[t] ? (void *)((uint16_t *)a.half[t] + begin) : NULL;
   s.grad = gd == MIXPREC_F32 ? (const void *)((const float *)a.grad[t] + begin)
                              : (const void *)((const uint16_t *)a.grad[t] + begin);
@@ -287,15 +310,18 @@ MIXPREC__DEVICE mixprec__opt_span_ptrs mixprec__opt_span_at(const mixprec__opt_a
   return s;
 }
 
-/* The n elements of one chunk, by the whole block. op(g, p, s0, s1, s2, tail)
+/* The n elements of one chunk, by the whole block (SR: a master-free BF16
+ * param, read from s.half and written back stochastically rounded with
+ * `key`; begin is the chunk's first element in its tensor). op(g, p, s0, s1, s2, tail)
  * updates one element in registers (tail: the element is in torch's scalar
  * tail, i.e. its chunk-relative index is >= tail_from); a state buffer that
  * is NULL is neither read nor written (its register holds 0), and s0 is not
  * read when read_s0 is false (SGD's first step overwrites the momentum buffer). The
  * element order does not matter: the update is elementwise. */
-template <int PD, int GD, bool ALIGNED, typename Op>
+template <int PD, int GD, bool ALIGNED, bool SR, typename Op>
 MIXPREC__DEVICE void mixprec__opt_span(const mixprec__opt_span_ptrs &s, int n, int tail_from,
-                                       bool read_s0, const Op &op) {
+                                       bool read_s0, uint32_t key, int64_t begin, const Op &op) {
+  static_assert(!SR || PD == MIXPREC_BF16, "stochastic rounding is for BF16 params only");
   constexpr int T = MIXPREC__OPT_CU_THREADS;
   constexpr int V = MIXPREC__OPT_CU_VEC;
   int done = 0;
@@ -305,7 +331,10 @@ MIXPREC__DEVICE void mixprec__opt_span(const mixprec__opt_span_ptrs &s, int n, i
       const int64_t i = (int64_t)j * V;
       float g[V], p[V], a0[V] = {}, a1[V] = {}, a2[V] = {};
       mixprec__opt_ld4<GD>(s.grad, i, g);
-      mixprec__opt_ld4<MIXPREC_F32>(s.p32, i, p);
+      if constexpr (SR)
+        mixprec__opt_ld4<MIXPREC_BF16>(s.half, i, p);
+      else
+        mixprec__opt_ld4<MIXPREC_F32>(s.p32, i, p);
       if (s.s0 && read_s0) mixprec__opt_ld4<MIXPREC_F32>(s.s0, i, a0);
       if (s.s1) mixprec__opt_ld4<MIXPREC_F32>(s.s1, i, a1);
       if (s.s2) mixprec__opt_ld4<MIXPREC_F32>(s.s2, i, a2);
@@ -313,44 +342,66 @@ MIXPREC__DEVICE void mixprec__opt_span(const mixprec__opt_span_ptrs &s, int n, i
       const bool tail = (int)i >= tail_from;
 #pragma unroll
       for (int k = 0; k < V; k++) op(g[k], p[k], a0[k], a1[k], a2[k], tail);
-      mixprec__opt_st4f(s.p32, i, p);
       if (s.s0) mixprec__opt_st4f(s.s0, i, a0);
       if (s.s1) mixprec__opt_st4f(s.s1, i, a1);
       if (s.s2) mixprec__opt_st4f(s.s2, i, a2);
-      if constexpr (PD != MIXPREC_F32) mixprec__opt_st4h<PD>(s.half, i, p);
+      if constexpr (SR) {
+        mixprec__opt_st4sr(s.half, i, key, begin + i, p);
+      } else {
+        mixprec__opt_st4f(s.p32, i, p);
+        if constexpr (PD != MIXPREC_F32) mixprec__opt_st4h<PD>(s.half, i, p);
+      }
     }
     done = nv * V;
   }
   for (int i = done + threadIdx.x; i < n; i += T) {
     const float g = mixprec__opt_ld1<GD>(s.grad, i);
-    float p = s.p32[i];
+    float p = SR ? mixprec__opt_ld1<MIXPREC_BF16>(s.half, i) : s.p32[i];
     float a0 = s.s0 && read_s0 ? s.s0[i] : 0.0f;
     float a1 = s.s1 ? s.s1[i] : 0.0f;
     float a2 = s.s2 ? s.s2[i] : 0.0f;
     op(g, p, a0, a1, a2, i >= tail_from);
-    s.p32[i] = p;
     if (s.s0) s.s0[i] = a0;
     if (s.s1) s.s1[i] = a1;
     if (s.s2) s.s2[i] = a2;
-    if constexpr (PD != MIXPREC_F32) ((uint16_t *)s.half)[i] = (uint16_t)mixprec__opt_narrow<PD>(p);
+    if constexpr (SR) {
+      ((uint16_t *)s.half)[i] = mixprec__f32_to_bf16_sr(p, mixprec__sr_bits(key, begin + i));
+    } else {
+      s.p32[i] = p;
+      if constexpr (PD != MIXPREC_F32) ((uint16_t *)s.half)[i] = (uint16_t)mixprec__opt_narrow<PD>(p);
+    }
   }
 }
 
 /* The chunk with the dtypes chosen at run time: one switch per chunk, so a
  * mixed-dtype list takes no more launches than a uniform one. */
 template <bool ALIGNED, typename Op>
-MIXPREC__DEVICE void mixprec__opt_span_dispatch2(int pd, int gd, const mixprec__opt_span_ptrs &s,
-                                                 int n, int tf, bool read_s0, const Op &op) {
-#define MIXPREC__OPT_G(PD)                                                            \
-  switch (gd) {                                                                       \
-    case MIXPREC_F32: mixprec__opt_span<PD, MIXPREC_F32, ALIGNED>(s, n, tf, read_s0, op); break; \
-    case MIXPREC_F16: mixprec__opt_span<PD, MIXPREC_F16, ALIGNED>(s, n, tf, read_s0, op); break; \
-    default: mixprec__opt_span<PD, MIXPREC_BF16, ALIGNED>(s, n, tf, read_s0, op); break;         \
+MIXPREC__DEVICE void mixprec__opt_span_dispatch2(int pd, int gd, bool sr,
+                                                 const mixprec__opt_span_ptrs &s, int n, int tf,
+                                                 bool read_s0, uint32_t key, int64_t begin,
+                                                 const Op &op) {
+#define MIXPREC__OPT_G(PD, SR)                                                              \
+  switch (gd) {                                                                             \
+    case MIXPREC_F32:                                                                       \
+      mixprec__opt_span<PD, MIXPREC_F32, ALIGNED, SR>(s, n, tf, read_s0, key, begin, op);  \
+      break;                                                                                \
+    case MIXPREC_F16:                                                                       \
+      mixprec__opt_span<PD, MIXPREC_F16, ALIGNED, SR>(s, n, tf, read_s0, key, begin, op);  \
+      break;                                                                                \
+    default:                                                                                \
+      mixprec__opt_span<PD, MIXPREC_BF16, ALIGNED, SR>(s, n, tf, read_s0, key, begin, op); \
+      break;                                                                                \
   }
   switch (pd) {
-    case MIXPREC_F32: MIXPREC__OPT_G(MIXPREC_F32) break;
-    case MIXPREC_F16: MIXPREC__OPT_G(MIXPREC_F16) break;
-    default: MIXPREC__OPT_G(MIXPREC_BF16) break;
+    case MIXPREC_F32: MIXPREC__OPT_G(MIXPREC_F32, false) break;
+    case MIXPREC_F16: MIXPREC__OPT_G(MIXPREC_F16, false) break;
+    default:
+      if (sr) {
+        MIXPREC__OPT_G(MIXPREC_BF16, true)
+      } else {
+        MIXPREC__OPT_G(MIXPREC_BF16, false)
+      }
+      break;
   }
 #undef MIXPREC__OPT_G
 }
@@ -358,7 +409,7 @@ MIXPREC__DEVICE void mixprec__opt_span_dispatch2(int pd, int gd, const mixprec__
 template <int CAP, typename Op>
 MIXPREC__DEVICE void mixprec__opt_span_dispatch(const mixprec__opt_args<CAP> &a, int t,
                                                 int64_t begin, int n, bool read_s0,
-                                                const Op &op) {
+                                                uint64_t sr_seed, const Op &op) {
   const mixprec__opt_span_ptrs s = mixprec__opt_span_at(a, t, begin);
   const int pd = a.kind[t] & 3, gd = (a.kind[t] >> 2) & 3;
   /* torch's tail starts at numel - numel % 8, here relative to the chunk and
@@ -366,10 +417,15 @@ MIXPREC__DEVICE void mixprec__opt_span_dispatch(const mixprec__opt_args<CAP> &a,
   const int64_t numel = a.numel[t];
   int64_t tf64 = numel - numel % MIXPREC__OPT_CU_TORCH_VEC - begin;
   const int tf = tf64 < 0 ? 0 : tf64 > n ? n : (int)tf64;
+  const bool sr = (a.kind[t] & MIXPREC__OPT_SR) != 0;
+  /* The key needs the count after this step: *step + 1, as the CPU. */
+  const uint32_t key =
+      sr ? mixprec__sr_key(sr_seed, (uint64_t)(a.first_index + t), __fadd_rn(*a.step[t], 1.0f))
+         : 0u;
   if (a.kind[t] & MIXPREC__OPT_ALIGNED)
-    mixprec__opt_span_dispatch2<true>(pd, gd, s, n, tf, read_s0, op);
+    mixprec__opt_span_dispatch2<true>(pd, gd, sr, s, n, tf, read_s0, key, begin, op);
   else
-    mixprec__opt_span_dispatch2<false>(pd, gd, s, n, tf, read_s0, op);
+    mixprec__opt_span_dispatch2<false>(pd, gd, sr, s, n, tf, read_s0, key, begin, op);
 }
 
 /* Nonzero when the step must be skipped: *found_inf is nonzero or NaN. */

@@ -17,6 +17,7 @@ struct mixprec__sgd_k {
   const float *lr_tensor, *grad_scale, *found_inf;
   float lr, momentum, wd, damp1; /* lr: used when lr_tensor is NULL */
   int wd_on, momentum_on, nesterov, maximize, first_step;
+  uint64_t sr_seed;
 };
 
 /* One element: the formulas of sgd_range in c_ops/src/sgd.c. s0 is the
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(MIXPREC__OPT_CU_THREADS)
     const int64_t begin = (c - a.chunk_start[t]) * MIXPREC__OPT_CU_CHUNK;
     const int64_t left = a.numel[t] - begin;
     const int n = left < MIXPREC__OPT_CU_CHUNK ? (int)left : MIXPREC__OPT_CU_CHUNK;
-    mixprec__opt_span_dispatch(a, t, begin, n, !op.first, op);
+    mixprec__opt_span_dispatch(a, t, begin, n, !op.first, k.sr_seed, op);
   }
 }
 
@@ -112,6 +113,7 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_sgd_step(const mixprec_opt_te
   k.momentum_on = p->momentum != 0.0;
   k.nesterov = p->nesterov != 0;
   k.maximize = p->maximize != 0;
+  k.sr_seed = p->sr_seed;
   k.first_step = p->first_step != 0;
 
   cudaStream_t s = (cudaStream_t)stream;

@@ -240,6 +240,13 @@ OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
       STD_TORCH_CHECK(!m.defined() || m.numel() == 0, "mixprec::", op, ": masters[", i,
                       "] must be an empty tensor: params[", i, "] is float32 (its own master)");
       d.master = nullptr;
+    } else if (!m.defined() || m.numel() == 0) {
+      // No master: the stochastic-rounding mode, for bfloat16 only.
+      STD_TORCH_CHECK(d.param_dtype == MIXPREC_BF16, "mixprec::", op, ": masters[", i,
+                      "] is empty but params[", i,
+                      "] is float16: only bfloat16 params can go without an FP32 master"
+                      " (stochastic rounding)");
+      d.master = nullptr;
     } else {
       check_companion(op, "masters", i, m, p, a.device);
       STD_TORCH_CHECK(m.scalar_type() == ScalarType::Float, "mixprec::", op, ": masters[", i,

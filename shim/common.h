@@ -120,7 +120,7 @@ void adamw_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
                    std::vector<Tensor> steps, double lr, double beta1, double beta2,
                    double weight_decay, double eps, bool amsgrad, bool maximize,
                    std::optional<Tensor> lr_tensor, std::optional<Tensor> grad_scale,
-                   std::optional<Tensor> found_inf) {
+                   std::optional<Tensor> found_inf, int64_t sr_seed) {
   const char* op = "adamw_step_";
   STD_TORCH_CHECK(!exp_avgs.empty() && !exp_avg_sqs.empty(), "mixprec::", op,
                   ": exp_avgs and exp_avg_sqs are required");
@@ -141,6 +141,7 @@ void adamw_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
   p.lr_tensor = a.lr_tensor;
   p.grad_scale = a.grad_scale;
   p.found_inf = a.found_inf;
+  p.sr_seed = (uint64_t)sr_seed;
   check_status(Run(a.list.data(), (int64_t)a.list.size(), &p, a.device.index), op);
 }
 
@@ -150,7 +151,7 @@ void sgd_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
                  std::vector<Tensor> steps, double lr, double momentum, double dampening,
                  double weight_decay, bool nesterov, bool maximize,
                  std::optional<Tensor> lr_tensor, std::optional<Tensor> grad_scale,
-                 std::optional<Tensor> found_inf) {
+                 std::optional<Tensor> found_inf, int64_t sr_seed) {
   const char* op = "sgd_step_";
   STD_TORCH_CHECK((momentum != 0) == !momentum_buffers.empty(), "mixprec::", op,
                   ": momentum_buffers must be given exactly when momentum is not 0");
@@ -168,6 +169,7 @@ void sgd_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
   p.lr_tensor = a.lr_tensor;
   p.grad_scale = a.grad_scale;
   p.found_inf = a.found_inf;
+  p.sr_seed = (uint64_t)sr_seed;
   check_status(Run(a.list.data(), (int64_t)a.list.size(), &p, a.device.index), op);
 }
 

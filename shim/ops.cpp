@@ -30,15 +30,18 @@ STABLE_TORCH_LIBRARY(mixprec, m) {
   // momentum_buffers empty when momentum is 0. steps: one float32 count per
   // param. lr (when given) overrides the float lr; grad_scale divides the
   // grads; a nonzero found_inf skips the whole step. All on the device.
+  // A bfloat16 param whose masters[i] is empty goes without a master: it is
+  // updated from its own value and written back with stochastic rounding
+  // seeded by sr_seed (reproducible; c_ops/src/stochastic_round.h).
   m.def(
       "adamw_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] masters,"
       " Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs,"
       " Tensor(f!)[] steps, float lr, float beta1, float beta2, float weight_decay,"
       " float eps, bool amsgrad, bool maximize, Tensor? lr_tensor, Tensor? grad_scale,"
-      " Tensor? found_inf) -> ()");
+      " Tensor? found_inf, int sr_seed=0) -> ()");
   m.def(
       "sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] masters,"
       " Tensor(c!)[] momentum_buffers, Tensor(d!)[] steps, float lr, float momentum,"
       " float dampening, float weight_decay, bool nesterov, bool maximize,"
-      " Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf) -> ()");
+      " Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf, int sr_seed=0) -> ()");
 }

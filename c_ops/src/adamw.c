@@ -43,13 +43,14 @@ typedef mixprec__adamw_consts adamw_consts;
 MIXPREC__INLINE void adamw_range(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
                                  const adamw_scalars *s, const adamw_consts *k, const int tail) {
   const int half = t->param_dtype != MIXPREC_F32;
+  const int sr = mixprec__opt_is_sr(t);
   float *P = half ? t->master : (float *)t->param;
   float *M = t->exp_avg, *V = t->exp_avg_sq, *VM = t->max_exp_avg_sq;
   for (int64_t i = begin; i < end; i++) {
     float g = mixprec__opt_load(t->grad, t->grad_dtype, i);
     if (k->has_scale) g = g / k->scale;
     if (k->maximize) g = -g;
-    float p = P[i];
+    float p = sr ? mixprec__opt_load(t->param, MIXPREC_BF16, i) : P[i];
     if (k->decay_on) p = p * s->decay;
     float m = M[i];
     const float diff = g - m;
@@ -76,8 +77,12 @@ MIXPREC__INLINE void adamw_range(const mixprec_opt_tensor *t, int64_t begin, int
     p = p - upd / denom;
     M[i] = m;
     V[i] = v;
-    P[i] = p;
-    if (half) mixprec__opt_store_half(t->param, t->param_dtype, i, p);
+    if (sr) {
+      mixprec__opt_store_bf16_sr(t->param, i, s->sr_key, p);
+    } else {
+      P[i] = p;
+      if (half) mixprec__opt_store_half(t->param, t->param_dtype, i, p);
+    }
   }
 }
 
@@ -122,6 +127,7 @@ mixprec_adamw_params mixprec_adamw_params_default(void) {
   p.lr_tensor = NULL;
   p.grad_scale = NULL;
   p.found_inf = NULL;
+  p.sr_seed = 0;
   return p;
 }
 
@@ -167,6 +173,7 @@ mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list, int64_t n,
     sc[i].decay = (float)(1.0 - lr * p->weight_decay);
     sc[i].step_size = (float)(lr / bc1);
     sc[i].bc2_sqrt = (float)sqrt(bc2);
+    sc[i].sr_key = mixprec__sr_key(p->sr_seed, (uint64_t)i, t);
   }
 
   const mixprec__adamw_body_fn body = adamw_body_kernel();

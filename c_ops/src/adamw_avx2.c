@@ -9,10 +9,12 @@
  * last numel % 8) never come here. */
 #include "optim_common.h"
 
-/* One dtype combination; pd, gd and amsgrad are constants at each call. */
+/* One dtype combination; pd, gd, amsgrad and sr (master-free BF16: read the
+ * param, round stochastically) are constants at each call. */
 MIXPREC__INLINE int64_t body(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
                              const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k,
-                             const mixprec_dtype pd, const mixprec_dtype gd, const int amsgrad) {
+                             const mixprec_dtype pd, const mixprec_dtype gd, const int amsgrad,
+                             const int sr) {
   const int half = pd != MIXPREC_F32;
   float *P = half ? t->master : (float *)t->param;
   float *M = t->exp_avg, *V = t->exp_avg_sq, *VM = t->max_exp_avg_sq;
@@ -28,7 +30,7 @@ MIXPREC__INLINE int64_t body(const mixprec_opt_tensor *t, int64_t begin, int64_t
     __m256 g = mixprec__opt_load8(t->grad, gd, i);
     if (has_scale) g = _mm256_div_ps(g, scale);
     if (maximize) g = mixprec__opt_neg8(g);
-    __m256 p = _mm256_loadu_ps(P + i);
+    __m256 p = sr ? mixprec__opt_load8(t->param, MIXPREC_BF16, i) : _mm256_loadu_ps(P + i);
     if (decay_on) p = _mm256_mul_ps(p, decay);
     __m256 m = _mm256_loadu_ps(M + i);
     const __m256 diff = _mm256_sub_ps(g, m);
@@ -48,24 +50,33 @@ MIXPREC__INLINE int64_t body(const mixprec_opt_tensor *t, int64_t begin, int64_t
     p = _mm256_sub_ps(p, _mm256_div_ps(upd, denom));
     _mm256_storeu_ps(M + i, m);
     _mm256_storeu_ps(V + i, v);
-    _mm256_storeu_ps(P + i, p);
-    if (half) mixprec__opt_store8_half(t->param, pd, i, p);
+    if (sr) {
+      mixprec__opt_store8_bf16_sr(t->param, i, s->sr_key, p);
+    } else {
+      _mm256_storeu_ps(P + i, p);
+      if (half) mixprec__opt_store8_half(t->param, pd, i, p);
+    }
   }
   return i;
 }
 
-#define MIXPREC__ADAMW_GD(pd, ams)                                              \
-  switch (t->grad_dtype) {                                                      \
-    case MIXPREC_F16: return body(t, begin, end, s, k, pd, MIXPREC_F16, ams);   \
-    case MIXPREC_BF16: return body(t, begin, end, s, k, pd, MIXPREC_BF16, ams); \
-    default: return body(t, begin, end, s, k, pd, MIXPREC_F32, ams);            \
+#define MIXPREC__ADAMW_GD(pd, ams, sr)                                              \
+  switch (t->grad_dtype) {                                                          \
+    case MIXPREC_F16: return body(t, begin, end, s, k, pd, MIXPREC_F16, ams, sr);   \
+    case MIXPREC_BF16: return body(t, begin, end, s, k, pd, MIXPREC_BF16, ams, sr); \
+    default: return body(t, begin, end, s, k, pd, MIXPREC_F32, ams, sr);            \
   }
 
-#define MIXPREC__ADAMW_PD(ams)                             \
-  switch (t->param_dtype) {                                \
-    case MIXPREC_F16: MIXPREC__ADAMW_GD(MIXPREC_F16, ams)  \
-    case MIXPREC_BF16: MIXPREC__ADAMW_GD(MIXPREC_BF16, ams) \
-    default: MIXPREC__ADAMW_GD(MIXPREC_F32, ams)           \
+#define MIXPREC__ADAMW_PD(ams)                                    \
+  switch (t->param_dtype) {                                       \
+    case MIXPREC_F16: MIXPREC__ADAMW_GD(MIXPREC_F16, ams, 0)      \
+    case MIXPREC_BF16:                                            \
+      if (mixprec__opt_is_sr(t)) {                                \
+        MIXPREC__ADAMW_GD(MIXPREC_BF16, ams, 1)                   \
+      } else {                                                    \
+        MIXPREC__ADAMW_GD(MIXPREC_BF16, ams, 0)                   \
+      }                                                           \
+    default: MIXPREC__ADAMW_GD(MIXPREC_F32, ams, 0)               \
   }
 
 int64_t mixprec__adamw_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end,

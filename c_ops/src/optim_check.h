@@ -30,8 +30,15 @@ MIXPREC__CHECK_INLINE mixprec_status mixprec__opt_check_tensor(const mixprec_opt
   if (t->param_dtype == MIXPREC_F32 && t->master) return MIXPREC_ERR_BAD_ARGUMENT;
   if (t->numel == 0) return MIXPREC_OK;
   if (!t->param || !t->grad) return MIXPREC_ERR_NULL_POINTER;
-  if (t->param_dtype != MIXPREC_F32 && !t->master) return MIXPREC_ERR_NULL_POINTER;
+  /* BF16 without a master: the stochastic-rounding mode. F16 has no such
+   * mode: its 5-bit exponent makes master-free training fragile. */
+  if (t->param_dtype == MIXPREC_F16 && !t->master) return MIXPREC_ERR_NULL_POINTER;
   return MIXPREC_OK;
+}
+
+/* Nonzero for a master-free BF16 tensor (stochastic rounding). */
+MIXPREC__CHECK_INLINE int mixprec__opt_is_sr(const mixprec_opt_tensor *t) {
+  return t->param_dtype == MIXPREC_BF16 && !t->master;
 }
 
 /* The argument checks of mixprec_adamw_step / mixprec_sgd_step, shared with
@@ -77,6 +84,7 @@ MIXPREC__CHECK_INLINE mixprec_status mixprec__sgd_check(const mixprec_opt_tensor
     mixprec_status st = mixprec__opt_check_tensor(t);
     if (st != MIXPREC_OK) return st;
     if (t->numel > 0 && p->momentum != 0.0 && !t->exp_avg) return MIXPREC_ERR_NULL_POINTER;
+    if (t->numel > 0 && mixprec__opt_is_sr(t) && !t->step) return MIXPREC_ERR_NULL_POINTER;
   }
   return MIXPREC_OK;
 }

@@ -9,6 +9,7 @@
 
 #include "internal.h"
 #include "optim_check.h"
+#include "stochastic_round.h"
 
 /* Work is cut into chunks of at most this many elements of one tensor. The
  * update is elementwise, so the chunking only balances threads; results do not
@@ -54,6 +55,11 @@ MIXPREC__INLINE void mixprec__opt_store_half(void *data, mixprec_dtype dtype, in
     ((uint16_t *)data)[i] = mixprec__f32_to_bf16(v);
 }
 
+/* Stores a master-free BF16 param element, stochastically rounded. */
+MIXPREC__INLINE void mixprec__opt_store_bf16_sr(void *data, int64_t i, uint32_t key, float v) {
+  ((uint16_t *)data)[i] = mixprec__f32_to_bf16_sr(v, mixprec__sr_bits(key, i));
+}
+
 /* The flattened chunk list: first[t] is tensor t's first chunk, first[n] the
  * chunk count. Returns NULL when out of memory. */
 MIXPREC__INLINE int64_t *mixprec__opt_chunks(const mixprec_opt_tensor *list, int64_t n,
@@ -85,6 +91,7 @@ typedef struct mixprec__adamw_scalars {
   float decay;    /* 1 - lr * weight_decay */
   float step_size;
   float bc2_sqrt;
+  uint32_t sr_key; /* stochastic rounding (master-free BF16 only) */
 } mixprec__adamw_scalars;
 
 /* AdamW, per step: shared by every tensor. */
@@ -117,12 +124,13 @@ typedef int64_t (*mixprec__adamw_body_fn)(const mixprec_opt_tensor *t, int64_t b
                                           int64_t end, const mixprec__adamw_scalars *s,
                                           const mixprec__adamw_consts *k);
 typedef int64_t (*mixprec__sgd_body_fn)(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
-                                        int first, const mixprec__sgd_consts *k);
+                                        int first, uint32_t sr_key,
+                                        const mixprec__sgd_consts *k);
 #if defined(MIXPREC_X86)
 int64_t mixprec__adamw_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
                                  const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k);
 int64_t mixprec__sgd_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
-                               const mixprec__sgd_consts *k);
+                               uint32_t sr_key, const mixprec__sgd_consts *k);
 #endif
 
 /* ---- AVX2 + FMA + F16C loads and stores (only in files built with them) */
@@ -167,6 +175,33 @@ MIXPREC__INLINE void mixprec__opt_store8_half(void *data, mixprec_dtype dtype, i
     /* Every lane is < 2^16: the signed-to-unsigned saturation never bites. */
     h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
   }
+  _mm_storeu_si128((__m128i *)((uint16_t *)data + i), h);
+}
+
+/* Stores elements [i, i + 8) of a master-free BF16 param, stochastically
+ * rounded with the bits of element i + lane: bit-identical to
+ * mixprec__f32_to_bf16_sr(v, mixprec__sr_bits(key, i + lane)). */
+MIXPREC__INLINE void mixprec__opt_store8_bf16_sr(void *data, int64_t i, uint32_t key, __m256 v) {
+  const uint64_t u = (uint64_t)i;
+  const uint32_t base = key + (uint32_t)u * 0x9e3779b1u + (uint32_t)(u >> 32) * 0x85ebca77u;
+  /* Lane j's word is base + j * 0x9e3779b1 because lo32(i) + j does not
+   * wrap: body kernels start at chunk starts (multiples of 2^16) and step
+   * by 8, so i is a multiple of 8. */
+  __m256i x = _mm256_add_epi32(
+      _mm256_set1_epi32((int)base),
+      _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                         _mm256_set1_epi32((int)0x9e3779b1u)));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32((int)0x7feb352du));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32((int)0x846ca68bu));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_srli_epi32(x, 16)), 16);
+  const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
+  const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  const __m256i r = _mm256_blendv_epi8(rounded, nan, is_nan);
+  const __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
   _mm_storeu_si128((__m128i *)((uint16_t *)data + i), h);
 }
 

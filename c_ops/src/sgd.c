@@ -32,15 +32,16 @@ typedef mixprec__sgd_consts sgd_consts;
 /* Elements [begin, end) of one tensor, all in torch's vectorised body
  * (tail == 0) or all in its scalar tail (tail == 1). */
 MIXPREC__INLINE void sgd_range(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
-                               int first, const sgd_consts *k, const int tail) {
+                               int first, uint32_t sr_key, const sgd_consts *k, const int tail) {
   const int half = t->param_dtype != MIXPREC_F32;
+  const int sr = mixprec__opt_is_sr(t);
   float *P = half ? t->master : (float *)t->param;
   float *B = t->exp_avg;
   for (int64_t i = begin; i < end; i++) {
     float g = mixprec__opt_load(t->grad, t->grad_dtype, i);
     if (k->has_scale) g = g / k->scale;
     if (k->maximize) g = -g;
-    float p = P[i];
+    float p = sr ? mixprec__opt_load(t->param, MIXPREC_BF16, i) : P[i];
     if (k->wd_on) g = fmaf(p, k->wd, g);
     if (k->momentum_on) {
       float buf;
@@ -54,14 +55,18 @@ MIXPREC__INLINE void sgd_range(const mixprec_opt_tensor *t, int64_t begin, int64
       g = k->nesterov ? fmaf(buf, k->momentum, g) : buf;
     }
     p = fmaf(-g, k->lr, p);
-    P[i] = p;
-    if (half) mixprec__opt_store_half(t->param, t->param_dtype, i, p);
+    if (sr) {
+      mixprec__opt_store_bf16_sr(t->param, i, sr_key, p);
+    } else {
+      P[i] = p;
+      if (half) mixprec__opt_store_half(t->param, t->param_dtype, i, p);
+    }
   }
 }
 
 static int64_t sgd_body_scalar(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
-                               int first, const sgd_consts *k) {
-  sgd_range(t, begin, end, first, k, 0);
+                               int first, uint32_t sr_key, const sgd_consts *k) {
+  sgd_range(t, begin, end, first, sr_key, k, 0);
   return end;
 }
 
@@ -79,12 +84,12 @@ static mixprec__sgd_body_fn sgd_body_kernel(void) {
 }
 
 static void sgd_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
-                      const sgd_consts *k, mixprec__sgd_body_fn body) {
+                      uint32_t sr_key, const sgd_consts *k, mixprec__sgd_body_fn body) {
   const int64_t tail = mixprec__opt_tail_start(t->numel);
   const int64_t mid = end < tail ? end : (begin > tail ? begin : tail);
-  const int64_t done = body(t, begin, mid, first, k);
-  sgd_range(t, done, mid, first, k, 0);
-  sgd_range(t, mid, end, first, k, 1);
+  const int64_t done = body(t, begin, mid, first, sr_key, k);
+  sgd_range(t, done, mid, first, sr_key, k, 0);
+  sgd_range(t, mid, end, first, sr_key, k, 1);
 }
 
 mixprec_sgd_params mixprec_sgd_params_default(void) {
@@ -99,6 +104,7 @@ mixprec_sgd_params mixprec_sgd_params_default(void) {
   p.grad_scale = NULL;
   p.found_inf = NULL;
   p.first_step = 0;
+  p.sr_seed = 0;
   return p;
 }
 
@@ -113,17 +119,21 @@ mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list, int64_t n,
    * before any is written (tensors may share one). */
   unsigned char *is_first = (unsigned char *)malloc((size_t)n);
   float *new_step = (float *)malloc(sizeof(float) * (size_t)n);
+  uint32_t *sr_key = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)n);
   int64_t n_chunks = 0, total = 0;
-  int64_t *first = (is_first && new_step) ? mixprec__opt_chunks(list, n, &n_chunks, &total) : NULL;
+  int64_t *first =
+      (is_first && new_step && sr_key) ? mixprec__opt_chunks(list, n, &n_chunks, &total) : NULL;
   if (!first) {
     free(is_first);
     free(new_step);
+    free(sr_key);
     return MIXPREC_ERR_OUT_OF_MEMORY;
   }
   for (int64_t i = 0; i < n; i++) {
     const float *s = list[i].step;
     is_first[i] = (unsigned char)(s ? *s == 0.0f : p->first_step != 0);
     new_step[i] = s ? *s + 1.0f : 0.0f;
+    sr_key[i] = mixprec__sr_key(p->sr_seed, (uint64_t)i, new_step[i]);
   }
 
   /* torch reads the learning rate tensor as a double (lr.item<double>()). */
@@ -150,7 +160,7 @@ mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list, int64_t n,
     const int64_t begin = (c - first[t]) * MIXPREC__OPT_CHUNK;
     const int64_t end = list[t].numel - begin < MIXPREC__OPT_CHUNK ? list[t].numel
                                                                     : begin + MIXPREC__OPT_CHUNK;
-    sgd_chunk(&list[t], begin, end, is_first[t], &k, body);
+    sgd_chunk(&list[t], begin, end, is_first[t], sr_key[t], &k, body);
   }
 
   for (int64_t i = 0; i < n; i++)
@@ -158,5 +168,6 @@ mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list, int64_t n,
   free(first);
   free(new_step);
   free(is_first);
+  free(sr_key);
   return MIXPREC_OK;
 }

@@ -8,10 +8,11 @@
  * numel % 8) never come here. */
 #include "optim_common.h"
 
-/* One dtype combination; pd and gd are constants at each call. */
+/* One dtype combination; pd, gd and sr (master-free BF16: read the param,
+ * round stochastically) are constants at each call. */
 MIXPREC__INLINE int64_t body(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
-                             const mixprec__sgd_consts *k, const mixprec_dtype pd,
-                             const mixprec_dtype gd) {
+                             uint32_t sr_key, const mixprec__sgd_consts *k,
+                             const mixprec_dtype pd, const mixprec_dtype gd, const int sr) {
   const int half = pd != MIXPREC_F32;
   float *P = half ? t->master : (float *)t->param;
   float *B = t->exp_avg;
@@ -25,7 +26,7 @@ MIXPREC__INLINE int64_t body(const mixprec_opt_tensor *t, int64_t begin, int64_t
     __m256 g = mixprec__opt_load8(t->grad, gd, i);
     if (has_scale) g = _mm256_div_ps(g, scale);
     if (maximize) g = mixprec__opt_neg8(g);
-    __m256 p = _mm256_loadu_ps(P + i);
+    __m256 p = sr ? mixprec__opt_load8(t->param, MIXPREC_BF16, i) : _mm256_loadu_ps(P + i);
     if (wd_on) g = _mm256_fmadd_ps(p, wd, g);
     if (momentum_on) {
       __m256 buf;
@@ -37,24 +38,33 @@ MIXPREC__INLINE int64_t body(const mixprec_opt_tensor *t, int64_t begin, int64_t
       g = nesterov ? _mm256_fmadd_ps(buf, momentum, g) : buf;
     }
     p = _mm256_fmadd_ps(mixprec__opt_neg8(g), lr, p);
-    _mm256_storeu_ps(P + i, p);
-    if (half) mixprec__opt_store8_half(t->param, pd, i, p);
+    if (sr) {
+      mixprec__opt_store8_bf16_sr(t->param, i, sr_key, p);
+    } else {
+      _mm256_storeu_ps(P + i, p);
+      if (half) mixprec__opt_store8_half(t->param, pd, i, p);
+    }
   }
   return i;
 }
 
-#define MIXPREC__SGD_GD(pd)                                                  \
-  switch (t->grad_dtype) {                                                   \
-    case MIXPREC_F16: return body(t, begin, end, first, k, pd, MIXPREC_F16); \
-    case MIXPREC_BF16: return body(t, begin, end, first, k, pd, MIXPREC_BF16); \
-    default: return body(t, begin, end, first, k, pd, MIXPREC_F32);          \
+#define MIXPREC__SGD_GD(pd, sr)                                                          \
+  switch (t->grad_dtype) {                                                               \
+    case MIXPREC_F16: return body(t, begin, end, first, sr_key, k, pd, MIXPREC_F16, sr);   \
+    case MIXPREC_BF16: return body(t, begin, end, first, sr_key, k, pd, MIXPREC_BF16, sr); \
+    default: return body(t, begin, end, first, sr_key, k, pd, MIXPREC_F32, sr);            \
   }
 
 int64_t mixprec__sgd_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
-                               const mixprec__sgd_consts *k) {
+                               uint32_t sr_key, const mixprec__sgd_consts *k) {
   switch (t->param_dtype) {
-    case MIXPREC_F16: MIXPREC__SGD_GD(MIXPREC_F16)
-    case MIXPREC_BF16: MIXPREC__SGD_GD(MIXPREC_BF16)
-    default: MIXPREC__SGD_GD(MIXPREC_F32)
+    case MIXPREC_F16: MIXPREC__SGD_GD(MIXPREC_F16, 0)
+    case MIXPREC_BF16:
+      if (mixprec__opt_is_sr(t)) {
+        MIXPREC__SGD_GD(MIXPREC_BF16, 1)
+      } else {
+        MIXPREC__SGD_GD(MIXPREC_BF16, 0)
+      }
+    default: MIXPREC__SGD_GD(MIXPREC_F32, 0)
   }
 }

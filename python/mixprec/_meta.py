@@ -79,11 +79,16 @@ def _check_opt(op, params, grads, masters, steps, states):
         torch._check(p.dtype in _GRAD_DTYPES, lambda: f"mixprec::{op}: params[{i}] must be float32, float16 or bfloat16")
         torch._check(p.device == dev, lambda: f"mixprec::{op}: params[{i}] is on {p.device} but params[0] is on {dev}")
         torch._check(grads[i].shape == p.shape, lambda: f"mixprec::{op}: grads[{i}] must have the shape of params[{i}]")
+        torch._check(
+            p.dtype != torch.float16 or masters[i].numel() > 0 or p.numel() == 0,
+            lambda: f"mixprec::{op}: masters[{i}] is empty but params[{i}] is float16: only bfloat16 params "
+            "can go without an FP32 master (stochastic rounding)",
+        )
 
 
 @torch.library.register_fake("mixprec::adamw_step_")
 def _adamw_step_fake(params, grads, masters, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2,
-                     weight_decay, eps, amsgrad, maximize, lr_tensor, grad_scale, found_inf):
+                     weight_decay, eps, amsgrad, maximize, lr_tensor, grad_scale, found_inf, sr_seed=0):
     _check_opt("adamw_step_", params, grads, masters, steps,
                (("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs), ("max_exp_avg_sqs", max_exp_avg_sqs)))
     return None
@@ -91,6 +96,6 @@ def _adamw_step_fake(params, grads, masters, exp_avgs, exp_avg_sqs, max_exp_avg_
 
 @torch.library.register_fake("mixprec::sgd_step_")
 def _sgd_step_fake(params, grads, masters, momentum_buffers, steps, lr, momentum, dampening, weight_decay,
-                   nesterov, maximize, lr_tensor, grad_scale, found_inf):
+                   nesterov, maximize, lr_tensor, grad_scale, found_inf, sr_seed=0):
     _check_opt("sgd_step_", params, grads, masters, steps, (("momentum_buffers", momentum_buffers),))
     return None

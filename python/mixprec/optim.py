@@ -11,12 +11,22 @@ found an inf/NaN: no host sync (``_step_supports_amp_scaling = True``).
 The update rules are torch's (``torch.optim.AdamW`` / ``torch.optim.SGD``),
 and a state_dict of torch's optimizers loads into these (master weights are
 then taken from the parameters).
+
+``master_weights=False`` is the memory-saving mode for BF16 parameters: no
+master copy (4 bytes per parameter less); the update is computed in FP32 from
+the BF16 value and written back with stochastic rounding, so updates far
+below BF16's resolution still move the parameter on average (torch's AdamW
+on BF16 parameters rounds them away and stalls). The rounding is seeded
+(``seed``) and reproducible: the same seed, data and step count give the same
+bits on any thread count, CPU ISA or device.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from typing import Any
+
+_SEED_MASK = (1 << 63) - 1
 
 import torch
 
@@ -32,19 +42,57 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
 
     _step_supports_amp_scaling = True
 
+    def _check_group_mode(self, group: dict[str, Any]) -> None:
+        if group.get("master_weights", True):
+            return
+        for p in group["params"]:
+            if p.dtype == torch.float16:
+                raise ValueError(
+                    f"{type(self).__name__}: master_weights=False is for bfloat16 (and float32) "
+                    "parameters; float16 parameters need FP32 master weights"
+                )
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's, plus: a master-free group may not hold float16 params,
+        and gets its stochastic-rounding seed now (drawn from torch's default
+        generator when not given, so torch.manual_seed makes it
+        reproducible)."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        self._check_group_mode(group)
+        if group.get("seed") is None and not group.get("master_weights", True):
+            group["seed"] = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
+
+    @staticmethod
+    def _sr_seed(group: dict[str, Any], group_index: int, device: torch.device) -> int:
+        """The seed handed to the kernel: the group's seed mixed with the
+        group's index and the device's, so two groups (or devices) stepping in
+        lockstep do not round alike."""
+        seed = group.get("seed") or 0
+        dev = device.index if device.index is not None else -1
+        return (int(seed) + 0x9E3779B97F4A7C15 * (group_index + 1) + 0xC2B2AE3D27D4EB4F * (dev + 2)) & _SEED_MASK
+
     def _check_param(self, p: torch.Tensor) -> None:
         if p.dtype not in _PARAM_DTYPES:
             raise RuntimeError(
                 f"{type(self).__name__}: parameters must be float32, float16 or bfloat16, got {p.dtype}"
             )
 
-    def _base_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _base_state(self, p: torch.Tensor, master_weights: bool = True) -> dict[str, torch.Tensor]:
         state = self.state[p]
         if "step" not in state:
             state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-        if p.dtype != torch.float32 and "master" not in state:
+        if p.dtype != torch.float32 and master_weights and "master" not in state:
             state["master"] = p.detach().float()
+        if p.dtype == torch.bfloat16 and not master_weights:
+            # A master loaded from a checkpoint: its value lives on in the
+            # parameter (rounded); this mode keeps none.
+            state.pop("master", None)
         return state
+
+    @staticmethod
+    def _master_of(p: torch.Tensor, st: dict[str, torch.Tensor]) -> torch.Tensor:
+        return st["master"] if "master" in st else p.new_empty(0, dtype=torch.float32)
 
     @staticmethod
     def _fp32_zeros(p: torch.Tensor) -> torch.Tensor:
@@ -126,7 +174,11 @@ class AdamW(_FusedMasterWeightOptimizer):
 
     Args are torch's: ``lr`` (float or 0-dim tensor) 1e-3, ``betas``
     (0.9, 0.999), ``eps`` 1e-8, ``weight_decay`` 1e-2, ``amsgrad`` False,
-    keyword ``maximize`` False.
+    keyword ``maximize`` False. Keyword ``master_weights`` (True): False
+    keeps no FP32 master for BF16 parameters and rounds their updates
+    stochastically (float16 parameters are then refused); ``seed`` (None:
+    drawn from torch's generator) seeds that rounding. Both may be set per
+    param group.
     """
 
     def __init__(
@@ -139,6 +191,8 @@ class AdamW(_FusedMasterWeightOptimizer):
         amsgrad: bool = False,
         *,
         maximize: bool = False,
+        master_weights: bool = True,
+        seed: int | None = None,
     ) -> None:
         if isinstance(lr, float) and not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
@@ -150,7 +204,10 @@ class AdamW(_FusedMasterWeightOptimizer):
             raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
+        defaults = dict(
+            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
+            master_weights=bool(master_weights), seed=seed,
+        )
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -159,19 +216,20 @@ class AdamW(_FusedMasterWeightOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
+        for gi, group in enumerate(self.param_groups):
             beta1, beta2 = group["betas"]
+            master_weights = group.get("master_weights", True)
             for device, params in self._by_device(group).items():
                 grads, masters, ms, vs, vmaxs, steps = [], [], [], [], [], []
                 for p in params:
-                    st = self._base_state(p)
+                    st = self._base_state(p, master_weights)
                     if "exp_avg" not in st:
                         st["exp_avg"] = self._fp32_zeros(p)
                         st["exp_avg_sq"] = self._fp32_zeros(p)
                     if group["amsgrad"] and "max_exp_avg_sq" not in st:
                         st["max_exp_avg_sq"] = self._fp32_zeros(p)
                     grads.append(self._grad_of(p))
-                    masters.append(st["master"] if "master" in st else p.new_empty(0, dtype=torch.float32))
+                    masters.append(self._master_of(p, st))
                     ms.append(st["exp_avg"])
                     vs.append(st["exp_avg_sq"])
                     if group["amsgrad"]:
@@ -183,7 +241,7 @@ class AdamW(_FusedMasterWeightOptimizer):
                     params, grads, masters, ms, vs, vmaxs, steps,
                     lr, float(beta1), float(beta2), float(group["weight_decay"]), float(group["eps"]),
                     bool(group["amsgrad"]), bool(group["maximize"]),
-                    lr_tensor, grad_scale, found_inf,
+                    lr_tensor, grad_scale, found_inf, self._sr_seed(group, gi, device),
                 )
         return loss
 
@@ -194,7 +252,8 @@ class SGD(_FusedMasterWeightOptimizer):
     parameters, fused into one pass per device.
 
     Args are torch's: ``lr`` 1e-3, ``momentum`` 0, ``dampening`` 0,
-    ``weight_decay`` 0, ``nesterov`` False, keyword ``maximize`` False.
+    ``weight_decay`` 0, ``nesterov`` False, keyword ``maximize`` False;
+    keywords ``master_weights`` and ``seed`` as in :class:`AdamW`.
     """
 
     def __init__(
@@ -207,6 +266,8 @@ class SGD(_FusedMasterWeightOptimizer):
         nesterov: bool = False,
         *,
         maximize: bool = False,
+        master_weights: bool = True,
+        seed: int | None = None,
     ) -> None:
         if isinstance(lr, float) and lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
@@ -218,7 +279,7 @@ class SGD(_FusedMasterWeightOptimizer):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         defaults = dict(
             lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-            nesterov=nesterov, maximize=maximize,
+            nesterov=nesterov, maximize=maximize, master_weights=bool(master_weights), seed=seed,
         )
         super().__init__(params, defaults)
 
@@ -236,18 +297,19 @@ class SGD(_FusedMasterWeightOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
+        for gi, group in enumerate(self.param_groups):
             momentum = float(group["momentum"])
+            master_weights = group.get("master_weights", True)
             for device, params in self._by_device(group).items():
                 grads, masters, bufs, steps = [], [], [], []
                 for p in params:
-                    st = self._base_state(p)
+                    st = self._base_state(p, master_weights)
                     if momentum != 0.0:
                         if st.get("momentum_buffer") is None:
                             st["momentum_buffer"] = self._fp32_zeros(p)
                         bufs.append(st["momentum_buffer"])
                     grads.append(self._grad_of(p))
-                    masters.append(st["master"] if "master" in st else p.new_empty(0, dtype=torch.float32))
+                    masters.append(self._master_of(p, st))
                     steps.append(st["step"])
                 lr, lr_tensor = self._lr_args(group["lr"], device)
                 grad_scale, found_inf = self._scaler_tensors(device)
@@ -255,6 +317,6 @@ class SGD(_FusedMasterWeightOptimizer):
                     params, grads, masters, bufs, steps,
                     lr, momentum, float(group["dampening"]), float(group["weight_decay"]),
                     bool(group["nesterov"]), bool(group["maximize"]),
-                    lr_tensor, grad_scale, found_inf,
+                    lr_tensor, grad_scale, found_inf, self._sr_seed(group, gi, device),
                 )
         return loss

@@ -354,7 +354,7 @@ TEST(AdamW, InvalidArgumentsWriteNothing) {
        [](auto &l, auto &, int64_t &) { mpt::poke_enum(&l[1].grad_dtype, -1); }},
       {"param NULL", MIXPREC_ERR_NULL_POINTER, [](auto &l, auto &, int64_t &) { l[1].param = nullptr; }},
       {"grad NULL", MIXPREC_ERR_NULL_POINTER, [](auto &l, auto &, int64_t &) { l[1].grad = nullptr; }},
-      {"master NULL for half", MIXPREC_ERR_NULL_POINTER,
+      {"master NULL for F16", MIXPREC_ERR_NULL_POINTER,
        [](auto &l, auto &, int64_t &) { l[1].master = nullptr; }},
       {"master for F32", MIXPREC_ERR_BAD_ARGUMENT,
        [](auto &l, auto &, int64_t &) { l[2].master = l[1].master; }},

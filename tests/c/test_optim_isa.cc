@@ -42,11 +42,14 @@ struct Tensor {
         v(n, (salt & 2) == 0),
         vmax(n, (salt & 4) == 0) {}
   int64_t numel() const { return param.numel(); }
-  mixprec_opt_tensor desc(bool amsgrad) {
+  // sr: BF16 params go without a master (stochastic rounding).
+  mixprec_opt_tensor desc(bool amsgrad, bool sr = false) {
     mixprec_opt_tensor t{};
     t.param = param.data();
     t.grad = grad.data();
-    t.master = param.dtype() == MIXPREC_F32 ? nullptr : master.data();
+    t.master = param.dtype() == MIXPREC_F32 || (sr && param.dtype() == MIXPREC_BF16)
+                   ? nullptr
+                   : master.data();
     t.exp_avg = m.data();
     t.exp_avg_sq = v.data();
     t.max_exp_avg_sq = amsgrad ? vmax.data() : nullptr;
@@ -146,7 +149,8 @@ void expect_same(std::vector<Tensor> &got, std::vector<Tensor> &want, const std:
 // supported ISA, with the same grads, and compares with the scalar path.
 using StepFn = std::function<mixprec_status(std::vector<mixprec_opt_tensor> &, int step)>;
 
-void run_all_isas(const std::string &name, bool amsgrad, const StepFn &step_fn, uint32_t salt) {
+void run_all_isas(const std::string &name, bool amsgrad, const StepFn &step_fn, uint32_t salt,
+                  bool sr = false) {
   SCOPED_TRACE(name);
   mpt::GlobalStateGuard guard;
   const int kSteps = 4;
@@ -163,7 +167,7 @@ void run_all_isas(const std::string &name, bool amsgrad, const StepFn &step_fn, 
       for (int s = 0; s < kSteps; s++) {
         for (Tensor &t : ts) fill_grad(t.grad, rng);
         std::vector<mixprec_opt_tensor> list;
-        for (Tensor &t : ts) list.push_back(t.desc(amsgrad));
+        for (Tensor &t : ts) list.push_back(t.desc(amsgrad, sr));
         ASSERT_EQ(step_fn(list, s), MIXPREC_OK);
       }
       if (!have_want) {
@@ -178,7 +182,7 @@ void run_all_isas(const std::string &name, bool amsgrad, const StepFn &step_fn, 
 }
 
 void run_adamw(const std::string &name, const std::function<void(mixprec_adamw_params &)> &tweak,
-               bool use_scale, bool use_lr_tensor, uint32_t salt) {
+               bool use_scale, bool use_lr_tensor, uint32_t salt, bool sr = false) {
   mixprec_adamw_params h = mixprec_adamw_params_default();
   if (tweak) tweak(h);
   float scale = 1024.0f, lr_t = 0.0f;
@@ -192,11 +196,11 @@ void run_adamw(const std::string &name, const std::function<void(mixprec_adamw_p
                  }
                  return mixprec_adamw_step(list.data(), int64_t(list.size()), &q);
                },
-               salt);
+               salt, sr);
 }
 
 void run_sgd(const std::string &name, const std::function<void(mixprec_sgd_params &)> &tweak,
-             bool use_scale, uint32_t salt) {
+             bool use_scale, uint32_t salt, bool sr = false) {
   mixprec_sgd_params h = mixprec_sgd_params_default();
   h.lr = 0.01;
   if (tweak) tweak(h);
@@ -207,7 +211,7 @@ void run_sgd(const std::string &name, const std::function<void(mixprec_sgd_param
                  if (use_scale) q.grad_scale = &scale;
                  return mixprec_sgd_step(list.data(), int64_t(list.size()), &q);
                },
-               salt);
+               salt, sr);
 }
 
 TEST(OptimIsa, SeveralIsasToCompare) {
@@ -272,3 +276,24 @@ TEST(OptimIsa, SgdWeightDecayNoMomentum) {
 }
 
 }  // namespace
+
+// Master-free BF16 params (stochastic rounding): the random bits depend on the
+// element index, not on the path, so every ISA gives the same bits.
+TEST(OptimIsa, AdamWStochasticRounding) {
+  run_adamw("adamw stochastic rounding",
+            [](mixprec_adamw_params &h) {
+              h.amsgrad = 1;
+              h.sr_seed = 0x123456789abcdefull;
+            },
+            true, false, 11, /*sr=*/true);
+}
+TEST(OptimIsa, SgdStochasticRounding) {
+  run_sgd("sgd stochastic rounding",
+          [](mixprec_sgd_params &h) {
+            h.momentum = 0.9;
+            h.nesterov = 1;
+            h.weight_decay = 1e-3;
+            h.sr_seed = 42;
+          },
+          true, 12, /*sr=*/true);
+}

@@ -305,10 +305,15 @@ TEST(SGD, InvalidArgumentsWriteNothing) {
        [](auto &l, auto &, int64_t &) { mpt::poke_enum(&l[1].grad_dtype, 99); }},
       {"param NULL", MIXPREC_ERR_NULL_POINTER, [](auto &l, auto &, int64_t &) { l[1].param = nullptr; }},
       {"grad NULL", MIXPREC_ERR_NULL_POINTER, [](auto &l, auto &, int64_t &) { l[1].grad = nullptr; }},
-      {"master NULL for half", MIXPREC_ERR_NULL_POINTER,
+      {"master NULL for F16", MIXPREC_ERR_NULL_POINTER,
        [](auto &l, auto &, int64_t &) { l[1].master = nullptr; }},
       {"master for F32", MIXPREC_ERR_BAD_ARGUMENT,
        [](auto &l, auto &, int64_t &) { l[2].master = l[1].master; }},
+      {"master-free BF16 without a step", MIXPREC_ERR_NULL_POINTER,
+       [](auto &l, auto &, int64_t &) {
+         l[0].master = nullptr;
+         l[0].step = nullptr;
+       }},
       {"momentum buffer NULL", MIXPREC_ERR_NULL_POINTER,
        [](auto &l, auto &, int64_t &) { l[1].exp_avg = nullptr; }},
       {"lr < 0", MIXPREC_ERR_BAD_ARGUMENT, [](auto &, auto &h, int64_t &) { h.lr = -0.1; }},

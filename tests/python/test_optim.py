@@ -321,7 +321,8 @@ def _snap(args):
     [
         (lambda a: a[1].__setitem__(1, torch.randn(4)), ("grads[1]", "shape")),
         (lambda a: a[1].__setitem__(0, torch.randn(5, dtype=torch.float64)), ("grads[0]", "float32, float16 or bfloat16")),
-        (lambda a: a[2].__setitem__(0, torch.empty(0)), ("masters[0]",)),
+        (lambda a: (a[0].__setitem__(0, a[0][0].half()), a[2].__setitem__(0, torch.empty(0))),
+         ("masters[0]", "float16", "stochastic rounding")),
         (lambda a: a[2].__setitem__(1, torch.zeros(3)), ("masters[1]", "empty")),
         (lambda a: a[3].pop(), ("exp_avgs", "tensors but params has")),
         (lambda a: a[4].__setitem__(0, torch.zeros(5, dtype=torch.bfloat16)), ("exp_avg_sqs[0]", "float32")),

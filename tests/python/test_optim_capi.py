@@ -62,6 +62,7 @@ class AdamWParams(ctypes.Structure):
         ("lr_tensor", ctypes.c_void_p),
         ("grad_scale", ctypes.c_void_p),
         ("found_inf", ctypes.c_void_p),
+        ("sr_seed", ctypes.c_uint64),
     ]
 
 
@@ -77,6 +78,7 @@ class SGDParams(ctypes.Structure):
         ("grad_scale", ctypes.c_void_p),
         ("found_inf", ctypes.c_void_p),
         ("first_step", ctypes.c_int),
+        ("sr_seed", ctypes.c_uint64),
     ]
 
 

@@ -292,11 +292,22 @@ MIXPREC_API mixprec_status mixprec_cuda_update_scale(
  * grad           : its gradient, F32, F16 or BF16 (may differ from param's);
  *                  only read (torch's fused kernels write the unscaled
  *                  gradient back; mixprec does not).
- * master         : the FP32 master copy. Required when param_dtype is F16 or
- *                  BF16: the update is computed on it and param receives it
- *                  rounded to nearest even (param's old value is not read).
- *                  Must be NULL when param_dtype is F32 (param is then its own
- *                  master).
+ * master         : the FP32 master copy. Required when param_dtype is F16;
+ *                  optional for BF16: the update is computed on it and param
+ *                  receives it rounded to nearest even (param's old value is
+ *                  not read). Must be NULL when param_dtype is F32 (param is
+ *                  then its own master).
+ *                  A BF16 param with master NULL is updated WITHOUT a master
+ *                  copy (saving 4 bytes per element): its value is widened
+ *                  exactly to FP32, updated by the same formulas, and written
+ *                  back with STOCHASTIC rounding (unbiased: an update far
+ *                  below BF16 resolution still moves the param on average,
+ *                  where nearest-even rounding would lose it every step). The
+ *                  random bits hash (p->sr_seed, the tensor's index in `list`,
+ *                  its step count after the step, the element index): results
+ *                  are reproducible and do not depend on threads, ISA or
+ *                  device; c_ops/src/stochastic_round.h has the definition.
+ *                  Such a tensor needs a step count (SGD too).
  * exp_avg        : AdamW: first moment (FP32, required). SGD: the momentum
  *                  buffer (FP32), required when momentum != 0, else ignored.
  * exp_avg_sq     : AdamW: second moment (FP32, required). SGD: ignored.
@@ -334,7 +345,9 @@ typedef struct mixprec_opt_tensor {
  *                optimizer.grad_scale, i.e. the loss scale, not its inverse).
  *   found_inf  : when *found_inf != 0 (NaN counts as nonzero) the whole step
  *                is skipped: nothing at all is written, step counts
- *                included, and the status is MIXPREC_OK. */
+ *                included, and the status is MIXPREC_OK.
+ * sr_seed: the seed of the stochastic rounding of master-free BF16 params
+ * (see mixprec_opt_tensor.master); unused by every other tensor. */
 typedef struct mixprec_adamw_params {
   double lr;           /* >= 0, finite (unless lr_tensor) */
   double beta1, beta2; /* each in [0, 1) */
@@ -345,11 +358,12 @@ typedef struct mixprec_adamw_params {
   const float *lr_tensor;
   const float *grad_scale;
   const float *found_inf;
+  uint64_t sr_seed;
 } mixprec_adamw_params;
 
 /* Hyper-parameters of torch.optim.SGD (defaults: lr 1e-3, momentum 0,
  * dampening 0, weight_decay 0, nesterov 0, maximize 0); lr_tensor,
- * grad_scale and found_inf as in mixprec_adamw_params.
+ * grad_scale, found_inf and sr_seed as in mixprec_adamw_params.
  * first_step: see mixprec_sgd_step (used only by tensors whose step is
  * NULL). */
 typedef struct mixprec_sgd_params {
@@ -363,10 +377,11 @@ typedef struct mixprec_sgd_params {
   const float *grad_scale;
   const float *found_inf;
   int first_step;      /* nonzero: momentum buffers hold no value yet */
+  uint64_t sr_seed;
 } mixprec_sgd_params;
 
 /*! mixprec_adamw_params_default(), mixprec_sgd_params_default() :
- *  @return : torch's defaults (listed above), all pointers NULL. */
+ *  @return : torch's defaults (listed above), all pointers NULL, sr_seed 0. */
 MIXPREC_API mixprec_adamw_params mixprec_adamw_params_default(void);
 MIXPREC_API mixprec_sgd_params mixprec_sgd_params_default(void);
 
@@ -390,6 +405,8 @@ MIXPREC_API mixprec_sgd_params mixprec_sgd_params_default(void);
  *    denom = sqrt(amsgrad ? vmax : v) / bc2_sqrt + eps
  *    p = p - (step_size * m) / denom
  *    param = p rounded to param_dtype (nearest even) when param is F16/BF16
+ *            with a master; stochastically (BF16 without a master: p was
+ *            read from param)
  *  and finally *step = t. FP32 results are bitwise equal to torch's fused
  *  CPU AdamW with ATEN_CPU_CAPABILITY avx2 (see c_ops/src/adamw.c).
  *  Results do not depend on the thread count.
@@ -397,7 +414,8 @@ MIXPREC_API mixprec_sgd_params mixprec_sgd_params_default(void);
  *  @param p    : hyper-parameters (host pointer).
  *  @return : MIXPREC_OK (also when the step is skipped);
  *            MIXPREC_ERR_NULL_POINTER if p, list (n > 0), a step, or a buffer
- *              the contract requires (with numel > 0) is NULL;
+ *              the contract requires (with numel > 0) is NULL (an F16
+ *              param's master included);
  *            MIXPREC_ERR_BAD_SIZE for n < 0 or a negative numel;
  *            MIXPREC_ERR_BAD_DTYPE for an unknown param or grad dtype;
  *            MIXPREC_ERR_BAD_ARGUMENT for a hyper-parameter out of range (a
@@ -432,7 +450,8 @@ MIXPREC_API mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list,
  *  call still sees the first step; callers using p->first_step must keep it
  *  set until a step is not skipped.
  *  @return : as mixprec_adamw_step(); BAD_ARGUMENT also for nesterov with
- *            momentum <= 0 or dampening != 0. */
+ *            momentum <= 0 or dampening != 0; NULL_POINTER also for a
+ *            master-free BF16 param without a step count. */
 MIXPREC_API mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list,
                                             int64_t n,
                                             const mixprec_sgd_params *p);
