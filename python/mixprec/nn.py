@@ -1,0 +1,77 @@
+"""Drop-in ``torch.nn`` modules backed by mixprec's FP32-accumulating ops:
+:class:`CrossEntropyLoss`, :class:`Softmax`, :class:`LogSoftmax`.
+
+They take the constructor arguments of their torch counterparts (minus the
+deprecated ``size_average``/``reduce``) and accept FP16/BF16 inputs without
+an FP32 copy of them. See :mod:`mixprec.ops` for the semantics.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _softmax
+
+__all__ = ["CrossEntropyLoss", "Softmax", "LogSoftmax"]
+
+
+class CrossEntropyLoss(torch.nn.Module):
+    """``torch.nn.CrossEntropyLoss`` for class-index targets; the loss is
+    float32 whatever the logits' dtype."""
+
+    def __init__(
+        self,
+        weight: torch.Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if reduction not in ("none", "mean", "sum"):
+            raise ValueError(f"mixprec.nn.CrossEntropyLoss: invalid reduction {reduction!r}")
+        self.register_buffer("weight", weight)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.label_smoothing = label_smoothing
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return _softmax.cross_entropy(
+            input,
+            target,
+            weight=self.weight,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            label_smoothing=self.label_smoothing,
+        )
+
+    def extra_repr(self) -> str:
+        return f"ignore_index={self.ignore_index}, reduction={self.reduction}, label_smoothing={self.label_smoothing}"
+
+
+class Softmax(torch.nn.Module):
+    """``torch.nn.Softmax(dim)``; output in the input's dtype (float32 under
+    autocast), computed in float32."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return _softmax.softmax(input, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class LogSoftmax(torch.nn.Module):
+    """``torch.nn.LogSoftmax(dim)``; output as :class:`Softmax`."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return _softmax.log_softmax(input, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"

@@ -1,0 +1,318 @@
+"""mixprec.ops.softmax / log_softmax (and their backward) against torch on
+the input upcast to FP32 (float64 references), on both CPU paths (scalar and
+AVX2), with special rows (huge logits, all-equal, -inf masks), odd row
+lengths, strided (inner > 1) layouts, autocast, opcheck and bad inputs."""
+
+import ctypes
+
+import pytest
+import torch
+
+import mixprec
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Relative spacing of each output dtype (1 ulp at most this times |value|).
+EPS = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+TINY = {torch.float32: 1e-30, torch.float16: 2.0**-24, torch.bfloat16: 1e-38}
+OPS = {
+    "softmax": (mixprec.ops.softmax, torch.softmax),
+    "log_softmax": (mixprec.ops.log_softmax, torch.log_softmax),
+}
+
+
+def _isa_lib():
+    return ctypes.CDLL(mixprec.library_path())
+
+
+@pytest.fixture(params=["scalar", "avx2"])
+def isa(request):
+    lib = _isa_lib()
+    code = {"scalar": 1, "avx2": 2}[request.param]
+    if not lib.mixprec_cpu_isa_supported(code):
+        pytest.skip(f"this CPU has no {request.param} path")
+    assert lib.mixprec_set_cpu_isa(code) == 0
+    yield request.param
+    lib.mixprec_set_cpu_isa(0)
+
+
+def randn(shape, dtype, gen, scale=4.0):
+    return (torch.randn(shape, generator=gen) * scale).to(dtype)
+
+
+def check_close(out, ref64, dtype_out, *, rtol=2e-5, atol=2e-6):
+    """FP32 outputs: within FP32 rounding of the float64 reference.
+    FP16/BF16 outputs: within 1 ulp of that dtype (+ the FP32 error)."""
+    assert out.dtype == dtype_out
+    ref = ref64.to(torch.float64)
+    o = out.to(torch.float64)
+    fin = torch.isfinite(ref)
+    assert torch.equal(torch.isnan(o), torch.isnan(ref)), "NaN pattern differs"
+    assert torch.equal(o[~fin & ~torch.isnan(ref)], ref[~fin & ~torch.isnan(ref)]), "inf differs"
+    if dtype_out == torch.float32:
+        tol = atol + rtol * ref.abs()
+    else:
+        tol = (EPS[dtype_out] + rtol) * ref.abs() + TINY[dtype_out] + atol
+    err = (o - ref).abs()
+    # A finite value beyond the half dtype's range rounds to inf, as the
+    # reference rounded to that dtype does.
+    overflow = fin & torch.isinf(ref.to(dtype_out).to(torch.float64))
+    assert torch.equal(o[overflow], ref.to(dtype_out).to(torch.float64)[overflow])
+    bad = fin & ~overflow & (err > tol)
+    assert not bad.any(), f"max err {err[fin].max().item():.3g} at {bad.nonzero()[:3].tolist()}"
+
+
+def assert_within(err, tol):
+    ratio = err / tol
+    worst = ratio.argmax()
+    assert ratio.max() <= 1, f"err {err.view(-1)[worst].item():.3g} > tol {tol.view(-1)[worst].item():.3g}"
+
+
+def reference(name, x, dim):
+    """torch's op on the FP32 upcast input, in float64 to stand for the exact
+    value of that op (torch's FP32 result is itself within FP32 rounding)."""
+    return OPS[name][1](x.to(torch.float32).to(torch.float64), dim)
+
+
+CASES = [
+    ((7, 1), -1),
+    ((5, 3), -1),
+    ((33, 8), 1),
+    ((16, 1000), 1),
+    ((2, 50257), -1),
+    ((4, 21, 9, 11), 1),  # segmentation layout: inner = 99
+    ((2, 3, 4), 0),
+    ((2, 3, 40), 1),
+    ((6,), 0),
+]
+
+
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,dim", CASES)
+def test_forward_matches_torch_fp32(isa, gen, name, dtype, shape, dim):
+    x = randn(shape, dtype, gen)
+    ref = reference(name, x, dim)
+    check_close(OPS[name][0](x, dim, torch.float32), ref, torch.float32)
+    check_close(OPS[name][0](x, dim), ref, dtype)
+
+
+def special_rows(dtype, n, gen):
+    big = {torch.float32: 1e30, torch.float16: 6e4, torch.bfloat16: 1e37}[dtype]
+    rows = [
+        torch.randn(n, generator=gen) * 3 + big / 2,  # huge positive
+        torch.randn(n, generator=gen) * 3 - big / 2,  # huge negative
+        torch.full((n,), 1.5),  # all equal
+        torch.where(torch.rand(n, generator=gen) < 0.5, float("-inf"), torch.randn(n, generator=gen)),
+        torch.randn(n, generator=gen) * big / 4,  # spread over the whole range
+    ]
+    x = torch.stack(rows).to(dtype)
+    x[3, 0] = 0.25  # at least one finite entry in the masked row
+    return x
+
+
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 3, 1000, 50257])
+def test_special_rows(isa, gen, name, dtype, n):
+    x = special_rows(dtype, n, gen)
+    ref = reference(name, x, -1)
+    check_close(OPS[name][0](x, -1, torch.float32), ref, torch.float32)
+    check_close(OPS[name][0](x, -1), ref, dtype)
+    if n > 1000:
+        return
+    # The same rows as columns (strided path, inner = 5).
+    xt = x.t().contiguous()
+    check_close(OPS[name][0](xt, 0, torch.float32), reference(name, xt, 0), torch.float32)
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_masked_entries_are_exactly_zero(isa, gen, name):
+    x = torch.randn(9, 300, generator=gen).to(torch.bfloat16)
+    mask = torch.rand(9, 300, generator=gen) < 0.7
+    mask[:, 0] = False
+    x[mask] = float("-inf")
+    y = OPS[name][0](x, 1, torch.float32)
+    expect = 0.0 if name == "softmax" else float("-inf")
+    assert (y[mask] == expect).all()
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_all_minus_inf_and_nan_rows_are_nan_like_torch(isa, name):
+    x = torch.tensor([[float("-inf")] * 5, [0.0, float("nan"), 1.0, 2.0, 3.0], [1.0, float("inf"), 0.0, 0.0, 0.0]])
+    for dtype in DTYPES:
+        y = OPS[name][0](x.to(dtype), 1, torch.float32)
+        r = OPS[name][1](x, 1)
+        assert torch.equal(torch.isnan(y), torch.isnan(r))
+
+
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,dim", [((8, 1000), 1), ((2, 50257), 1), ((4, 21, 9, 11), 1), ((5, 1), 1)])
+@pytest.mark.parametrize("out_dtype", [None, torch.float32])
+def test_backward_matches_torch_fp32(isa, gen, name, dtype, shape, dim, out_dtype):
+    x = randn(shape, dtype, gen).requires_grad_()
+    y = OPS[name][0](x, dim, out_dtype)
+    g = torch.randn(shape, generator=gen).to(y.dtype)
+    (gx,) = torch.autograd.grad(y, x, g)
+    assert gx.dtype == dtype and gx.shape == x.shape
+    # Reference: the backward formula in float64 on the output mixprec saved
+    # (the rounded output when out_dtype is the half dtype). Tolerance: a few
+    # FP32 roundings of the terms (the subtraction may cancel), then 1 ulp of
+    # the gradient's dtype.
+    y64 = y.detach().to(torch.float64)
+    g64 = g.to(torch.float64)
+    if name == "softmax":
+        dot = (g64 * y64).sum(dim, keepdim=True)
+        ref = y64 * (g64 - dot)
+        size = y64.abs() * (g64.abs() + (g64 * y64).abs().sum(dim, keepdim=True))
+    else:
+        tot = g64.sum(dim, keepdim=True)
+        ref = g64 - y64.exp() * tot
+        size = g64.abs() + y64.exp() * g64.abs().sum(dim, keepdim=True)
+    # A float sum of n terms is within about sqrt(n) roundings (either side's).
+    size = size * (8 + shape[dim] ** 0.5)
+    err = (gx.to(torch.float64) - ref).abs()
+    assert_within(err, 2.0**-24 * size + EPS[dtype] * ref.abs() + TINY[dtype])
+    if out_dtype is torch.float32 or dtype == torch.float32:
+        # The whole chain equals torch's autograd on the FP32 upcast input.
+        xr = x.detach().float().requires_grad_()
+        (gr,) = torch.autograd.grad(OPS[name][1](xr, dim), xr, g.float())
+        err = (gx.double() - gr.double()).abs()
+        assert_within(err, 2 * 2.0**-24 * size + EPS[dtype] * gr.double().abs() + TINY[dtype])
+
+
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("shape,dim", [((3, 7), 1), ((2, 5, 3), 1), ((4, 1), 0)])
+def test_gradcheck_float64_reference_semantics(name, shape, dim, gen):
+    """gradcheck needs float64, which the kernels do not take: check the
+    backward ops against numerical derivatives of the forward op in float32
+    with a tolerance suited to float32 (the analytic formula is exact)."""
+    x = torch.randn(shape, generator=gen, dtype=torch.float32)
+    y = OPS[name][0](x, dim)
+    g = torch.randn(shape, generator=gen)
+    bwd = torch.ops.mixprec.softmax_backward if name == "softmax" else torch.ops.mixprec.log_softmax_backward
+    gx = bwd(g, y, dim, torch.float32).double()
+    x64 = x.double()
+    h = 1e-3
+    num = torch.zeros_like(x64)
+    flat = num.view(-1)
+    for i in range(x.numel()):
+        xp = x64.clone().view(-1)
+        xm = x64.clone().view(-1)
+        xp[i] += h
+        xm[i] -= h
+        fp = (OPS[name][1](xp.view(shape), dim) * g).sum()
+        fm = (OPS[name][1](xm.view(shape), dim) * g).sum()
+        flat[i] = (fp - fm) / (2 * h)
+    torch.testing.assert_close(gx, num, rtol=1e-4, atol=1e-5)
+
+
+def test_threads_do_not_change_results(gen):
+    x = randn((64, 4099), torch.bfloat16, gen)
+    xs = randn((4, 21, 40, 41), torch.float16, gen)
+    prev = torch.get_num_threads()
+    lib = _isa_lib()
+    outs = []
+    for n in (1, 2):
+        lib.mixprec_set_num_threads(n)
+        outs.append((mixprec.ops.softmax(x, 1, torch.float32), mixprec.ops.log_softmax(xs, 1, torch.float32)))
+    lib.mixprec_set_num_threads(0)
+    torch.set_num_threads(prev)
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def test_non_contiguous_input_is_supported(gen):
+    x = randn((40, 30), torch.bfloat16, gen)
+    xt = x.t()  # non-contiguous
+    assert not xt.is_contiguous()
+    check_close(mixprec.ops.softmax(xt, 1, torch.float32), reference("softmax", xt, 1), torch.float32)
+    xc = randn((2, 6, 5, 7), torch.float16, gen).to(memory_format=torch.channels_last)
+    check_close(mixprec.ops.log_softmax(xc, 1, torch.float32), reference("log_softmax", xc, 1), torch.float32)
+
+
+def test_in_place_pattern_and_zero_dim(gen):
+    x = torch.tensor(3.0)
+    assert mixprec.ops.softmax(x, 0).item() == 1.0
+    assert mixprec.ops.log_softmax(x, -1).item() == 0.0
+    e = torch.empty(0, 5, dtype=torch.bfloat16)
+    assert mixprec.ops.softmax(e, 1).shape == (0, 5)
+
+
+def test_autocast_reads_half_and_returns_fp32(gen):
+    x = randn((8, 100), torch.bfloat16, gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = mixprec.ops.softmax(x, -1)
+        z = torch.ops.mixprec.log_softmax(x, -1, None)
+    assert y.dtype == torch.float32  # autocast's float32 policy, as torch.softmax
+    assert z.dtype == torch.bfloat16  # the raw op is left alone by autocast
+    check_close(y, reference("softmax", x, -1), torch.float32)
+
+
+def test_nn_modules(gen):
+    x = randn((4, 10, 3), torch.bfloat16, gen)
+    check_close(mixprec.nn.Softmax(1)(x), reference("softmax", x, 1), torch.bfloat16)
+    check_close(mixprec.nn.LogSoftmax(dim=-1)(x), reference("log_softmax", x, -1), torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_opcheck(gen, dtype):
+    x = randn((6, 33), dtype, gen).requires_grad_()
+    xs = randn((2, 5, 3, 4), dtype, gen).requires_grad_()
+    for op in (torch.ops.mixprec.softmax, torch.ops.mixprec.log_softmax):
+        torch.library.opcheck(op, (x, 1, None))
+        torch.library.opcheck(op, (xs, 1, torch.float32))
+    y = torch.softmax(x.detach().float(), 1).to(dtype)
+    g = torch.randn(y.shape, generator=gen).to(dtype)
+    torch.library.opcheck(torch.ops.mixprec.softmax_backward, (g, y, 1, dtype))
+    torch.library.opcheck(torch.ops.mixprec.log_softmax_backward, (g, y.log(), 1, dtype))
+
+
+def test_torch_compile_fullgraph(gen):
+    x = randn((8, 64), torch.bfloat16, gen)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def f(v):
+        return mixprec.ops.log_softmax(v, -1, torch.float32).sum(-1)
+
+    torch.testing.assert_close(f(x), mixprec.ops.log_softmax(x, -1, torch.float32).sum(-1))
+
+
+# ---- bad inputs ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_bad_inputs(gen, op):
+    f = getattr(torch.ops.mixprec, op)
+    x = randn((3, 4), torch.bfloat16, gen)
+    before = x.clone()
+    with pytest.raises(RuntimeError, match=f"mixprec::{op}: dim 2 is out of range"):
+        f(x, 2, None)
+    with pytest.raises(RuntimeError, match=f"mixprec::{op}: dim -3 is out of range"):
+        f(x, -3, None)
+    with pytest.raises(RuntimeError, match=f"mixprec::{op}: self must be float32, float16 or bfloat16, got float64"):
+        f(x.double(), 1, None)
+    with pytest.raises(RuntimeError, match=f"mixprec::{op}: self must be float32, float16 or bfloat16, got int64"):
+        f(torch.ones(3, 4, dtype=torch.int64), 1, None)
+    with pytest.raises(RuntimeError, match=f"mixprec::{op}: dtype must be float32, float16 or bfloat16"):
+        f(x, 1, torch.float64)
+    assert torch.equal(x, before)
+
+
+def test_bad_backward_inputs(gen):
+    y = randn((3, 4), torch.float32, gen)
+    with pytest.raises(RuntimeError, match="mixprec::softmax_backward: grad_output must have output's dtype"):
+        torch.ops.mixprec.softmax_backward(y.half(), y, 1, torch.float32)
+    with pytest.raises(RuntimeError, match="mixprec::log_softmax_backward: grad_output has shape"):
+        torch.ops.mixprec.log_softmax_backward(y[:2], y, 1, torch.float32)
+    with pytest.raises(RuntimeError, match="mixprec::softmax_backward: dim 5 is out of range"):
+        torch.ops.mixprec.softmax_backward(y, y, 5, torch.float32)
+    with pytest.raises(RuntimeError, match="mixprec::softmax_backward: input_dtype must be"):
+        torch.ops.mixprec.softmax_backward(y, y, 1, torch.int32)
+
+
+def test_double_backward_is_refused(gen):
+    x = randn((3, 5), torch.float32, gen).requires_grad_()
+    y = mixprec.ops.softmax(x, 1)
+    (g,) = torch.autograd.grad(y, x, torch.randn(3, 5, generator=gen), create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(g.sum(), x)
