@@ -23,11 +23,13 @@ from . import _meta  # noqa: E402,F401  (needs the ops defined)
 from . import amp  # noqa: E402
 from . import ops  # noqa: E402
 from . import optim  # noqa: E402
+from . import nn  # noqa: E402
 
 __all__ = [
     "amp",
     "ops",
     "optim",
+    "nn",
     "library_path",
     "cuda_library_path",
     "capi_library_path",

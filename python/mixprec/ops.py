@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ._softmax import cross_entropy, log_softmax, softmax  # noqa: F401
+
 
 def unscale_(
     grads: Sequence[torch.Tensor],
