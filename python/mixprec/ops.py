@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ._nms import TorchvisionPatch, batched_nms, nms, nms_padded, patch_torchvision  # noqa: F401
 from ._softmax import cross_entropy, log_softmax, softmax  # noqa: F401
 
 
