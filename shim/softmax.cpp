@@ -257,21 +257,23 @@ std::tuple<Tensor, Tensor, Tensor> cross_entropy_op(Tensor self, Tensor target,
   Tensor loss = reduction == 0
                     ? torch::stable::new_empty(self, a.loss_shape, ScalarType::Float)
                     : torch::stable::new_empty(self, {}, ScalarType::Float);
-  Tensor lse = torch::stable::new_empty(self, a.loss_shape, ScalarType::Float);
+  std::vector<int64_t> stats_shape{2};
+  stats_shape.insert(stats_shape.end(), a.loss_shape.begin(), a.loss_shape.end());
+  Tensor stats = torch::stable::new_empty(self, stats_shape, ScalarType::Float);
   Tensor wsum = torch::stable::new_empty(self, {}, ScalarType::Float);
   mixprec_status st = B::cross_entropy(a, static_cast<float*>(loss.data_ptr()),
-                                       static_cast<float*>(lse.data_ptr()),
+                                       static_cast<float*>(stats.data_ptr()),
                                        static_cast<float*>(wsum.data_ptr()), self);
   STD_TORCH_CHECK(st != MIXPREC_ERR_BAD_ARGUMENT, "mixprec::", op,
                   ": target holds a class index out of range [0, ", a.p.classes,
                   ") that is not ignore_index (", ignore_index, ")");
   check_status(st, op);
-  return {loss, lse, wsum};
+  return {loss, stats, wsum};
 }
 
 template <class B>
 Tensor cross_entropy_backward_op(Tensor grad_loss, Tensor self, Tensor target,
-                                 std::optional<Tensor> weight, Tensor lse, Tensor weight_sum,
+                                 std::optional<Tensor> weight, Tensor stats, Tensor weight_sum,
                                  int64_t reduction, int64_t ignore_index, double label_smoothing) {
   const char* op = "cross_entropy_backward";
   CeArgs a = ce_args(op, self, target, weight, reduction, ignore_index, label_smoothing);
@@ -286,20 +288,22 @@ Tensor cross_entropy_backward_op(Tensor grad_loss, Tensor self, Tensor target,
     STD_TORCH_CHECK(grad_loss.numel() == 1, "mixprec::", op,
                     ": grad_loss of a reduced loss must have one element, got ", grad_loss.numel());
   }
-  STD_TORCH_CHECK(lse.defined() && lse.scalar_type() == ScalarType::Float &&
-                      sizes_of(lse) == a.loss_shape,
-                  "mixprec::", op, ": lse must be the float32 tensor of target's shape that "
-                  "mixprec::cross_entropy returned");
-  same_device(op, "lse", lse, a.device, "self");
+  std::vector<int64_t> stats_shape{2};
+  stats_shape.insert(stats_shape.end(), a.loss_shape.begin(), a.loss_shape.end());
+  STD_TORCH_CHECK(stats.defined() && stats.scalar_type() == ScalarType::Float &&
+                      sizes_of(stats) == stats_shape,
+                  "mixprec::", op, ": stats must be the float32 tensor of shape (2, *target.shape) "
+                  "that mixprec::cross_entropy returned");
+  same_device(op, "stats", stats, a.device, "self");
   STD_TORCH_CHECK(weight_sum.defined() && weight_sum.scalar_type() == ScalarType::Float &&
                       weight_sum.numel() == 1,
                   "mixprec::", op, ": weight_sum must be a one-element float32 tensor");
   same_device(op, "weight_sum", weight_sum, a.device, "self");
-  Tensor gl = dense(grad_loss), lc = dense(lse);
+  Tensor gl = dense(grad_loss), sc = dense(stats);
   Tensor dx = torch::stable::new_empty(self, sizes_of(self), self.scalar_type());
   if (self.numel() == 0) return dx;
   mixprec_status st = B::cross_entropy_backward(a, static_cast<const float*>(gl.data_ptr()),
-                                                static_cast<const float*>(lc.data_ptr()),
+                                                static_cast<const float*>(sc.data_ptr()),
                                                 static_cast<const float*>(weight_sum.data_ptr()),
                                                 dx.data_ptr());
   STD_TORCH_CHECK(st != MIXPREC_ERR_BAD_ARGUMENT, "mixprec::", op,
@@ -334,18 +338,18 @@ struct CpuBackend {
     return log ? mixprec_log_softmax_backward(dy, y, yd, dx, dxd, outer, n, inner)
                : mixprec_softmax_backward(dy, y, yd, dx, dxd, outer, n, inner);
   }
-  static mixprec_status cross_entropy(const CeArgs& a, float* loss, float* lse, float* wsum,
+  static mixprec_status cross_entropy(const CeArgs& a, float* loss, float* stats, float* wsum,
                                       const Tensor&) {
     return mixprec_cross_entropy(a.positions ? a.logits.data_ptr() : nullptr, a.dtype,
                                  a.positions ? static_cast<const int64_t*>(a.target.data_ptr())
                                              : nullptr,
-                                 &a.p, loss, lse, wsum);
+                                 &a.p, loss, stats, wsum);
   }
   static mixprec_status cross_entropy_backward(const CeArgs& a, const float* grad_loss,
-                                               const float* lse, const float* wsum, void* dx) {
+                                               const float* stats, const float* wsum, void* dx) {
     return mixprec_cross_entropy_backward(grad_loss, a.logits.data_ptr(), a.dtype,
                                           static_cast<const int64_t*>(a.target.data_ptr()), &a.p,
-                                          lse, wsum, dx);
+                                          stats, wsum, dx);
   }
 };
 
@@ -367,14 +371,15 @@ STABLE_TORCH_LIBRARY_FRAGMENT(mixprec, m) {
       " ScalarType input_dtype) -> Tensor");
   // Cross-entropy with int64 class-index targets; reduction 0 none, 1 mean,
   // 2 sum (torch's Reduction enum); weight float32 or None. Returns the loss
-  // (float32) and what backward needs: the per-position log-sum-exp (float32,
-  // target's shape) and the mean's denominator (float32, 0-dim).
+  // (float32) and what backward needs: per position the max and the log of
+  // the sum of exp(x - max) (float32, shape (2, *target.shape)) and the
+  // mean's denominator (float32, 0-dim).
   m.def(
       "cross_entropy(Tensor self, Tensor target, Tensor? weight, int reduction,"
       " int ignore_index, float label_smoothing) -> (Tensor, Tensor, Tensor)");
   m.def(
       "cross_entropy_backward(Tensor grad_loss, Tensor self, Tensor target, Tensor? weight,"
-      " Tensor lse, Tensor weight_sum, int reduction, int ignore_index,"
+      " Tensor stats, Tensor weight_sum, int reduction, int ignore_index,"
       " float label_smoothing) -> Tensor");
 }
 

@@ -4,8 +4,8 @@
  *
  * Forward reads the logits twice per slice (max, then sum of exponentials
  * and the weighted sum that label smoothing needs; the second read comes
- * from cache) and writes one float per position: the loss (reduction none)
- * and the log-sum-exp that backward needs. Backward reads the logits once
+ * from cache) and writes a few floats per position: the loss (reduction
+ * none) and the max and log-sum that backward needs. Backward reads the logits once
  * and writes the gradient in their dtype. Slices are those of softmax.c. */
 #include <math.h>
 #include <stdlib.h>
@@ -22,22 +22,23 @@ void mixprec__ce_stats_scalar(const void *x, mixprec_dtype xd, int64_t n,
                               float *wx);
 void mixprec__ce_grad_scalar(const void *x, mixprec_dtype xd, void *dx,
                              int64_t n, int64_t stride, int64_t width,
-                             const float *lse, const float *a, const float *b,
-                             const float *weight);
+                             const float *mx, const float *lg, const float *a,
+                             const float *b, const float *weight);
 #if defined(MIXPREC_X86)
 void mixprec__ce_stats_avx2(const void *x, mixprec_dtype xd, int64_t n,
                             int64_t stride, int64_t width, const float *weight,
                             float *mx, float *se, float *wx);
 void mixprec__ce_grad_avx2(const void *x, mixprec_dtype xd, void *dx,
                            int64_t n, int64_t stride, int64_t width,
-                           const float *lse, const float *a, const float *b,
-                           const float *weight);
+                           const float *mx, const float *lg, const float *a,
+                           const float *b, const float *weight);
 #endif
 
 typedef void (*stats_fn)(const void *, mixprec_dtype, int64_t, int64_t, int64_t,
                          const float *, float *, float *, float *);
 typedef void (*grad_fn)(const void *, mixprec_dtype, void *, int64_t, int64_t, int64_t,
-                        const float *, const float *, const float *, const float *);
+                        const float *, const float *, const float *, const float *,
+                        const float *);
 
 mixprec_cross_entropy_params mixprec_cross_entropy_params_default(void) {
   mixprec_cross_entropy_params p;
@@ -121,7 +122,7 @@ MIXPREC__INLINE int64_t slice_at(int64_t t, int64_t n, int64_t inner, int64_t *w
 mixprec_status mixprec_cross_entropy(const void *logits, mixprec_dtype dtype,
                                      const int64_t *target,
                                      const mixprec_cross_entropy_params *p,
-                                     float *loss, float *lse, float *weight_sum) {
+                                     float *loss, float *stats, float *weight_sum) {
   int64_t positions;
   mixprec_status status = check(logits, dtype, target, p, &positions);
   if (status != MIXPREC_OK) return status;
@@ -161,11 +162,11 @@ mixprec_status mixprec_cross_entropy(const void *logits, mixprec_dtype dtype,
     double sl = 0.0, sw = 0.0;
     for (int64_t j = 0; j < width; j++) {
       const int64_t tg = target[pos + j];
-      float l = 0.0f, lj = 0.0f;
+      float l = 0.0f, m = 0.0f, lg = 0.0f;
       if (tg != p->ignore_index) {
         const float wt = weight ? weight[tg] : 1.0f;
-        const float lg = logf(se[j]);
-        lj = mx[j] + lg;
+        m = mx[j];
+        lg = logf(se[j]);
         /* -log_softmax(x)_t, in torch's order: (x_t - max) - log(sum). */
         const float nll = -((ld(x, dtype, tg * inner + j) - mx[j]) - lg);
         double v = (1.0 - eps) * (double)wt * (double)nll;
@@ -175,7 +176,10 @@ mixprec_status mixprec_cross_entropy(const void *logits, mixprec_dtype dtype,
         sw += (double)wt;
       }
       if (p->reduction == MIXPREC_REDUCTION_NONE) loss[pos + j] = l;
-      if (lse) lse[pos + j] = lj;
+      if (stats) {
+        stats[pos + j] = m;
+        stats[positions + pos + j] = lg;
+      }
     }
     part[2 * t] = sl;
     part[2 * t + 1] = sw;
@@ -196,12 +200,12 @@ mixprec_status mixprec_cross_entropy(const void *logits, mixprec_dtype dtype,
 mixprec_status mixprec_cross_entropy_backward(const float *grad_loss, const void *logits,
                                               mixprec_dtype dtype, const int64_t *target,
                                               const mixprec_cross_entropy_params *p,
-                                              const float *lse, const float *weight_sum,
+                                              const float *stats, const float *weight_sum,
                                               void *grad_logits) {
   int64_t positions;
   mixprec_status status = check(logits, dtype, target, p, &positions);
   if (status != MIXPREC_OK || positions == 0) return status;
-  if (!grad_loss || !lse || !grad_logits) return MIXPREC_ERR_NULL_POINTER;
+  if (!grad_loss || !stats || !grad_logits) return MIXPREC_ERR_NULL_POINTER;
   if (p->reduction == MIXPREC_REDUCTION_MEAN && !weight_sum) return MIXPREC_ERR_NULL_POINTER;
   const int64_t n = p->classes, inner = p->inner;
   const float *weight = p->weight;
@@ -228,22 +232,24 @@ mixprec_status mixprec_cross_entropy_backward(const float *grad_loss, const void
     const int64_t off = slice_at(t, n, inner, &width, &pos);
     const char *x = (const char *)logits + (size_t)off * es;
     char *dx = (char *)grad_logits + (size_t)off * es;
-    float l[MIXPREC__SM_WIDTH], a[MIXPREC__SM_WIDTH], b[MIXPREC__SM_WIDTH];
+    float m[MIXPREC__SM_WIDTH], l[MIXPREC__SM_WIDTH], a[MIXPREC__SM_WIDTH], b[MIXPREC__SM_WIDTH];
     for (int64_t j = 0; j < width; j++) {
       const int64_t tg = target[pos + j];
       if (tg == p->ignore_index) {
         /* exp(x - inf) = 0: the whole slice of this position becomes 0. */
-        l[j] = INFINITY;
+        m[j] = INFINITY;
+        l[j] = 0.0f;
         a[j] = b[j] = 0.0f;
         continue;
       }
       const float g = p->reduction == MIXPREC_REDUCTION_NONE ? grad_loss[pos + j] : g_all;
       const double wt = weight ? (double)weight[tg] : 1.0;
-      l[j] = lse[pos + j];
+      m[j] = stats[pos + j];
+      l[j] = stats[positions + pos + j];
       a[j] = (float)((double)g * ((1.0 - eps) * wt + eps / (double)n * wsum_all));
       b[j] = (float)((double)g * eps / (double)n);
     }
-    fn(x, dtype, dx, n, inner, width, l, a, b, weight);
+    fn(x, dtype, dx, n, inner, width, m, l, a, b, weight);
     /* The target's own term, -g * (1 - eps) * w_t, on top of what the
      * kernel wrote. */
     for (int64_t j = 0; j < width; j++) {
@@ -252,7 +258,7 @@ mixprec_status mixprec_cross_entropy_backward(const float *grad_loss, const void
       const float g = p->reduction == MIXPREC_REDUCTION_NONE ? grad_loss[pos + j] : g_all;
       const float wt = weight ? weight[tg] : 1.0f;
       const int64_t i = tg * inner + j;
-      const float pt = expf(ld(x, dtype, i) - l[j]);
+      const float pt = expf((ld(x, dtype, i) - m[j]) - l[j]);
       const float bt = (float)((double)g * (1.0 - eps) * (double)wt);
       st(dx, dtype, i, a[j] * pt - b[j] * wt - bt);
     }

@@ -39,11 +39,11 @@ void mixprec__ce_stats_scalar(const void *x, mixprec_dtype xd, int64_t n,
                               int64_t stride, int64_t width,
                               const float *weight, float *mx, float *se,
                               float *wx);
-/* Per column j: dx_c = a[j] * exp(x_c - lse[j]) - b[j] * w_c. */
+/* Per column j: dx_c = a[j] * exp((x_c - mx[j]) - lg[j]) - b[j] * w_c. */
 void mixprec__ce_grad_scalar(const void *x, mixprec_dtype xd, void *dx,
                              int64_t n, int64_t stride, int64_t width,
-                             const float *lse, const float *a, const float *b,
-                             const float *weight);
+                             const float *mx, const float *lg, const float *a,
+                             const float *b, const float *weight);
 #if defined(MIXPREC_X86)
 void mixprec__softmax_fwd_avx2(const void *x, mixprec_dtype xd, void *y,
                                mixprec_dtype yd, int64_t n, int64_t stride,
@@ -152,13 +152,13 @@ void mixprec__ce_stats_scalar(const void *x, mixprec_dtype xd, int64_t n,
 
 void mixprec__ce_grad_scalar(const void *x, mixprec_dtype xd, void *dx,
                              int64_t n, int64_t stride, int64_t width,
-                             const float *lse, const float *a, const float *b,
-                             const float *weight) {
+                             const float *mx, const float *lg, const float *a,
+                             const float *b, const float *weight) {
   for (int64_t c = 0; c < n; c++) {
     const float wc = weight ? weight[c] : 1.0f;
     for (int64_t j = 0; j < width; j++) {
       const int64_t i = c * stride + j;
-      st(dx, xd, i, a[j] * expf(ld(x, xd, i) - lse[j]) - b[j] * wc);
+      st(dx, xd, i, a[j] * expf((ld(x, xd, i) - mx[j]) - lg[j]) - b[j] * wc);
     }
   }
 }

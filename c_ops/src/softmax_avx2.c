@@ -25,8 +25,8 @@ void mixprec__ce_stats_avx2(const void *x, mixprec_dtype xd, int64_t n,
                             float *mx, float *se, float *wx);
 void mixprec__ce_grad_avx2(const void *x, mixprec_dtype xd, void *dx,
                            int64_t n, int64_t stride, int64_t width,
-                           const float *lse, const float *a, const float *b,
-                           const float *weight);
+                           const float *mx, const float *lg, const float *a,
+                           const float *b, const float *weight);
 
 #define FORCE static inline __attribute__((always_inline))
 
@@ -385,15 +385,17 @@ FORCE void row_ce_stats(const void *x, const mixprec_dtype xd, int64_t n, const 
   *wx = hsum(_mm256_add_ps(w0, w1));
 }
 
-FORCE void row_ce_grad(const void *x, const mixprec_dtype xd, void *dx, int64_t n, float lse,
-                       float a, float b, const float *weight) {
-  const __m256 vl = _mm256_set1_ps(lse), va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
+FORCE void row_ce_grad(const void *x, const mixprec_dtype xd, void *dx, int64_t n, float mx,
+                       float lg, float a, float b, const float *weight) {
+  const __m256 vm = _mm256_set1_ps(mx), vl = _mm256_set1_ps(lg), va = _mm256_set1_ps(a),
+               vb = _mm256_set1_ps(b);
   for (int64_t i = 0; i < n; i += 8) {
     const int64_t k = n - i;
     const __m256 v = k >= 8 ? load8(x, xd, i) : load_part(x, xd, i, k, 0.0f);
     const __m256 w = weight ? (k >= 8 ? _mm256_loadu_ps(weight + i) : load_part(weight, MIXPREC_F32, i, k, 0.0f))
                             : _mm256_set1_ps(1.0f);
-    const __m256 r = _mm256_fnmadd_ps(vb, w, _mm256_mul_ps(va, exp8(_mm256_sub_ps(v, vl))));
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_sub_ps(v, vm), vl));
+    const __m256 r = _mm256_fnmadd_ps(vb, w, _mm256_mul_ps(va, e));
     if (k >= 8)
       store8(dx, xd, i, r);
     else
@@ -421,13 +423,14 @@ FORCE void cols_ce_stats(const void *x, const mixprec_dtype xd, int64_t n, int64
 }
 
 FORCE void cols_ce_grad(const void *x, const mixprec_dtype xd, void *dx, int64_t n,
-                        int64_t stride, int64_t width, const float *lse, const float *a,
-                        const float *b, const float *weight) {
+                        int64_t stride, int64_t width, const float *mx, const float *lg,
+                        const float *a, const float *b, const float *weight) {
   const int groups = (int)((width + 7) / 8);
-  __m256 vl[4], va[4], vb[4];
+  __m256 vm[4], vl[4], va[4], vb[4];
   for (int g = 0; g < groups; g++) {
     const int64_t j = 8 * (int64_t)g, k = width - j;
-    vl[g] = k >= 8 ? _mm256_loadu_ps(lse + j) : load_part(lse, MIXPREC_F32, j, k, 0.0f);
+    vm[g] = k >= 8 ? _mm256_loadu_ps(mx + j) : load_part(mx, MIXPREC_F32, j, k, 0.0f);
+    vl[g] = k >= 8 ? _mm256_loadu_ps(lg + j) : load_part(lg, MIXPREC_F32, j, k, 0.0f);
     va[g] = k >= 8 ? _mm256_loadu_ps(a + j) : load_part(a, MIXPREC_F32, j, k, 0.0f);
     vb[g] = k >= 8 ? _mm256_loadu_ps(b + j) : load_part(b, MIXPREC_F32, j, k, 0.0f);
   }
@@ -436,7 +439,8 @@ FORCE void cols_ce_grad(const void *x, const mixprec_dtype xd, void *dx, int64_t
     for (int g = 0; g < groups; g++) {
       const __m256 v = col_load(x, xd, c, stride, g, width, 0.0f);
       col_store(dx, xd, c, stride, g, width,
-                _mm256_fnmadd_ps(vb[g], w, _mm256_mul_ps(va[g], exp8(_mm256_sub_ps(v, vl[g])))));
+                _mm256_fnmadd_ps(vb[g], w,
+                                 _mm256_mul_ps(va[g], exp8(_mm256_sub_ps(_mm256_sub_ps(v, vm[g]), vl[g])))));
     }
   }
 }
@@ -505,21 +509,21 @@ void mixprec__ce_stats_avx2(const void *x, mixprec_dtype xd, int64_t n,
 
 void mixprec__ce_grad_avx2(const void *x, mixprec_dtype xd, void *dx,
                            int64_t n, int64_t stride, int64_t width,
-                           const float *lse, const float *a, const float *b,
-                           const float *weight) {
+                           const float *mx, const float *lg, const float *a,
+                           const float *b, const float *weight) {
   const int row = stride == 1 && width == 1;
   switch (xd) {
     case MIXPREC_F16:
-      if (row) row_ce_grad(x, MIXPREC_F16, dx, n, lse[0], a[0], b[0], weight);
-      else cols_ce_grad(x, MIXPREC_F16, dx, n, stride, width, lse, a, b, weight);
+      if (row) row_ce_grad(x, MIXPREC_F16, dx, n, mx[0], lg[0], a[0], b[0], weight);
+      else cols_ce_grad(x, MIXPREC_F16, dx, n, stride, width, mx, lg, a, b, weight);
       break;
     case MIXPREC_BF16:
-      if (row) row_ce_grad(x, MIXPREC_BF16, dx, n, lse[0], a[0], b[0], weight);
-      else cols_ce_grad(x, MIXPREC_BF16, dx, n, stride, width, lse, a, b, weight);
+      if (row) row_ce_grad(x, MIXPREC_BF16, dx, n, mx[0], lg[0], a[0], b[0], weight);
+      else cols_ce_grad(x, MIXPREC_BF16, dx, n, stride, width, mx, lg, a, b, weight);
       break;
     default:
-      if (row) row_ce_grad(x, MIXPREC_F32, dx, n, lse[0], a[0], b[0], weight);
-      else cols_ce_grad(x, MIXPREC_F32, dx, n, stride, width, lse, a, b, weight);
+      if (row) row_ce_grad(x, MIXPREC_F32, dx, n, mx[0], lg[0], a[0], b[0], weight);
+      else cols_ce_grad(x, MIXPREC_F32, dx, n, stride, width, mx, lg, a, b, weight);
       break;
   }
 }

@@ -92,13 +92,13 @@ def _cross_entropy_fake(x, target, weight, reduction, ignore_index, label_smooth
     _check_float("cross_entropy", "self", x)
     shape = _ce_target_shape("cross_entropy", x, target)
     loss = x.new_empty(shape if reduction == 0 else (), dtype=torch.float32)
-    lse = x.new_empty(shape, dtype=torch.float32)
+    stats = x.new_empty((2, *shape), dtype=torch.float32)
     wsum = x.new_empty((), dtype=torch.float32)
-    return loss, lse, wsum
+    return loss, stats, wsum
 
 
 @torch.library.register_fake("mixprec::cross_entropy_backward")
-def _cross_entropy_backward_fake(grad_loss, x, target, weight, lse, weight_sum, reduction, ignore_index,
+def _cross_entropy_backward_fake(grad_loss, x, target, weight, stats, weight_sum, reduction, ignore_index,
                                  label_smoothing):
     _check_float("cross_entropy_backward", "self", x)
     _ce_target_shape("cross_entropy_backward", x, target)
@@ -144,21 +144,22 @@ torch.library.register_autograd("mixprec::log_softmax", _log_softmax_backward, s
 
 def _ce_setup(ctx, inputs, output):
     x, target, weight, reduction, ignore_index, label_smoothing = inputs
-    _loss, lse, wsum = output
-    # Saved: the logits as given (no copy), the int64 targets, and one float
-    # per position (lse): nothing the size of an FP32 copy of the logits.
-    ctx.save_for_backward(x, target, weight, lse, wsum)
+    _loss, stats, wsum = output
+    # Saved: the logits as given (no copy), the int64 targets, and two floats
+    # per position (max, log-sum): nothing the size of an FP32 copy of the
+    # logits.
+    ctx.save_for_backward(x, target, weight, stats, wsum)
     ctx.args = (reduction, ignore_index, label_smoothing)
-    ctx.mark_non_differentiable(lse, wsum)
+    ctx.mark_non_differentiable(stats, wsum)
 
 
-def _ce_backward(ctx, grad_loss, _grad_lse, _grad_wsum):
-    x, target, weight, lse, wsum = ctx.saved_tensors
+def _ce_backward(ctx, grad_loss, _grad_stats, _grad_wsum):
+    x, target, weight, stats, wsum = ctx.saved_tensors
     if grad_loss is None:
         return None, None, None, None, None, None
     reduction, ignore_index, label_smoothing = ctx.args
     dx = torch.ops.mixprec.cross_entropy_backward(
-        grad_loss.float(), x, target, weight, lse, wsum, reduction, ignore_index, label_smoothing
+        grad_loss.float(), x, target, weight, stats, wsum, reduction, ignore_index, label_smoothing
     )
     return dx, None, None, None, None, None
 
@@ -204,8 +205,8 @@ def cross_entropy(
 
     Shapes as torch's: input (C), (N, C) or (N, C, d1, ...); target (), (N)
     or (N, d1, ...) int64. The loss is always float32. Backward writes the
-    gradient in the logits' dtype from the logits and one saved float per
-    position (the log-sum-exp). ``mean`` divides by the sum of the targets'
+    gradient in the logits' dtype from the logits and two saved floats per
+    position (the max and the log-sum of exponentials). ``mean`` divides by the sum of the targets'
     weights over non-ignored positions: NaN when all are ignored, like torch.
     A target outside ``[0, C)`` that is not ``ignore_index`` raises on the
     CPU; on CUDA it makes that position's loss NaN (no host sync).
@@ -219,7 +220,7 @@ def cross_entropy(
         )
     if weight is not None and weight.dtype != torch.float32:
         weight = weight.float()
-    loss, _lse, _wsum = torch.ops.mixprec.cross_entropy(
+    loss, _stats, _wsum = torch.ops.mixprec.cross_entropy(
         input, target, weight, _REDUCTIONS[reduction], int(ignore_index), float(label_smoothing)
     )
     return loss

@@ -117,9 +117,12 @@ MIXPREC_API mixprec_cross_entropy_params mixprec_cross_entropy_params_default(vo
  *  sum_i loss_i / sum_i w_t(i) over non-ignored positions to loss[0] (torch's
  *  weighted mean: NaN, as torch's, when every position is ignored). Sums
  *  are taken in double in a fixed order and rounded to float once.
- *  lse (optional, outer * inner floats) receives each position's
- *  log-sum-exp in float (0 for ignored positions): everything
- *  mixprec_cross_entropy_backward() needs besides the inputs.
+ *  stats (optional, 2 * outer * inner floats) receives, for position i,
+ *  stats[i] = max_c x_c and stats[outer * inner + i] = log(sum_c exp(x_c -
+ *  max)) (both 0 for an ignored position): everything
+ *  mixprec_cross_entropy_backward() needs besides the inputs. (The two are
+ *  kept apart, not added into one log-sum-exp, because max + log(sum) loses
+ *  log(sum) entirely when |max| is huge, e.g. 1e30.)
  *  weight_sum (optional, one float) receives sum_i w_t(i) over non-ignored
  *  positions (the MEAN denominator).
  *  @return : MIXPREC_OK; MIXPREC_ERR_BAD_ARGUMENT when a target is neither
@@ -130,17 +133,17 @@ MIXPREC_API mixprec_cross_entropy_params mixprec_cross_entropy_params_default(vo
  *            anything is written: on an error nothing has been written. */
 MIXPREC_API mixprec_status mixprec_cross_entropy(
     const void *logits, mixprec_dtype dtype, const int64_t *target,
-    const mixprec_cross_entropy_params *p, float *loss, float *lse,
+    const mixprec_cross_entropy_params *p, float *loss, float *stats,
     float *weight_sum);
 
 /*! mixprec_cross_entropy_backward() :
  *  Gradient of the loss with respect to the logits, written in the logits'
  *  dtype to grad_logits (contiguous (outer, classes, inner)). grad_loss is
  *  the gradient of the output: outer * inner floats for NONE, one float
- *  otherwise. lse is what mixprec_cross_entropy() wrote; weight_sum the MEAN
+ *  otherwise. stats is what mixprec_cross_entropy() wrote; weight_sum the MEAN
  *  denominator it wrote (ignored for NONE/SUM, may be NULL then). Per
  *  position with g = grad_loss (scaled by 1 / weight_sum for MEAN),
- *  p_c = exp(x_c - lse), W = sum_c w_c:
+ *  p_c = exp((x_c - max) - log(sum)) (from stats), W = sum_c w_c:
  *    dx_c = g * ((1 - eps) * w_t * (p_c - [c == t])
  *                + eps / C * (W * p_c - w_c))
  *  and dx_c = 0 for an ignored position.
@@ -148,7 +151,7 @@ MIXPREC_API mixprec_status mixprec_cross_entropy(
 MIXPREC_API mixprec_status mixprec_cross_entropy_backward(
     const float *grad_loss, const void *logits, mixprec_dtype dtype,
     const int64_t *target, const mixprec_cross_entropy_params *p,
-    const float *lse, const float *weight_sum, void *grad_logits);
+    const float *stats, const float *weight_sum, void *grad_logits);
 
 /* ------------------------------------------------------------------------ */
 /* CUDA entry points (libmixprec_cuda only)                                  */
@@ -188,25 +191,25 @@ MIXPREC_API int64_t mixprec_cuda_cross_entropy_workspace_size(
 
 /*! mixprec_cuda_cross_entropy(), mixprec_cuda_cross_entropy_backward() :
  *  As the CPU entry points; p stays a host pointer, p->weight, logits,
- *  target, loss, lse, weight_sum, grad_loss and grad_logits are device
+ *  target, loss, stats, weight_sum, grad_loss and grad_logits are device
  *  pointers; `workspace` holds at least
  *  mixprec_cuda_cross_entropy_workspace_size() bytes. The reductions are
  *  deterministic (fixed order, no atomics).
  *  A target out of range cannot be reported without a host sync: instead
- *  that position's loss (and therefore a SUM/MEAN loss) is NaN, its lse is
+ *  that position's loss (and therefore a SUM/MEAN loss) is NaN, its stats are
  *  NaN, and backward writes NaN into its whole gradient slice. Training
  *  then stops on a NaN loss (or GradScaler skips the step) instead of
  *  reading out of bounds. Sizes, dtypes, reduction and label_smoothing are
  *  still checked on the host (same statuses as the CPU). */
 MIXPREC_API mixprec_status mixprec_cuda_cross_entropy(
     const void *logits, mixprec_dtype dtype, const int64_t *target,
-    const mixprec_cross_entropy_params *p, float *loss, float *lse,
+    const mixprec_cross_entropy_params *p, float *loss, float *stats,
     float *weight_sum, void *workspace, int64_t workspace_bytes,
     void *stream);
 MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_backward(
     const float *grad_loss, const void *logits, mixprec_dtype dtype,
     const int64_t *target, const mixprec_cross_entropy_params *p,
-    const float *lse, const float *weight_sum, void *grad_logits,
+    const float *stats, const float *weight_sum, void *grad_logits,
     void *stream);
 
 #ifdef __cplusplus
