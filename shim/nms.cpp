@@ -3,6 +3,8 @@
 // CUDA implementations in nms_cuda.cpp.
 #include <torch/headeronly/core/ScalarType.h>
 
+#include <cstring>
+#include <memory>
 #include <tuple>
 
 #include "common.h"
@@ -12,40 +14,39 @@ namespace {
 
 using torch::headeronly::ScalarType;
 
-// Runs the C API into a keep buffer of a.capacity entries (padded with -1).
-Tensor run_cpu(const char* op, const NmsArgs& a, const Tensor& like, int64_t* count) {
-  Tensor keep = torch::stable::new_empty(like, {a.capacity}, ScalarType::Long);
-  int64_t* out = a.capacity ? static_cast<int64_t*>(keep.data_ptr()) : nullptr;
+// Runs the C API into `out` (a.capacity entries, padded with -1).
+int64_t run_cpu(const char* op, const NmsArgs& a, int64_t* out) {
+  int64_t count = 0;
   mixprec_status st =
       a.classes ? mixprec_batched_nms(a.boxes, a.boxes_dtype, a.scores, a.scores_dtype, a.classes,
-                                      a.classes_dtype, a.n, &a.params, out, count)
+                                      a.classes_dtype, a.n, &a.params, out, &count)
                 : mixprec_nms(a.boxes, a.boxes_dtype, a.scores, a.scores_dtype, a.n, &a.params,
-                              out, count);
+                              out, &count);
   check_status(st, op);
-  return keep;
+  return count;
 }
 
-// The kept indices as a tensor of their own (not a view of the padded one).
-Tensor exact(Tensor keep, int64_t count, int64_t capacity) {
-  if (count == capacity) return keep;
-  return torch::stable::clone(torch::stable::narrow(keep, 0, 0, count));
+// The kept indices in a tensor of exactly their number (copied with memcpy:
+// a torch copy would start a parallel region for a few hundred KiB).
+Tensor exact(const char* op, const NmsArgs& a, const Tensor& like) {
+  std::unique_ptr<int64_t[]> buf(new int64_t[static_cast<size_t>(a.capacity) + 1]);
+  const int64_t count = run_cpu(op, a, buf.get());
+  Tensor keep = torch::stable::new_empty(like, {count}, ScalarType::Long);
+  if (count) std::memcpy(keep.data_ptr(), buf.get(), sizeof(int64_t) * static_cast<size_t>(count));
+  return keep;
 }
 
 Tensor nms_cpu(Tensor boxes, Tensor scores, double iou_threshold,
                std::optional<double> score_threshold, int64_t max_output) {
   NmsArgs a = nms_args("nms", boxes, scores, nullptr, iou_threshold, score_threshold, max_output);
-  int64_t count = 0;
-  Tensor keep = run_cpu("nms", a, boxes, &count);
-  return exact(keep, count, a.capacity);
+  return exact("nms", a, boxes);
 }
 
 Tensor batched_nms_cpu(Tensor boxes, Tensor scores, Tensor idxs, double iou_threshold,
                        std::optional<double> score_threshold, int64_t max_output) {
   NmsArgs a = nms_args("batched_nms", boxes, scores, &idxs, iou_threshold, score_threshold,
                        max_output);
-  int64_t count = 0;
-  Tensor keep = run_cpu("batched_nms", a, boxes, &count);
-  return exact(keep, count, a.capacity);
+  return exact("batched_nms", a, boxes);
 }
 
 std::tuple<Tensor, Tensor> nms_padded_cpu(Tensor boxes, Tensor scores, std::optional<Tensor> idxs,
@@ -54,8 +55,9 @@ std::tuple<Tensor, Tensor> nms_padded_cpu(Tensor boxes, Tensor scores, std::opti
                                           int64_t max_output) {
   NmsArgs a = nms_args("nms_padded", boxes, scores, idxs.has_value() ? &*idxs : nullptr,
                        iou_threshold, score_threshold, max_output);
-  int64_t count = 0;
-  Tensor keep = run_cpu("nms_padded", a, boxes, &count);
+  Tensor keep = torch::stable::new_empty(boxes, {a.capacity}, ScalarType::Long);
+  const int64_t count =
+      run_cpu("nms_padded", a, a.capacity ? static_cast<int64_t*>(keep.data_ptr()) : nullptr);
   Tensor n = torch::stable::new_empty(boxes, {}, ScalarType::Long);
   *static_cast<int64_t*>(n.data_ptr()) = count;
   return {keep, n};

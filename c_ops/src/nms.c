@@ -27,6 +27,10 @@
 #include <omp.h>
 #endif
 
+/* Fewest pair tests (sum over classes of size^2 / 2, an upper bound of the
+ * work) for which batched NMS runs its classes on several threads. */
+#define PARALLEL_MIN_PAIRS 4e6
+
 /* Sweep of candidates [begin, end) by the kept box b: sets dead[j] = -1 for
  * every live j with IoU(b, j) > thr; returns how many it newly killed. */
 typedef int64_t (*sweep_fn)(const float *x1, const float *y1, const float *x2,
@@ -333,9 +337,17 @@ static mixprec_status run(const void *boxes, mixprec_dtype boxes_dtype, const vo
     if (n_seg == 1) {
       greedy(&s, 0, m, iou_thr, max_keep, sweep, flags);
     } else {
+      /* Threads pay only for enough pairs: a parallel region costs tens of
+       * microseconds, and far more when the cores are shared (a spinning
+       * OpenMP worker then loses whole scheduler ticks). */
+      double pairs = 0.0;
+      for (int64_t c = 0; c < n_seg; c++) {
+        const double len = (double)(seg[c + 1] - seg[c]);
+        pairs += 0.5 * len * len;
+      }
       int threads = mixprec__num_threads();
       if (threads > n_seg) threads = (int)n_seg;
-      if (m < 2048) threads = 1;
+      if (pairs < PARALLEL_MIN_PAIRS) threads = 1;
       (void)threads;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
