@@ -1,21 +1,36 @@
-"""Mixed-precision training with mixprec's GradScaler, next to an FP32 baseline.
+"""The mixed-precision playbook, done for real, with mixprec.
 
-Trains the same small CNN on scikit-learn's bundled 8x8 handwritten digits
-(1,797 real images, no download) three ways, from the same initial weights:
+Part 1, training. The same small CNN on scikit-learn's bundled 8x8
+handwritten digits (1,797 real images, no download), from the same initial
+weights, several ways:
 
-  fp32  plain FP32 model, torch.optim.AdamW (the baseline)
-  bf16  model.to(bfloat16): BF16 weights, activations and gradients, with
-        mixprec.optim.AdamW keeping FP32 master weights and state,
-        mixprec.amp.GradScaler, and the loss computed in FP32
-  fp16  the same in float16, where the dynamic loss scale matters
+  fp32     plain FP32 model, torch.optim.AdamW (the baseline)
+  bf16     model.to(bfloat16): BF16 weights, activations and gradients;
+           mixprec.optim.AdamW keeps FP32 master weights and state;
+           mixprec.amp.GradScaler; FP32-accumulating cross-entropy read
+           straight from the BF16 logits (mixprec.ops.cross_entropy)
+  bf16-sr  the same without master weights: mixprec.optim.AdamW(
+           master_weights=False) rounds BF16 updates stochastically (4 bytes
+           per parameter less)
+  fp16     as bf16 in float16, where the dynamic loss scale matters
 
-Every run clips gradients to norm 1; the mixed-precision runs take the norm
-from the scaler's unscale pass (one read of the gradients).
+Every run clips gradients to norm 1 (the mixed-precision runs take the norm
+from the scaler's unscale pass: one read of the gradients). It prints test
+accuracy and its difference to FP32 (the playbook's target: within 0.5
+percentage points), steps per second, memory (parameters + gradients +
+optimizer state, and the activations saved for backward of one batch),
+final loss, loss scale and skipped (overflowing) steps, and writes a PNG
+of the loss curves.
 
-and prints test accuracy, its difference to FP32, steps per second, the loss
-scale and the number of skipped (overflowing) steps of each run.
+Part 2, detection post-processing. Thousands of synthetic detections with
+large coordinates and many classes, in FP16 and BF16. torchvision's
+batched_nms offsets coordinates by class id in the boxes' own dtype (in FP16
+that overflows to inf, and boxes that should suppress each other survive);
+its CPU kernel refuses FP16/BF16 altogether. mixprec.ops.batched_nms computes
+IoU in FP32 and never offsets coordinates. Compared with a float64 reference.
 
 Usage: python examples/train_amp.py [--epochs N] [--quick] [--device cpu|cuda]
+           [--runs fp32,bf16,bf16-sr,fp16] [--plot PATH] [--boxes N]
 """
 
 from __future__ import annotations
@@ -30,6 +45,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import mixprec  # noqa: E402
+
+RUNS = ("fp32", "bf16", "bf16-sr", "fp16")
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "bf16-sr": torch.bfloat16, "fp16": torch.float16}
 
 
 def load_digits(device):
@@ -60,18 +78,88 @@ class SmallCNN(torch.nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
-def train(mode, init_state, data, epochs, device, batch=64, clip=1.0):
+class Progress:
+    """A one-line progress bar per run: redrawn in place on a terminal, a
+    few plain lines otherwise (logs, CI)."""
+
+    def __init__(self, name, total, width=30):
+        self.name, self.total, self.width = name, total, width
+        self.tty = sys.stdout.isatty()
+        self.t0 = time.perf_counter()
+        self.last_pct = -1
+
+    def update(self, done, loss):
+        pct = 100 * done // self.total
+        if not self.tty and pct // 25 == self.last_pct // 25 and done != self.total:
+            return
+        self.last_pct = pct
+        filled = self.width * done // self.total
+        bar = "#" * filled + "." * (self.width - filled)
+        line = f"  {self.name:<8}[{bar}] {pct:3d}%  step {done}/{self.total}  loss {loss:.4f}  {time.perf_counter() - self.t0:5.1f}s"
+        if self.tty:
+            print("\r" + line, end="" if done != self.total else "\n", flush=True)
+        else:
+            print(line, flush=True)
+
+
+def tensor_bytes(tensors):
+    seen, total = set(), 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.data_ptr() not in seen and t.numel() > 0:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def state_bytes(model, opt):
+    """Parameters + gradients + every tensor of the optimizer state (master
+    weights included): the memory the training state holds between steps.
+    One-element tensors (step counts) are left out."""
+    ts = list(model.parameters()) + [p.grad for p in model.parameters() if p.grad is not None]
+    for st in opt.state.values():
+        ts += [v for v in st.values() if isinstance(v, torch.Tensor) and v.numel() > 1]
+    return tensor_bytes(ts)
+
+
+def activation_bytes(model, x, loss_fn):
+    """Bytes of the tensors autograd saves for backward in one training
+    forward pass (the activation memory), counted with saved_tensors_hooks."""
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_fn(model(x))
+    params = {p.data_ptr() for p in model.parameters()}
+    n = tensor_bytes([t for t in saved if t.data_ptr() not in params])
+    del loss
+    return n
+
+
+def train(mode, init_state, data, epochs, device, batch=64, clip=1.0, lr=2e-3):
     (xtr, ytr), (xte, yte) = data
     torch.manual_seed(1)
-    amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[mode]
+    amp_dtype = DTYPES[mode]
     model = SmallCNN().to(device)
     model.load_state_dict(init_state)
     if amp_dtype is None:
-        opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr)
+
+        def loss_fn(logits, y=None):
+            return F.cross_entropy(logits, y)
     else:
-        model = model.to(amp_dtype)  # the FP32 masters live in the optimizer
-        opt = mixprec.optim.AdamW(model.parameters(), lr=2e-3)
+        model = model.to(amp_dtype)  # FP32 masters (if any) live in the optimizer
+        opt = mixprec.optim.AdamW(model.parameters(), lr=lr, master_weights=mode != "bf16-sr", seed=0)
+
+        def loss_fn(logits, y=None):
+            # FP32 math from the half logits, no FP32 copy of them.
+            return mixprec.ops.cross_entropy(logits, y)
+
     scaler = mixprec.amp.GradScaler(device.type, enabled=amp_dtype is not None)
+    n_batches = (len(xtr) + batch - 1) // batch
+    bar = Progress(mode, epochs * n_batches)
     steps, losses = 0, []
     gen = torch.Generator().manual_seed(2)
     t0 = time.perf_counter()
@@ -81,7 +169,7 @@ def train(mode, init_state, data, epochs, device, batch=64, clip=1.0):
             idx = perm[i : i + batch]
             opt.zero_grad(set_to_none=True)
             logits = model(xtr[idx].to(amp_dtype or torch.float32))
-            loss = F.cross_entropy(logits.float(), ytr[idx])  # loss in FP32, as the playbook asks
+            loss = loss_fn(logits, ytr[idx])
             scaler.scale(loss).backward()
             if amp_dtype is not None:
                 scaler.clip_grad_norm_(opt, clip)  # norm from the unscale pass
@@ -89,11 +177,16 @@ def train(mode, init_state, data, epochs, device, batch=64, clip=1.0):
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             scaler.step(opt)
             scaler.update()
-            losses.append(loss.detach())
+            losses.append(loss.detach().float())
             steps += 1
+            if steps % 5 == 0 or steps == epochs * n_batches:
+                bar.update(steps, float(losses[-1]))
     if device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
+    mem_state = state_bytes(model, opt)
+    xb = xtr[:batch].to(amp_dtype or torch.float32)
+    mem_act = activation_bytes(model, xb, lambda out: loss_fn(out, ytr[:batch]))
     model.eval()
     with torch.no_grad():
         acc = (model(xte.to(amp_dtype or torch.float32)).argmax(1) == yte).float().mean().item()
@@ -101,47 +194,204 @@ def train(mode, init_state, data, epochs, device, batch=64, clip=1.0):
         "mode": mode,
         "acc": acc,
         "steps_per_s": steps / elapsed,
+        "losses": torch.stack(losses).cpu().tolist(),
         "final_loss": float(torch.stack(losses[-10:]).mean()),
         "scale": scaler.get_scale() if amp_dtype is not None else None,
         "skipped": scaler.get_skipped_steps() if amp_dtype is not None else 0,
+        "state_mb": mem_state / 2**20,
+        "act_mb": mem_act / 2**20,
+        "n_params": sum(p.numel() for p in model.parameters()),
     }
+
+
+def write_plot(results, path, steps_per_epoch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    k = max(1, steps_per_epoch // 4)
+    for r in results:
+        ls = torch.tensor(r["losses"])
+        smooth = torch.nn.functional.avg_pool1d(ls[None, None], k, stride=1).flatten() if len(ls) >= k else ls
+        x = torch.arange(len(smooth)) + (k - 1)
+        ax.plot((x / steps_per_epoch).tolist(), smooth.tolist(), label=f"{r['mode']} ({100 * r['acc']:.2f}%)", lw=1.4)
+    ax.set_yscale("log")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(f"training loss (moving average of {k} steps)")
+    ax.set_title("Digits CNN: FP32 vs mixed precision with mixprec")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path.resolve()
+
+
+# ---------------------------------------------------------------- detection --
+
+
+def synthetic_detections(n, n_classes, gen, coord=60000.0):
+    """Clusters of overlapping boxes (several detections of each object)
+    with large coordinates, scores in (0, 1), class ids in [0, n_classes)."""
+    n_obj = max(1, n // 8)
+    centre = torch.rand(n_obj, 2, generator=gen) * coord * 0.9 + coord * 0.05
+    size = torch.rand(n_obj, 2, generator=gen) * 300 + 40
+    obj = torch.randint(0, n_obj, (n,), generator=gen)
+    jitter = torch.randn(n, 4, generator=gen) * 0.08
+    c, s = centre[obj], size[obj]
+    x1y1 = c - s / 2 + jitter[:, :2] * s
+    x2y2 = c + s / 2 + jitter[:, 2:] * s
+    boxes = torch.cat([x1y1, x2y2], 1).double()
+    scores = torch.rand(n, generator=gen).double()
+    # Same object -> mostly the same class, with some confusion.
+    labels = torch.where(torch.rand(n, generator=gen) < 0.8, obj % n_classes, torch.randint(0, n_classes, (n,), generator=gen))
+    return boxes, scores, labels
+
+
+def greedy_nms_reference(boxes, scores, labels, iou_threshold, offset_dtype=None):
+    """Greedy class-aware NMS in plain torch, float64 unless told otherwise.
+    offset_dtype: torchvision's batched_nms trick (coordinates shifted by
+    class id * (max coordinate + 1)) in that dtype, IoU in that dtype too:
+    what an FP16 detection head's post-processing computes with
+    torchvision's algorithm."""
+    if offset_dtype is not None:
+        b = boxes.to(offset_dtype)
+        offsets = labels.to(offset_dtype) * (b.max() + 1)
+        b = b + offsets[:, None]
+        same_class = torch.ones(len(b), len(b), dtype=torch.bool)
+    else:
+        b = boxes
+        same_class = labels[:, None] == labels[None, :]
+    order = torch.sort(scores, descending=True, stable=True).indices
+    b, same_class = b[order], same_class[order][:, order]
+    area = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+    lt = torch.maximum(b[:, None, :2], b[None, :, :2])
+    rb = torch.minimum(b[:, None, 2:], b[None, :, 2:])
+    wh = (rb - lt).clamp(min=0)
+    inter = wh[..., 0] * wh[..., 1]
+    iou = inter / (area[:, None] + area[None, :] - inter)
+    over = ((iou > iou_threshold) & same_class).numpy()
+    removed = over[0] & False
+    keep = []
+    for i in range(len(b)):
+        if removed[i]:
+            continue
+        keep.append(i)
+        removed |= over[i]
+    return order[torch.tensor(keep, dtype=torch.long)]
+
+
+def median_time(fn, reps=5):
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return sorted(ts)[reps // 2]
+
+
+def detection_demo(n_boxes, n_classes, iou=0.5, seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    boxes64, scores64, labels = synthetic_detections(n_boxes, n_classes, gen)
+    print(f"\nDetection post-processing: {n_boxes} boxes, {n_classes} classes, coordinates up to "
+          f"{float(boxes64.max()):.0f}, IoU threshold {iou}")
+    try:
+        import torchvision
+    except Exception:  # torchvision does not import beside every torch build
+        torchvision = None
+    rows = []
+    for name, dt in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        b = boxes64.to(dt)
+        s = scores64.to(dt)
+        # The float64 reference on the boxes as the detector emitted them.
+        ref = greedy_nms_reference(b.double(), s.double(), labels, iou)
+        ref_set = set(ref.tolist())
+        ours = mixprec.ops.batched_nms(b, s, labels, iou)
+        t_ours = median_time(lambda: mixprec.ops.batched_nms(b, s, labels, iou))
+        tv_style = greedy_nms_reference(b.float(), s.float(), labels, iou, offset_dtype=dt)
+        for label, keep, t in (("torchvision-style", tv_style, None), ("mixprec", ours, t_ours)):
+            ks = set(keep.tolist())
+            rows.append((name, label, len(ks), len(ks - ref_set), len(ref_set - ks), t, len(ref)))
+    if torchvision is not None:
+        b32, s32 = boxes64.float(), scores64.float()
+        same = torch.equal(torchvision.ops.batched_nms(b32, s32, labels, iou), mixprec.ops.batched_nms(b32, s32, labels, iou))
+        tv_t = median_time(lambda: torchvision.ops.batched_nms(b32, s32, labels, iou))
+        mp_t = median_time(lambda: mixprec.ops.batched_nms(b32, s32, labels, iou))
+    print(f"{'dtype':<6}{'method':<19}{'kept':>6}{'wrong kept':>12}{'missed':>8}{'time ms':>9}   (float64 reference keeps)")
+    for name, label, kept, extra, missed, t, n_ref in rows:
+        tm = "-" if t is None else f"{1e3 * t:.2f}"
+        print(f"{name:<6}{label:<19}{kept:>6}{extra:>12}{missed:>8}{tm:>9}   ({n_ref})")
+    if torchvision is not None:
+        print(f"fp32: torchvision.ops.batched_nms {1e3 * tv_t:.2f} ms, mixprec {1e3 * mp_t:.2f} ms "
+              f"({tv_t / mp_t:.1f}x), same indices: {same}")
+    else:
+        print("(torchvision is not importable here: no FP32 timing against it)")
+    print("torchvision-style = torchvision's batched_nms algorithm (class offset, IoU) in the boxes' dtype,\n"
+          "run in torch ops: torchvision's own CPU kernel refuses FP16/BF16 boxes.")
+    return rows
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--epochs", type=int, default=8)
-    ap.add_argument("--quick", action="store_true", help="2 epochs (smoke test)")
+    ap.add_argument("--quick", action="store_true", help="2 epochs, fewer boxes (smoke test)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
+    ap.add_argument("--plot", default="mixprec_demo_loss.png", help="where to write the loss-curve PNG")
+    ap.add_argument("--boxes", type=int, default=None, help="detections in part 2 (default 3000, quick 1000)")
+    ap.add_argument("--classes", type=int, default=80)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("train_amp: --device cuda asked for, but torch sees no CUDA device")
+    if device.type == "cuda" and not mixprec.cuda_ops_loaded():
+        sys.exit("train_amp: --device cuda asked for, but libmixprec_cuda.so is not loaded (build it with nvcc)")
+    runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+    bad = [r for r in runs if r not in RUNS]
+    if bad or not runs or runs[0] != "fp32":
+        sys.exit(f"train_amp: --runs must start with fp32 and name runs from {RUNS}, got {args.runs!r}")
     epochs = 2 if args.quick else args.epochs
     data = load_digits(device)
     torch.manual_seed(0)
     init_state = SmallCNN().state_dict()
-    print(f"digits: {len(data[0][0])} train / {len(data[1][0])} test images, {epochs} epochs, device {device}")
-    results = []
-    for mode in ("fp32", "bf16", "fp16"):
-        r = train(mode, init_state, data, epochs, device)
-        results.append(r)
-        print(f"  {mode}: done, test accuracy {100 * r['acc']:.2f}%", flush=True)
+    print(f"Part 1: digits, {len(data[0][0])} train / {len(data[1][0])} test images, {epochs} epochs, device {device}")
+    results = [train(mode, init_state, data, epochs, device) for mode in runs]
     base = results[0]["acc"]
     print()
-    print(f"{'run':<6}{'accuracy':>10}{'vs fp32':>10}{'steps/s':>10}{'loss':>9}{'scale':>10}{'skipped':>9}")
+    print(f"{'run':<9}{'accuracy':>9}{'vs fp32':>10}{'steps/s':>9}{'state MB':>10}{'activ. MB':>10}"
+          f"{'loss':>8}{'scale':>8}{'skipped':>8}")
     for r in results:
         scale = "-" if r["scale"] is None else f"{r['scale']:.0f}"
         print(
-            f"{r['mode']:<6}{100 * r['acc']:>9.2f}%{100 * (r['acc'] - base):>+9.2f}pp"
-            f"{r['steps_per_s']:>10.1f}{r['final_loss']:>9.4f}{scale:>10}{r['skipped']:>9}"
+            f"{r['mode']:<9}{100 * r['acc']:>8.2f}%{100 * (r['acc'] - base):>+8.2f}pp{r['steps_per_s']:>9.1f}"
+            f"{r['state_mb']:>10.2f}{r['act_mb']:>10.2f}{r['final_loss']:>8.4f}{scale:>8}{r['skipped']:>8}"
         )
+    one_image = 100 / len(data[1][0])
+    recipe = [r for r in results[1:] if r["mode"] in ("bf16", "fp16")]
+    if recipe:
+        worst = max(abs(r["acc"] - base) for r in recipe)
+        print(f"parity of the playbook's runs ({', '.join(r['mode'] for r in recipe)}, FP32 master weights): "
+              f"largest |accuracy - FP32| {100 * worst:.2f} pp, target 0.5 pp: "
+              f"{'met' if worst <= 0.005 + 1e-9 else 'NOT met'} (one test image is {one_image:.2f} pp)")
+    for r in results[1:]:
+        if r["mode"] == "bf16-sr":
+            print(f"bf16-sr (no master weights, stochastic rounding): {100 * (r['acc'] - base):+.2f} pp vs FP32 "
+                  f"with {100 * (1 - r['state_mb'] / results[0]['state_mb']):.0f}% less training-state memory")
+    print("state MB = parameters + gradients + optimizer state (FP32 masters included); activ. MB = tensors\n"
+          "saved for backward by one batch of 64. Loss scale starts at 65536; skipped = overflowing steps.")
     if device.type == "cpu":
-        print(
-            "\nOn a CPU without native BF16/FP16 arithmetic torch's half-precision convolutions are\n"
-            "slower than FP32, so steps/s here measure torch's forward and backward kernels, not\n"
-            "mixprec's loss scaling and optimizer step. Speed-ups show on GPUs."
-        )
-    return results
+        print("On a CPU without native BF16/FP16 arithmetic torch's half-precision convolutions are slower\n"
+              "than FP32: steps/s here measure torch's kernels, not mixprec's. Speed-ups show on GPUs.")
+    n_batches = (len(data[0][0]) + 63) // 64
+    plot = write_plot(results, args.plot, n_batches)
+    print(f"loss curves: {plot}")
+    n_boxes = args.boxes or (1000 if args.quick else 3000)
+    det = detection_demo(n_boxes, args.classes)
+    return {"train": results, "plot": str(plot), "detection": det}
 
 
 if __name__ == "__main__":

@@ -1,32 +1,54 @@
-"""The README's main command: the training demo, in its quick mode."""
+"""The README's main command: the demo (examples/train_amp.py), in its quick
+mode: training parity, the loss-curve PNG, the memory columns, and the
+detection part (mixprec's NMS equals the float64 reference in FP16/BF16
+where torchvision's algorithm in those dtypes keeps wrong boxes)."""
 
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("sklearn")
+pytest.importorskip("matplotlib")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import train_amp  # noqa: E402
 
 
-def test_demo_quick_mode_parity(capsys):
-    results = train_amp.main(["--quick"])
+def test_demo_quick_mode(capsys, tmp_path):
+    plot = tmp_path / "curves.png"
+    out_dict = train_amp.main(["--quick", "--plot", str(plot)])
     out = capsys.readouterr().out
-    assert [r["mode"] for r in results] == ["fp32", "bf16", "fp16"]
+    results = out_dict["train"]
+    assert [r["mode"] for r in results] == ["fp32", "bf16", "bf16-sr", "fp16"]
     base = results[0]["acc"]
     assert base > 0.85, out
     for r in results[1:]:
         # Two epochs are noisy; the full run's parity is what the README shows.
         assert abs(r["acc"] - base) < 0.03, out
         assert r["scale"] is not None and r["scale"] > 0
-    assert "vs fp32" in out
+        assert len(r["losses"]) == len(results[0]["losses"])
+        # Half activations: well below FP32's.
+        assert r["act_mb"] < 0.75 * results[0]["act_mb"], out
+    by = {r["mode"]: r for r in results}
+    # Same bytes with FP32 masters; a quarter less without them.
+    assert abs(by["bf16"]["state_mb"] - by["fp32"]["state_mb"]) < 1e-6
+    assert abs(by["bf16-sr"]["state_mb"] / by["fp32"]["state_mb"] - 0.75) < 1e-3
+    assert "vs fp32" in out and "parity" in out
+    # A valid PNG, of a sensible size.
+    data = plot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    assert str(plot.resolve()) in out
+    # Detection: mixprec exact, torchvision's algorithm in FP16 wrong.
+    rows = {(d, m): (kept, extra, missed) for d, m, kept, extra, missed, _, _ in out_dict["detection"]}
+    for dt in ("fp16", "bf16"):
+        assert rows[(dt, "mixprec")][1:] == (0, 0), out
+    assert rows[("fp16", "torchvision-style")][1] > 0, out
 
 
-def test_demo_refuses_cuda_without_gpu():
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("has a GPU")
-    with pytest.raises(SystemExit, match="no CUDA device"):
-        train_amp.main(["--device", "cuda", "--quick"])
+def test_demo_options_are_checked():
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="no CUDA device"):
+            train_amp.main(["--device", "cuda", "--quick"])
+    with pytest.raises(SystemExit, match="--runs"):
+        train_amp.main(["--runs", "bf16,fp32", "--quick"])
