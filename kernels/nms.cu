@@ -24,8 +24,9 @@
 
 #define MIXPREC__NMS_TILE 64
 #define MIXPREC__NMS_REDUCE_THREADS 1024
-/* `removed` lives in shared memory when it fits the default 48 KiB. */
-#define MIXPREC__NMS_SHARED_WORDS 6144
+/* `removed` lives in shared memory when it fits the default 48 KiB (with
+ * room for the kernel's static shared variables). */
+#define MIXPREC__NMS_SHARED_WORDS 6000
 #define MIXPREC__NMS_ALIGN 256
 
 namespace {
@@ -190,15 +191,19 @@ __global__ void __launch_bounds__(MIXPREC__NMS_REDUCE_THREADS)
     const int64_t base = nb * MIXPREC__NMS_TILE;
     if (threadIdx.x < MIXPREC__WARP) {
       const int lane = threadIdx.x;
-      const unsigned long long d0 =
-          base + lane < m ? mask[(base + lane) * col_blocks + nb] : 0ull;
-      const unsigned long long d1 =
-          base + 32 + lane < m ? mask[(base + 32 + lane) * col_blocks + nb] : 0ull;
       unsigned long long rv = removed[nb], kb = 0;
       const long long before = s_count;
       long long cnt = before;
       const int lim = (int)min((int64_t)MIXPREC__NMS_TILE, (int64_t)m - base);
-      for (int b = 0; b < lim; b++) {
+      const unsigned long long all = lim == 64 ? ~0ull : (1ull << lim) - 1ull;
+      /* A block whose boxes are all suppressed already (common in dense
+       * scenes) needs no mask load at all. */
+      const bool live = (rv & all) != all;
+      const unsigned long long d0 =
+          live && base + lane < m ? mask[(base + lane) * col_blocks + nb] : 0ull;
+      const unsigned long long d1 =
+          live && base + 32 + lane < m ? mask[(base + 32 + lane) * col_blocks + nb] : 0ull;
+      for (int b = 0; live && b < lim; b++) {
         /* Uniform across the warp: every lane holds the same rv and cnt. */
         const unsigned long long db = __shfl_sync(0xffffffffu, b < 32 ? d0 : d1, b & 31);
         if (!((rv >> b) & 1ull)) {

@@ -96,8 +96,8 @@ MIXPREC_API mixprec_status mixprec_nms(const void *boxes, mixprec_dtype boxes_dt
  *  exact in every dtype and at any coordinate range: it equals running
  *  mixprec_nms() per class and merging the kept boxes by decreasing score
  *  (stable). max_output limits the merged result. Classes run in parallel
- *  (OpenMP, up to mixprec_get_num_threads()); the result does not depend on
- *  the thread count.
+ *  (OpenMP, up to mixprec_get_num_threads()) when they hold enough work
+ *  (about 4M box pairs); the result does not depend on the thread count.
  *  @return : as mixprec_nms(); MIXPREC_ERR_NULL_POINTER also for classes
  *            NULL with n > 0, MIXPREC_ERR_BAD_DTYPE for an unknown
  *            classes_dtype. */
@@ -130,6 +130,8 @@ MIXPREC_API int64_t mixprec_cuda_nms_workspace_size(int64_t n);
  *                     256-byte aligned (torch's allocator gives 512).
  *  @return : as mixprec_batched_nms(); MIXPREC_ERR_BAD_ARGUMENT also for a
  *            too small or misaligned workspace or misaligned data;
+ *            MIXPREC_ERR_BAD_SIZE also above 4,194,240 boxes (the tile
+ *            grid's limit; the mask would need 2 TB anyway);
  *            MIXPREC_ERR_CUDA if a launch failed. */
 MIXPREC_API mixprec_status mixprec_cuda_nms(
     const void *boxes, mixprec_dtype boxes_dtype, const void *scores,
