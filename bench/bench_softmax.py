@@ -1,0 +1,227 @@
+"""Benchmark: mixprec's FP32-accumulating softmax / cross-entropy vs torch,
+on the CPU (or CUDA), FP16 and BF16 inputs.
+
+For each shape and dtype, in one process, on the same inputs, interleaved,
+median of several runs, forward ("fwd") and forward+backward ("fwd+bwd"):
+  upcast    what mixed-precision code does today: torch's op on x.float()
+            (softmax: torch.softmax(x.float(), -1); CE: F.cross_entropy(x.float(), t))
+  half      torch's op on the half tensor directly (softmax output in the
+            half dtype; CE loss in the half dtype)
+  mixprec   mixprec.ops.softmax(x, -1, torch.float32) (the drop-in for the
+            upcast path: FP32 output) / mixprec.ops.cross_entropy(x, t)
+  copy      the copy bandwidth of this machine measured in the same run
+            (torch clone of a float32 buffer of the same byte size as the
+            op's minimum traffic / 2): the limit for a memory-bound op
+Minimum traffic per element: softmax fwd 2 (read) + 4 (FP32 write) bytes,
+fwd+bwd adds 4 (grad) + 4 (saved output) + 2 (half grad write); CE fwd reads
+2, fwd+bwd 2 + 2 (second read in backward) + 2 (gradient write).
+
+Also the peak memory of CE forward+backward on the segmentation logits:
+upcast+torch vs mixprec (CPU: torch profiler's allocation events; CUDA:
+torch.cuda.max_memory_allocated).
+
+Usage: python bench/bench_softmax.py [--device cpu|cuda] [--quick] [--reps N] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+import mixprec  # noqa: E402
+
+# (kind, shape): "sm" = softmax over the last dim, "ce" = cross-entropy over dim 1.
+CONFIGS = [
+    ("sm", (4096, 1000)),
+    ("sm", (65536, 512)),
+    ("sm", (4096, 32000)),
+    ("ce", (4096, 1000)),
+    ("ce", (4096, 32000)),
+    ("ce", (8, 21, 512, 512)),
+]
+QUICK_CONFIGS = [("sm", (1024, 1000)), ("sm", (8192, 512)), ("sm", (256, 32000)), ("ce", (1024, 1000)),
+                 ("ce", (2, 21, 256, 256))]
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device):
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def bench_config(kind, shape, dtype, device, reps):
+    gen = torch.Generator().manual_seed(hash((kind, shape)) & 0xFFFF)
+    x = (torch.randn(shape, generator=gen) * 3).to(dtype).to(device)
+    n = x.numel()
+    if kind == "sm":
+        g32 = torch.randn(shape, generator=gen).to(device)
+        g16 = g32.to(dtype)
+        moved = {"fwd": 6 * n, "fwd+bwd": 16 * n}
+    else:
+        C = shape[1]
+        tshape = (shape[0], *shape[2:])
+        t = torch.randint(0, C, tshape, generator=gen).to(device)
+        moved = {"fwd": 2 * n, "fwd+bwd": 6 * n}
+    xg = x.clone().requires_grad_()
+    flat = torch.empty(max(moved.values()) // 8, dtype=torch.float32, device=device).normal_()
+
+    if kind == "sm":
+        fns = {
+            ("fwd", "upcast"): lambda: torch.softmax(x.float(), -1),
+            ("fwd", "half"): lambda: torch.softmax(x, -1),
+            ("fwd", "mixprec"): lambda: mixprec.ops.softmax(x, -1, torch.float32),
+            ("fwd+bwd", "upcast"): lambda: torch.autograd.grad(torch.softmax(xg.float(), -1), xg, g32),
+            ("fwd+bwd", "half"): lambda: torch.autograd.grad(torch.softmax(xg, -1), xg, g16),
+            ("fwd+bwd", "mixprec"): lambda: torch.autograd.grad(mixprec.ops.softmax(xg, -1, torch.float32), xg, g32),
+        }
+    else:
+        fns = {
+            ("fwd", "upcast"): lambda: F.cross_entropy(x.float(), t),
+            ("fwd", "half"): lambda: F.cross_entropy(x, t),
+            ("fwd", "mixprec"): lambda: mixprec.ops.cross_entropy(x, t),
+            ("fwd+bwd", "upcast"): lambda: torch.autograd.grad(F.cross_entropy(xg.float(), t), xg),
+            ("fwd+bwd", "half"): lambda: torch.autograd.grad(F.cross_entropy(xg, t), xg),
+            ("fwd+bwd", "mixprec"): lambda: torch.autograd.grad(mixprec.ops.cross_entropy(xg, t), xg),
+        }
+    for phase in moved:
+        size = moved[phase] // 8
+        fns[(phase, "copy")] = (lambda s: lambda: flat[:s].clone())(size)
+    times = {k: [] for k in fns}
+    for fn in fns.values():  # warm-up
+        fn()
+    for _ in range(reps):
+        for k, fn in fns.items():
+            times[k].append(timed(fn, device))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    out = []
+    for phase in moved:
+        up, half, ours, copy = (med[(phase, w)] for w in ("upcast", "half", "mixprec", "copy"))
+        gbs = moved[phase] / ours / 1e9
+        copy_gbs = moved[phase] / copy / 1e9
+        out.append(dict(phase=phase, up=up * 1e3, half=half * 1e3, ours=ours * 1e3, vs_up=up / ours,
+                        vs_half=half / ours, gbs=gbs, copy_gbs=copy_gbs, frac=gbs / copy_gbs))
+    return out
+
+
+def _peak_cpu(fn):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    ev = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    cur = peak = 0
+    for _, b in ev:
+        cur += b
+        peak = max(peak, cur)
+    return peak
+
+
+def _peak_cuda(fn):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def peak_memory(shape, device):
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(shape, generator=gen).bfloat16().to(device).requires_grad_()
+    t = torch.randint(0, shape[1], (shape[0], *shape[2:]), generator=gen).to(device)
+
+    def upcast():
+        F.cross_entropy(x.float(), t).backward()
+        x.grad = None
+
+    def ours():
+        mixprec.ops.cross_entropy(x, t).backward()
+        x.grad = None
+
+    peak = _peak_cuda if device.type == "cuda" else _peak_cpu
+    upcast(), ours()
+    return x.numel() * 2, peak(upcast), peak(ours)
+
+
+def machine(device):
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--quick", action="store_true", help="small sizes, few runs (smoke test)")
+    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--out", default=None, help="write the tables as Markdown here")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not mixprec.cuda_ops_loaded():
+        sys.exit("mixprec CUDA ops not loaded (no GPU, or libmixprec_cuda.so not built)")
+    configs = QUICK_CONFIGS if args.quick else CONFIGS
+    reps = args.reps or (3 if args.quick else 5)
+    isa = ""
+    if device.type == "cpu":
+        import ctypes
+
+        lib = ctypes.CDLL(mixprec.library_path())
+        isa = {1: "scalar", 2: "avx2", 3: "avx512"}.get(lib.mixprec_get_cpu_isa(), "?")
+    header = ("| op | shape | dtype | pass | upcast ms | torch-half ms | mixprec ms | vs upcast | vs half | "
+              "mixprec GB/s | copy GB/s | % of copy |")
+    rows = [header, "|" + "---|" * 12]
+    print(header)
+    for kind, shape in configs:
+        for name, dtype in DTYPES.items():
+            for r in bench_config(kind, shape, dtype, device, reps):
+                row = (f"| {'softmax' if kind == 'sm' else 'cross_entropy'} | {'x'.join(map(str, shape))} | {name} | "
+                       f"{r['phase']} | {r['up']:.2f} | {r['half']:.2f} | {r['ours']:.2f} | {r['vs_up']:.2f}x | "
+                       f"{r['vs_half']:.2f}x | {r['gbs']:.1f} | {r['copy_gbs']:.1f} | {100 * r['frac']:.0f}% |")
+                rows.append(row)
+                print(row, flush=True)
+    seg = (2, 21, 256, 256) if args.quick else (8, 21, 512, 512)
+    logits, up, ours = peak_memory(seg, device)
+    mem = (f"Peak memory of CE forward+backward on BF16 logits {'x'.join(map(str, seg))} "
+           f"({logits / 2**20:.0f} MiB): upcast+torch {up / 2**20:.0f} MiB, mixprec {ours / 2**20:.0f} MiB "
+           f"({up / max(ours, 1):.1f}x less).")
+    print(mem)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    info = f"{machine(device)}; CPU path {isa}" if isa else machine(device)
+    print(f"\nmachine: {info}; date: {when}; median of {reps} interleaved runs")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(f"# softmax / cross-entropy benchmark ({device.type})\n\n")
+            f.write(f"Machine: {info}. Date: {when}. Median of {reps} interleaved runs, one process.\n")
+            f.write(f"Command: `python bench/bench_softmax.py --device {args.device}"
+                    f"{' --quick' if args.quick else ''}`\n\n")
+            f.write("\n".join(rows) + "\n\n" + mem + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,415 @@
+/* Cross-entropy with class-index targets on CUDA: the GPU twin of
+ * c_ops/src/cross_entropy.c (same parameters, formulas and outputs).
+ *
+ * Forward: rows (inner == 1) take one warp (C <= 1024) or one block per
+ * position; strided logits (N, C, d...) one thread per position. Each reads
+ * its logits once with the online (max, sum) of softmax.cu (plus a second,
+ * cached pass for the label-smoothing sum when it is on), writes the
+ * position's max and log-sum (stats) and, for reduction none, its loss;
+ * each row / block leaves its loss and target-weight sums (double) in the
+ * workspace, and one last single-block kernel adds those in index order:
+ * the SUM/MEAN loss is the same on every run (no atomics).
+ * Backward: the same layout, one read of the logits, one write of the
+ * gradient in their dtype.
+ * An out-of-range target cannot be reported without a host sync: its
+ * position gets a NaN loss (so a reduced loss is NaN too), NaN stats and a
+ * NaN gradient slice. */
+#define MIXPREC_SOFTMAX_HELPERS_ONLY
+#include "softmax.cu"
+#undef MIXPREC_SOFTMAX_HELPERS_ONLY
+
+#define MIXPREC__CE_THREADS 256
+#define MIXPREC__CE_WARP_ROW_MAX 1024
+#define MIXPREC__CE_MAX_Y 65535
+
+namespace {
+
+struct CeArgs {
+  const int64_t *target;
+  const float *weight; /* may be NULL */
+  float *loss;         /* per position (NONE) or NULL */
+  float *stats;        /* 2 * positions */
+  double *part;        /* 2 per work unit (loss sum, weight sum) */
+  int64_t outer, classes, inner, positions, ignore_index;
+  float eps;
+};
+
+/* Sum of the class weights (C without weight), by the calling threads
+ * together (tid of nt); every thread gets it. */
+template <bool WARP>
+__device__ float class_weight_sum(const float *w, int64_t C, int tid, int nt, float *scratch) {
+  if (!w) return (float)C;
+  float s = 0.0f;
+  for (int64_t c = tid; c < C; c += nt) s += w[c];
+  return WARP ? warp_sum(s) : block_sum(s, scratch);
+}
+
+/* Loss of one position from its stats, in double like the CPU. */
+__device__ __forceinline__ double position_loss(float xt, float m, float lg, float wt, float wx, float W,
+                                                int64_t C, float eps) {
+  const float nll = -((xt - m) - lg);
+  double v = (1.0 - (double)eps) * (double)wt * (double)nll;
+  if (eps > 0.0f) v += (double)eps / (double)C * ((double)W * (double)lg - (double)wx);
+  return v;
+}
+
+template <int D, bool WARP>
+__global__ void ce_rows(const void *__restrict__ logits, CeArgs a) {
+  __shared__ float scratch[64];
+  const int64_t row = WARP ? (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
+  if (WARP && row >= a.outer) return;
+  const int tid = WARP ? threadIdx.x % 32 : threadIdx.x;
+  const int nt = WARP ? 32 : blockDim.x;
+  const int64_t C = a.classes;
+  const int64_t t = a.target[row];
+  const bool ignored = t == a.ignore_index;
+  const bool bad = !ignored && (t < 0 || t >= C);
+  const char *xr = static_cast<const char *>(logits) + row * C * (D == MIXPREC_F32 ? 4 : 2);
+  double l = 0.0, wt = 0.0;
+  float m = 0.0f, lg = 0.0f;
+  if (!ignored && !bad) {
+    constexpr int V = VecWidth<D>::value;
+    MaxSum acc{-INFINITY, 0.0f};
+    if (aligned16(xr) && C % V == 0) {
+      for (int64_t i = (int64_t)tid * V; i < C; i += (int64_t)nt * V) {
+        float v[8];
+        ld_vec<D>(xr, i, v);
+        for (int k = 0; k < V; k++) online_add(acc, v[k]);
+      }
+    } else {
+      for (int64_t i = tid; i < C; i += nt) online_add(acc, ld<D>(xr, i));
+    }
+    acc = WARP ? warp_merge(acc) : block_merge(acc, scratch);
+    m = acc.m;
+    lg = logf(acc.s);
+    float wx = 0.0f, W = 0.0f;
+    if (a.eps > 0.0f) {
+      for (int64_t i = tid; i < C; i += nt) wx += (a.weight ? a.weight[i] : 1.0f) * (ld<D>(xr, i) - m);
+      wx = WARP ? warp_sum(wx) : block_sum(wx, scratch);
+      W = class_weight_sum<WARP>(a.weight, C, tid, nt, scratch);
+    }
+    const float w_t = a.weight ? a.weight[t] : 1.0f;
+    l = position_loss(ld<D>(xr, t), m, lg, w_t, wx, W, C, a.eps);
+    wt = w_t;
+  } else if (bad) {
+    l = NAN;
+    m = lg = NAN;
+  }
+  if (tid == 0) {
+    if (a.loss) a.loss[row] = (float)l;
+    a.stats[row] = m;
+    a.stats[a.positions + row] = lg;
+    a.part[2 * row] = l;
+    a.part[2 * row + 1] = wt;
+  }
+}
+
+template <int D>
+__global__ void ce_cols(const void *__restrict__ logits, CeArgs a, int64_t o0) {
+  __shared__ double scratch[2 * 32];
+  const int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t o = o0 + blockIdx.y;
+  const int64_t C = a.classes, inner = a.inner;
+  double l = 0.0, wt = 0.0;
+  if (col < inner) {
+    const int64_t pos = o * inner + col, base = o * C * inner + col;
+    const int64_t t = a.target[pos];
+    const bool ignored = t == a.ignore_index;
+    const bool bad = !ignored && (t < 0 || t >= C);
+    float m = 0.0f, lg = 0.0f;
+    if (!ignored && !bad) {
+      MaxSum acc{-INFINITY, 0.0f};
+      for (int64_t c = 0; c < C; c++) online_add(acc, ld<D>(logits, base + c * inner));
+      m = acc.m;
+      lg = logf(acc.s);
+      float wx = 0.0f, W = 0.0f;
+      if (a.eps > 0.0f) {
+        for (int64_t c = 0; c < C; c++) {
+          const float wc = a.weight ? a.weight[c] : 1.0f;
+          wx += wc * (ld<D>(logits, base + c * inner) - m);
+          W += wc;
+        }
+      }
+      const float w_t = a.weight ? a.weight[t] : 1.0f;
+      l = position_loss(ld<D>(logits, base + t * inner), m, lg, w_t, wx, W, C, a.eps);
+      wt = w_t;
+    } else if (bad) {
+      l = NAN;
+      m = lg = NAN;
+    }
+    if (a.loss) a.loss[pos] = (float)l;
+    a.stats[pos] = m;
+    a.stats[a.positions + pos] = lg;
+  }
+  /* Block partial sums in a fixed order (mixprec__block_sum_f64). */
+  const double sl = mixprec__block_sum_f64(l, scratch);
+  const double sw = mixprec__block_sum_f64(wt, scratch);
+  if (threadIdx.x == 0) {
+    const int64_t unit = o * gridDim.x + blockIdx.x;
+    a.part[2 * unit] = sl;
+    a.part[2 * unit + 1] = sw;
+  }
+}
+
+/* One block: adds the units' partial sums in a fixed order and writes the
+ * reduced loss and the weight sum. */
+__global__ void ce_reduce(const double *part, int64_t units, int reduction, float *loss, float *weight_sum) {
+  __shared__ double scratch[2 * 32];
+  double l = 0.0, w = 0.0;
+  for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+    l += part[2 * u];
+    w += part[2 * u + 1];
+  }
+  l = mixprec__block_sum_f64(l, scratch);
+  w = mixprec__block_sum_f64(w, scratch);
+  if (threadIdx.x == 0) {
+    if (reduction == MIXPREC_REDUCTION_SUM) loss[0] = (float)l;
+    if (reduction == MIXPREC_REDUCTION_MEAN) loss[0] = (float)(l / w);
+    if (weight_sum) weight_sum[0] = (float)w;
+  }
+}
+
+/* ---- backward ----------------------------------------------------------------- */
+
+struct CeBwdArgs {
+  const int64_t *target;
+  const float *weight;
+  const float *stats;
+  const float *grad_loss;
+  const float *weight_sum;
+  int64_t outer, classes, inner, positions, ignore_index;
+  float eps;
+  int reduction;
+};
+
+__device__ __forceinline__ float grad_of(const CeBwdArgs &a, int64_t pos) {
+  if (a.reduction == MIXPREC_REDUCTION_NONE) return a.grad_loss[pos];
+  if (a.reduction == MIXPREC_REDUCTION_SUM) return a.grad_loss[0];
+  return a.grad_loss[0] / a.weight_sum[0];
+}
+
+template <int D, bool WARP>
+__global__ void ce_rows_bwd(const void *__restrict__ logits, void *__restrict__ dx, CeBwdArgs a) {
+  __shared__ float scratch[64];
+  const int64_t row = WARP ? (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
+  if (WARP && row >= a.outer) return;
+  const int tid = WARP ? threadIdx.x % 32 : threadIdx.x;
+  const int nt = WARP ? 32 : blockDim.x;
+  const int64_t C = a.classes, off = row * C;
+  const int64_t t = a.target[row];
+  const float W = a.eps > 0.0f ? class_weight_sum<WARP>(a.weight, C, tid, nt, scratch) : 0.0f;
+  if (t == a.ignore_index) {
+    for (int64_t i = tid; i < C; i += nt) st<D>(dx, off + i, 0.0f);
+    return;
+  }
+  if (t < 0 || t >= C) {
+    for (int64_t i = tid; i < C; i += nt) st<D>(dx, off + i, NAN);
+    return;
+  }
+  const float g = grad_of(a, row);
+  const float wt = a.weight ? a.weight[t] : 1.0f;
+  const float m = a.stats[row], lg = a.stats[a.positions + row];
+  const float ca = (float)((double)g * ((1.0 - a.eps) * wt + (double)a.eps / C * W));
+  const float cb = (float)((double)g * a.eps / C);
+  const float ct = (float)((double)g * (1.0 - a.eps) * wt);
+  for (int64_t i = tid; i < C; i += nt) {
+    const float p = expf((ld<D>(logits, off + i) - m) - lg);
+    float v = ca * p - cb * (a.weight ? a.weight[i] : 1.0f);
+    if (i == t) v -= ct;
+    st<D>(dx, off + i, v);
+  }
+}
+
+template <int D>
+__global__ void ce_cols_bwd(const void *__restrict__ logits, void *__restrict__ dx, CeBwdArgs a, int64_t o0) {
+  const int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t o = o0 + blockIdx.y;
+  const int64_t C = a.classes, inner = a.inner;
+  if (col >= inner) return;
+  const int64_t pos = o * inner + col, base = o * C * inner + col;
+  const int64_t t = a.target[pos];
+  if (t == a.ignore_index || t < 0 || t >= C) {
+    const float v = t == a.ignore_index ? 0.0f : NAN;
+    for (int64_t c = 0; c < C; c++) st<D>(dx, base + c * inner, v);
+    return;
+  }
+  float W = 0.0f;
+  if (a.eps > 0.0f)
+    for (int64_t c = 0; c < C; c++) W += a.weight ? a.weight[c] : 1.0f;
+  const float g = grad_of(a, pos);
+  const float wt = a.weight ? a.weight[t] : 1.0f;
+  const float m = a.stats[pos], lg = a.stats[a.positions + pos];
+  const float ca = (float)((double)g * ((1.0 - a.eps) * wt + (double)a.eps / C * W));
+  const float cb = (float)((double)g * a.eps / C);
+  const float ct = (float)((double)g * (1.0 - a.eps) * wt);
+  for (int64_t c = 0; c < C; c++) {
+    const int64_t i = base + c * inner;
+    const float p = expf((ld<D>(logits, i) - m) - lg);
+    float v = ca * p - cb * (a.weight ? a.weight[c] : 1.0f);
+    if (c == t) v -= ct;
+    st<D>(dx, i, v);
+  }
+}
+
+/* ---- host side ---------------------------------------------------------------- */
+
+/* Host checks in the CPU's order (the target check excepted: it needs the
+ * device data). */
+mixprec_status check(const void *logits, mixprec_dtype dtype, const int64_t *target,
+                     const mixprec_cross_entropy_params *p, int64_t *positions) {
+  if (!p) return MIXPREC_ERR_NULL_POINTER;
+  if (mixprec_dtype_size(dtype) == 0) return MIXPREC_ERR_BAD_DTYPE;
+  if (p->outer < 0 || p->classes < 0 || p->inner < 0) return MIXPREC_ERR_BAD_SIZE;
+  if (!(p->label_smoothing >= 0.0 && p->label_smoothing <= 1.0)) return MIXPREC_ERR_BAD_ARGUMENT;
+  if (p->reduction != MIXPREC_REDUCTION_NONE && p->reduction != MIXPREC_REDUCTION_MEAN &&
+      p->reduction != MIXPREC_REDUCTION_SUM)
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  *positions = 0;
+  if (p->outer == 0 || p->inner == 0) return MIXPREC_OK;
+  if (p->outer > INT64_MAX / p->inner) return MIXPREC_ERR_BAD_SIZE;
+  *positions = p->outer * p->inner;
+  if (p->classes < 1) return MIXPREC_ERR_BAD_SIZE;
+  if (p->classes > INT64_MAX / *positions) return MIXPREC_ERR_BAD_SIZE;
+  if (!logits || !target) return MIXPREC_ERR_NULL_POINTER;
+  if ((uintptr_t)logits % (uintptr_t)mixprec_dtype_size(dtype) || (uintptr_t)target % 8 ||
+      (p->weight && (uintptr_t)p->weight % 4))
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  return MIXPREC_OK;
+}
+
+/* Work units (rows, or blocks of columns) of the forward launch. */
+int64_t units_of(const mixprec_cross_entropy_params *p) {
+  if (p->inner == 1) return p->outer;
+  return p->outer * ((p->inner + MIXPREC__CE_THREADS - 1) / MIXPREC__CE_THREADS);
+}
+
+template <int D>
+mixprec_status launch_fwd(const void *logits, const CeArgs &a, cudaStream_t s) {
+  if (a.inner == 1) {
+    if (a.classes <= MIXPREC__CE_WARP_ROW_MAX) {
+      const int64_t per = MIXPREC__CE_THREADS / 32, blocks = (a.outer + per - 1) / per;
+      if (blocks > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
+      ce_rows<D, true><<<(unsigned)blocks, MIXPREC__CE_THREADS, 0, s>>>(logits, a);
+    } else {
+      if (a.outer > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
+      const int threads = a.classes >= 16384 ? 1024 : MIXPREC__CE_THREADS;
+      ce_rows<D, false><<<(unsigned)a.outer, threads, 0, s>>>(logits, a);
+    }
+    return mixprec__cuda_launch_status();
+  }
+  const int64_t bx = (a.inner + MIXPREC__CE_THREADS - 1) / MIXPREC__CE_THREADS;
+  if (bx > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
+  for (int64_t o0 = 0; o0 < a.outer; o0 += MIXPREC__CE_MAX_Y) {
+    const int64_t cnt = a.outer - o0 < MIXPREC__CE_MAX_Y ? a.outer - o0 : MIXPREC__CE_MAX_Y;
+    ce_cols<D><<<dim3((unsigned)bx, (unsigned)cnt), MIXPREC__CE_THREADS, 0, s>>>(logits, a, o0);
+    mixprec_status st = mixprec__cuda_launch_status();
+    if (st != MIXPREC_OK) return st;
+  }
+  return MIXPREC_OK;
+}
+
+template <int D>
+mixprec_status launch_bwd(const void *logits, void *dx, const CeBwdArgs &a, cudaStream_t s) {
+  if (a.inner == 1) {
+    if (a.classes <= MIXPREC__CE_WARP_ROW_MAX) {
+      const int64_t per = MIXPREC__CE_THREADS / 32, blocks = (a.outer + per - 1) / per;
+      if (blocks > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
+      ce_rows_bwd<D, true><<<(unsigned)blocks, MIXPREC__CE_THREADS, 0, s>>>(logits, dx, a);
+    } else {
+      if (a.outer > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
+      const int threads = a.classes >= 16384 ? 1024 : MIXPREC__CE_THREADS;
+      ce_rows_bwd<D, false><<<(unsigned)a.outer, threads, 0, s>>>(logits, dx, a);
+    }
+    return mixprec__cuda_launch_status();
+  }
+  const int64_t bx = (a.inner + MIXPREC__CE_THREADS - 1) / MIXPREC__CE_THREADS;
+  if (bx > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
+  for (int64_t o0 = 0; o0 < a.outer; o0 += MIXPREC__CE_MAX_Y) {
+    const int64_t cnt = a.outer - o0 < MIXPREC__CE_MAX_Y ? a.outer - o0 : MIXPREC__CE_MAX_Y;
+    ce_cols_bwd<D><<<dim3((unsigned)bx, (unsigned)cnt), MIXPREC__CE_THREADS, 0, s>>>(logits, dx, a, o0);
+    mixprec_status st = mixprec__cuda_launch_status();
+    if (st != MIXPREC_OK) return st;
+  }
+  return MIXPREC_OK;
+}
+
+}  // namespace
+
+extern "C" MIXPREC_API int64_t mixprec_cuda_cross_entropy_workspace_size(
+    const mixprec_cross_entropy_params *p) {
+  if (!p || p->outer < 0 || p->classes < 0 || p->inner < 0) return -1;
+  if (p->outer == 0 || p->inner == 0) return 0;
+  if (p->outer > INT64_MAX / p->inner) return -1;
+  return units_of(p) * 2 * (int64_t)sizeof(double);
+}
+
+extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy(
+    const void *logits, mixprec_dtype dtype, const int64_t *target, const mixprec_cross_entropy_params *p,
+    float *loss, float *stats, float *weight_sum, void *workspace, int64_t workspace_bytes, void *stream) {
+  int64_t positions;
+  mixprec_status status = check(logits, dtype, target, p, &positions);
+  if (status != MIXPREC_OK) return status;
+  if (!loss && (positions > 0 || p->reduction != MIXPREC_REDUCTION_NONE)) return MIXPREC_ERR_NULL_POINTER;
+  cudaStream_t s = (cudaStream_t)stream;
+  const int64_t need = mixprec_cuda_cross_entropy_workspace_size(p);
+  if (need < 0) return MIXPREC_ERR_BAD_SIZE;
+  if (positions == 0) {
+    /* Empty: SUM 0, MEAN 0/0 = NaN, weight sum 0, written by the reduce
+     * kernel from zero units. */
+    ce_reduce<<<1, 32, 0, s>>>(nullptr, 0, p->reduction, loss, weight_sum);
+    return mixprec__cuda_launch_status();
+  }
+  if (!stats || !workspace || workspace_bytes < need) return MIXPREC_ERR_NULL_POINTER;
+  CeArgs a;
+  a.target = target;
+  a.weight = p->weight;
+  a.loss = p->reduction == MIXPREC_REDUCTION_NONE ? loss : nullptr;
+  a.stats = stats;
+  a.part = static_cast<double *>(workspace);
+  a.outer = p->outer;
+  a.classes = p->classes;
+  a.inner = p->inner;
+  a.positions = positions;
+  a.ignore_index = p->ignore_index;
+  a.eps = (float)p->label_smoothing;
+  switch (dtype) {
+    case MIXPREC_F16: status = launch_fwd<MIXPREC_F16>(logits, a, s); break;
+    case MIXPREC_BF16: status = launch_fwd<MIXPREC_BF16>(logits, a, s); break;
+    default: status = launch_fwd<MIXPREC_F32>(logits, a, s); break;
+  }
+  if (status != MIXPREC_OK) return status;
+  ce_reduce<<<1, 1024, 0, s>>>(a.part, units_of(p), p->reduction,
+                               p->reduction == MIXPREC_REDUCTION_NONE ? nullptr : loss, weight_sum);
+  return mixprec__cuda_launch_status();
+}
+
+extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_backward(
+    const float *grad_loss, const void *logits, mixprec_dtype dtype, const int64_t *target,
+    const mixprec_cross_entropy_params *p, const float *stats, const float *weight_sum, void *grad_logits,
+    void *stream) {
+  int64_t positions;
+  mixprec_status status = check(logits, dtype, target, p, &positions);
+  if (status != MIXPREC_OK || positions == 0) return status;
+  if (!grad_loss || !stats || !grad_logits) return MIXPREC_ERR_NULL_POINTER;
+  if (p->reduction == MIXPREC_REDUCTION_MEAN && !weight_sum) return MIXPREC_ERR_NULL_POINTER;
+  if ((uintptr_t)grad_logits % (uintptr_t)mixprec_dtype_size(dtype)) return MIXPREC_ERR_BAD_ARGUMENT;
+  CeBwdArgs a;
+  a.target = target;
+  a.weight = p->weight;
+  a.stats = stats;
+  a.grad_loss = grad_loss;
+  a.weight_sum = weight_sum;
+  a.outer = p->outer;
+  a.classes = p->classes;
+  a.inner = p->inner;
+  a.positions = positions;
+  a.ignore_index = p->ignore_index;
+  a.eps = (float)p->label_smoothing;
+  a.reduction = p->reduction;
+  cudaStream_t s = (cudaStream_t)stream;
+  switch (dtype) {
+    case MIXPREC_F16: return launch_bwd<MIXPREC_F16>(logits, grad_logits, a, s);
+    case MIXPREC_BF16: return launch_bwd<MIXPREC_BF16>(logits, grad_logits, a, s);
+    default: return launch_bwd<MIXPREC_F32>(logits, grad_logits, a, s);
+  }
+}
