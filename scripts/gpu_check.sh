@@ -45,9 +45,10 @@ fi
 step bench_unscale "$PY" bench/bench_unscale.py --device cuda --out "$OUT/bench_unscale_cuda.md"
 step bench_optim "$PY" bench/bench_optim.py --device cuda --out "$OUT/bench_optim_cuda.md"
 step bench_nms "$PY" bench/bench_nms.py --device cuda --out "$OUT/bench_nms_cuda.md"
+step bench_softmax "$PY" bench/bench_softmax.py --device cuda --out "$OUT/bench_softmax_cuda.md"
 step bench_unscale_cpu "$PY" bench/bench_unscale.py --device cpu --out "$OUT/bench_unscale_cpu.md"
 
 echo
 echo "== summary (logs in $OUT)"
 for k in "${!result[@]}"; do printf '%-22s %s\n' "$k" "${result[$k]}"; done | sort
-for f in "$OUT"/bench_unscale_cuda.md "$OUT"/bench_optim_cuda.md "$OUT"/bench_nms_cuda.md; do [ -f "$f" ] && tail -n +5 "$f"; done
+for f in "$OUT"/bench_unscale_cuda.md "$OUT"/bench_optim_cuda.md "$OUT"/bench_nms_cuda.md "$OUT"/bench_softmax_cuda.md; do [ -f "$f" ] && tail -n +5 "$f"; done
