@@ -85,15 +85,20 @@ def bench_sequence(n, numel, reps, device):
     """The whole update a user runs with clipping: torch = GradScaler.unscale_
     + clip_grad_norm_ + step(fused AdamW, FP32 params) + update; mixprec =
     GradScaler.clip_grad_norm_ (norm from the unscale pass) + step(master-
-    weight AdamW on BF16 params) + update. init_scale 1 keeps the grads'
-    values stable from one repetition to the next."""
+    weight AdamW on BF16 params) + update; folded = the same with
+    clip_grad_norm_(fold=True) (a read-only norm pass, unscale and clip
+    divided out inside the step). init_scale 1 keeps the grads' values
+    stable from one repetition to the next."""
     gen = torch.Generator().manual_seed(n * 3 + numel)
     tp = make(n, numel, torch.float32, gen, device)
     mp = make(n, numel, torch.bfloat16, gen, device)
     topt = torch.optim.AdamW(tp, lr=1e-3, fused=True)
+    fp = make(n, numel, torch.bfloat16, gen, device)
     mopt = mixprec.optim.AdamW(mp, lr=1e-3)
+    fopt = mixprec.optim.AdamW(fp, lr=1e-3)
     tsc = torch.amp.GradScaler(device.type, init_scale=1.0, growth_interval=10**9)
     msc = mixprec.amp.GradScaler(device.type, init_scale=1.0, growth_interval=10**9)
+    fsc = mixprec.amp.GradScaler(device.type, init_scale=1.0, growth_interval=10**9)
     one = torch.ones((), device=device)
 
     def torch_seq():
@@ -109,7 +114,13 @@ def bench_sequence(n, numel, reps, device):
         msc.step(mopt)
         msc.update()
 
-    fns = {"torch": torch_seq, "mixprec": mixprec_seq}
+    def folded_seq():
+        fsc.scale(one)
+        fsc.clip_grad_norm_(fopt, 1.0, fold=True)
+        fsc.step(fopt)
+        fsc.update()
+
+    fns = {"torch": torch_seq, "mixprec": mixprec_seq, "folded": folded_seq}
     times = {k: [] for k in fns}
     for fn in fns.values():
         fn()
@@ -148,13 +159,14 @@ def main():
             )
             rows.append(row)
             print(row, flush=True)
-    seq_header = "| whole step (unscale + clip + AdamW + update) | params | torch FP32 ms | mixprec BF16+master ms | speedup |"
-    rows += ["", seq_header, "|---|---|---|---|---|"]
+    seq_header = ("| whole step (unscale + clip + AdamW + update) | params | torch FP32 ms | mixprec BF16+master ms | "
+                  "speedup | folded (fold=True) ms | folded speedup |")
+    rows += ["", seq_header, "|---|---|---|---|---|---|---|"]
     print("\n" + seq_header)
     for n, numel in QUICK if args.quick else SEQ_CONFIGS:
         t = bench_sequence(n, numel, reps, device)
         row = (f"| adamw | {n}x{numel:,} | {t['torch'] * 1e3:.2f} | {t['mixprec'] * 1e3:.2f} | "
-               f"{t['torch'] / t['mixprec']:.2f}x |")
+               f"{t['torch'] / t['mixprec']:.2f}x | {t['folded'] * 1e3:.2f} | {t['torch'] / t['folded']:.2f}x |")
         rows.append(row)
         print(row, flush=True)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -95,16 +95,19 @@ static __device__ __forceinline__ uint4 mixprec__unscale_vec(
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-template <int D, bool NORM>
+/* WRITE = false (mixprec_cuda_grad_norm): the same check and norm, no store. */
+template <int D, bool NORM, bool WRITE>
 static __device__ __forceinline__ void mixprec__unscale_scalar(
     char *base, int i, float inv_scale, int *nonfinite, double *sq) {
   if constexpr (D == MIXPREC_F32) {
     uint32_t *p = (uint32_t *)base + i;
-    *p = mixprec__unscale_bits<D, NORM>(*p, inv_scale, nonfinite, sq);
+    const uint32_t o = mixprec__unscale_bits<D, NORM>(*p, inv_scale, nonfinite, sq);
+    if constexpr (WRITE) *p = o;
   } else {
     uint16_t *p = (uint16_t *)base + i;
-    *p = (uint16_t)mixprec__unscale_bits<D, NORM>(*p, inv_scale, nonfinite,
-                                                  sq);
+    const uint16_t o = (uint16_t)mixprec__unscale_bits<D, NORM>(*p, inv_scale, nonfinite,
+                                                                sq);
+    if constexpr (WRITE) *p = o;
   }
 }
 
@@ -113,7 +116,7 @@ static __device__ __forceinline__ void mixprec__unscale_scalar(
  * Chunks start at multiples of the chunk size (a multiple of 16 bytes) from
  * the tensor's start, so every chunk of a tensor has the same head length and
  * a misaligned tensor still gets vector loads. */
-template <int D, bool NORM>
+template <int D, bool NORM, bool WRITE>
 static __device__ void mixprec__unscale_span(char *base, int n,
                                              float inv_scale, int *nonfinite,
                                              double *sq) {
@@ -128,10 +131,10 @@ static __device__ void mixprec__unscale_span(char *base, int n,
   const int tail = head + nvec * VEC;
 
   if (tid < head)
-    mixprec__unscale_scalar<D, NORM>(base, tid, inv_scale, nonfinite, sq);
+    mixprec__unscale_scalar<D, NORM, WRITE>(base, tid, inv_scale, nonfinite, sq);
   if (tid < n - tail)
-    mixprec__unscale_scalar<D, NORM>(base, tail + tid, inv_scale, nonfinite,
-                                     sq);
+    mixprec__unscale_scalar<D, NORM, WRITE>(base, tail + tid, inv_scale, nonfinite,
+                                            sq);
 
   uint4 *vp = (uint4 *)(base + (size_t)head * ES);
   for (int i = tid; i < nvec; i += MIXPREC__UNSCALE_ILP * T) {
@@ -144,15 +147,17 @@ static __device__ void mixprec__unscale_span(char *base, int n,
 #pragma unroll
     for (int k = 0; k < MIXPREC__UNSCALE_ILP; k++) {
       const int j = i + k * T;
-      if (j < nvec)
-        vp[j] = mixprec__unscale_vec<D, NORM>(r[k], inv_scale, nonfinite, sq);
+      if (j < nvec) {
+        const uint4 o = mixprec__unscale_vec<D, NORM>(r[k], inv_scale, nonfinite, sq);
+        if constexpr (WRITE) vp[j] = o;
+      }
     }
   }
 }
 
 /* partials (with NORM): one double per chunk of the whole list, indexed by
  * global chunk number. */
-template <int CAP, bool NORM>
+template <int CAP, bool NORM, bool WRITE>
 __global__ void __launch_bounds__(MIXPREC__UNSCALE_THREADS)
     mixprec__unscale_kernel(const __grid_constant__ mixprec__unscale_args<CAP> a,
                             const float *inv_scale, float *found_inf,
@@ -170,15 +175,15 @@ __global__ void __launch_bounds__(MIXPREC__UNSCALE_THREADS)
     double sq = 0.0;
     switch (a.dtype[t]) {
       case MIXPREC_F32:
-        mixprec__unscale_span<MIXPREC_F32, NORM>(
+        mixprec__unscale_span<MIXPREC_F32, NORM, WRITE>(
             (char *)a.data[t] + begin * 4, n, inv, &nonfinite, &sq);
         break;
       case MIXPREC_F16:
-        mixprec__unscale_span<MIXPREC_F16, NORM>(
+        mixprec__unscale_span<MIXPREC_F16, NORM, WRITE>(
             (char *)a.data[t] + begin * 2, n, inv, &nonfinite, &sq);
         break;
       case MIXPREC_BF16:
-        mixprec__unscale_span<MIXPREC_BF16, NORM>(
+        mixprec__unscale_span<MIXPREC_BF16, NORM, WRITE>(
             (char *)a.data[t] + begin * 2, n, inv, &nonfinite, &sq);
         break;
     }
@@ -246,7 +251,7 @@ template <int CAP>
 static mixprec_status mixprec__unscale_group(
     const mixprec_tensor *tensors, int64_t first, int count,
     int64_t *chunk_base, const float *inv_scale, float *found_inf,
-    float *norms, double *partials, double *tensor_sums,
+    float *norms, double *partials, double *tensor_sums, bool write,
     cudaStream_t stream) {
   mixprec__unscale_args<CAP> a;
   memset(&a, 0, sizeof a);
@@ -265,12 +270,20 @@ static mixprec_status mixprec__unscale_group(
     const unsigned grid = (unsigned)(n_chunks < MIXPREC__MAX_GRID
                                          ? n_chunks
                                          : MIXPREC__MAX_GRID);
-    if (partials != NULL)
-      mixprec__unscale_kernel<CAP, true>
+    if (partials != NULL && write)
+      mixprec__unscale_kernel<CAP, true, true>
+          <<<grid, MIXPREC__UNSCALE_THREADS, 0, stream>>>(a, inv_scale,
+                                                          found_inf, partials);
+    else if (write)
+      mixprec__unscale_kernel<CAP, false, true>
+          <<<grid, MIXPREC__UNSCALE_THREADS, 0, stream>>>(a, inv_scale,
+                                                          found_inf, NULL);
+    else if (partials != NULL)
+      mixprec__unscale_kernel<CAP, true, false>
           <<<grid, MIXPREC__UNSCALE_THREADS, 0, stream>>>(a, inv_scale,
                                                           found_inf, partials);
     else
-      mixprec__unscale_kernel<CAP, false>
+      mixprec__unscale_kernel<CAP, false, false>
           <<<grid, MIXPREC__UNSCALE_THREADS, 0, stream>>>(a, inv_scale,
                                                           found_inf, NULL);
     mixprec_status st = mixprec__cuda_launch_status();
@@ -297,10 +310,11 @@ extern "C" MIXPREC_API int64_t mixprec_cuda_unscale_workspace_size(
   return want_norm ? doubles * (int64_t)sizeof(double) : 0;
 }
 
-extern "C" MIXPREC_API mixprec_status mixprec_cuda_unscale(
+/* mixprec_cuda_unscale (write) and mixprec_cuda_grad_norm (read only). */
+static mixprec_status mixprec__unscale_run(
     const mixprec_tensor *tensors, int64_t n_tensors, const float *inv_scale,
     float *found_inf, float *norms, float *total_norm, void *workspace,
-    int64_t workspace_bytes, void *stream) {
+    int64_t workspace_bytes, bool write, void *stream) {
   /* Checks in the order of mixprec_unscale, so both give the same status. */
   if (n_tensors < 0) return MIXPREC_ERR_BAD_SIZE;
   if (inv_scale == NULL || found_inf == NULL) return MIXPREC_ERR_NULL_POINTER;
@@ -341,13 +355,13 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_unscale(
       count = (int)left;
       st = mixprec__unscale_group<MIXPREC__UNSCALE_CAP_SMALL>(
           tensors, first, count, &chunk_base, inv_scale, found_inf, norms,
-          partials, tensor_sums, s);
+          partials, tensor_sums, write, s);
     } else {
       count = mixprec__mta_group_count(n_tensors, first,
                                        MIXPREC__UNSCALE_CAP_LARGE);
       st = mixprec__unscale_group<MIXPREC__UNSCALE_CAP_LARGE>(
           tensors, first, count, &chunk_base, inv_scale, found_inf, norms,
-          partials, tensor_sums, s);
+          partials, tensor_sums, write, s);
     }
     if (st != MIXPREC_OK) return st;
     first += count;
@@ -359,4 +373,22 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_unscale(
     return mixprec__cuda_launch_status();
   }
   return MIXPREC_OK;
+}
+
+extern "C" MIXPREC_API mixprec_status mixprec_cuda_unscale(
+    const mixprec_tensor *tensors, int64_t n_tensors, const float *inv_scale,
+    float *found_inf, float *norms, float *total_norm, void *workspace,
+    int64_t workspace_bytes, void *stream) {
+  return mixprec__unscale_run(tensors, n_tensors, inv_scale, found_inf, norms,
+                              total_norm, workspace, workspace_bytes, true,
+                              stream);
+}
+
+extern "C" MIXPREC_API mixprec_status mixprec_cuda_grad_norm(
+    const mixprec_tensor *tensors, int64_t n_tensors, const float *inv_scale,
+    float *found_inf, float *norms, float *total_norm, void *workspace,
+    int64_t workspace_bytes, void *stream) {
+  return mixprec__unscale_run(tensors, n_tensors, inv_scale, found_inf, norms,
+                              total_norm, workspace, workspace_bytes, false,
+                              stream);
 }

@@ -30,6 +30,19 @@ std::tuple<Tensor, Tensor> unscale_norm_cpu(std::vector<Tensor> grads, Tensor fo
   return {norms, total};
 }
 
+std::tuple<Tensor, Tensor> grad_norm_cpu(std::vector<Tensor> grads, Tensor found_inf,
+                                         Tensor inv_scale) {
+  UnscaleArgs a = unscale_args("grad_norm", grads, found_inf, inv_scale);
+  int64_t n = (int64_t)a.list.size();
+  Tensor norms = torch::stable::new_empty(found_inf, {n}, ScalarType::Float);
+  Tensor total = torch::stable::new_empty(found_inf, {}, ScalarType::Float);
+  check_status(mixprec_grad_norm(a.list.data(), n, a.inv_scale, a.found_inf,
+                                 static_cast<float*>(norms.data_ptr()),
+                                 static_cast<float*>(total.data_ptr())),
+               "grad_norm");
+  return {norms, total};
+}
+
 void run_update_cpu(const char* op, const ScaleUpdateArgs& a) {
   check_status(mixprec_update_scale(a.scale, a.growth_tracker, a.hysteresis_tracker,
                                     a.skipped_steps, a.found_inf, &a.params),
@@ -52,6 +65,7 @@ mixprec_status sgd_cpu(const mixprec_opt_tensor* list, int64_t n, const mixprec_
 STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
   m.impl("unscale_", TORCH_BOX(&mixprec_shim::unscale_cpu));
   m.impl("unscale_norm_", TORCH_BOX(&mixprec_shim::unscale_norm_cpu));
+  m.impl("grad_norm", TORCH_BOX(&mixprec_shim::grad_norm_cpu));
   m.impl("update_scale_",
          TORCH_BOX(&mixprec_shim::update_scale_op<mixprec_shim::run_update_cpu>));
   m.impl("update_scale_ex_",

@@ -34,10 +34,15 @@ void unscale_cuda(std::vector<Tensor> grads, Tensor found_inf, Tensor inv_scale)
                "unscale_");
 }
 
-std::tuple<Tensor, Tensor> unscale_norm_cuda(std::vector<Tensor> grads, Tensor found_inf,
-                                             Tensor inv_scale) {
-  UnscaleArgs a = unscale_args("unscale_norm_", grads, found_inf, inv_scale);
-  check_cuda_device("unscale_norm_", a.device);
+using CudaNormFn = mixprec_status (*)(const mixprec_tensor*, int64_t, const float*, float*,
+                                      float*, float*, void*, int64_t, void*);
+
+// unscale_norm_ (in place) and grad_norm (read only): the same launch.
+template <CudaNormFn Fn>
+std::tuple<Tensor, Tensor> norm_cuda(const char* op, std::vector<Tensor> grads, Tensor found_inf,
+                                     Tensor inv_scale) {
+  UnscaleArgs a = unscale_args(op, grads, found_inf, inv_scale);
+  check_cuda_device(op, a.device);
   torch::stable::accelerator::DeviceGuard guard(a.device.index);
   int64_t n = (int64_t)a.list.size();
   int64_t ws_bytes = mixprec_cuda_unscale_workspace_size(a.list.data(), n, 1);
@@ -47,13 +52,21 @@ std::tuple<Tensor, Tensor> unscale_norm_cuda(std::vector<Tensor> grads, Tensor f
   Tensor workspace = torch::stable::new_empty(found_inf, {ws_bytes > 0 ? ws_bytes : 1}, ScalarType::Byte);
   Tensor norms = torch::stable::new_empty(found_inf, {n}, ScalarType::Float);
   Tensor total = torch::stable::new_empty(found_inf, {}, ScalarType::Float);
-  check_status(mixprec_cuda_unscale(a.list.data(), n, a.inv_scale, a.found_inf,
-                                    static_cast<float*>(norms.data_ptr()),
-                                    static_cast<float*>(total.data_ptr()),
-                                    workspace.data_ptr(), ws_bytes,
-                                    current_stream("unscale_norm_", a.device.index)),
-               "unscale_norm_");
+  check_status(Fn(a.list.data(), n, a.inv_scale, a.found_inf,
+                  static_cast<float*>(norms.data_ptr()), static_cast<float*>(total.data_ptr()),
+                  workspace.data_ptr(), ws_bytes, current_stream(op, a.device.index)),
+               op);
   return {norms, total};
+}
+
+std::tuple<Tensor, Tensor> unscale_norm_cuda(std::vector<Tensor> grads, Tensor found_inf,
+                                             Tensor inv_scale) {
+  return norm_cuda<mixprec_cuda_unscale>("unscale_norm_", grads, found_inf, inv_scale);
+}
+
+std::tuple<Tensor, Tensor> grad_norm_cuda(std::vector<Tensor> grads, Tensor found_inf,
+                                          Tensor inv_scale) {
+  return norm_cuda<mixprec_cuda_grad_norm>("grad_norm", grads, found_inf, inv_scale);
 }
 
 void run_update_cuda(const char* op, const ScaleUpdateArgs& a) {
@@ -83,6 +96,7 @@ mixprec_status sgd_cuda(const mixprec_opt_tensor* list, int64_t n, const mixprec
 STABLE_TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
   m.impl("unscale_", TORCH_BOX(&mixprec_shim::unscale_cuda));
   m.impl("unscale_norm_", TORCH_BOX(&mixprec_shim::unscale_norm_cuda));
+  m.impl("grad_norm", TORCH_BOX(&mixprec_shim::grad_norm_cuda));
   m.impl("update_scale_",
          TORCH_BOX(&mixprec_shim::update_scale_op<mixprec_shim::run_update_cuda>));
   m.impl("update_scale_ex_",

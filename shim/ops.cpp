@@ -13,6 +13,9 @@ STABLE_TORCH_LIBRARY(mixprec, m) {
   m.def(
       "unscale_norm_(Tensor(a!)[] grads, Tensor(b!) found_inf, Tensor inv_scale)"
       " -> (Tensor, Tensor)");
+  // The norms and non-finite check of unscale_norm_ (bit for bit) without
+  // writing the grads: for clipping folded into the optimizer step.
+  m.def("grad_norm(Tensor[] grads, Tensor(a!) found_inf, Tensor inv_scale) -> (Tensor, Tensor)");
   // torch._amp_update_scale_ (returns nothing instead of an alias of scale).
   m.def(
       "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor found_inf,"

@@ -145,6 +145,30 @@ void mixprec__unscale_chunk_avx512(void *data, mixprec_dtype dtype, int64_t n,
 void mixprec__norm_flush(mixprec__norm_acc *acc, const void *data,
                          mixprec_dtype dtype, int64_t begin, int64_t end);
 
+/* mixprec__norm_flush for a chunk left as it was (mixprec_grad_norm): the
+ * values are data * inv_scale rounded to dtype, recomputed here. */
+void mixprec__norm_flush_scaled(mixprec__norm_acc *acc, const void *data,
+                                mixprec_dtype dtype, int64_t begin, int64_t end,
+                                float inv_scale);
+
+/* The read-only chunk kernels of mixprec_grad_norm: as the unscale chunk
+ * kernels (same *nonfinite, same *norm bit for bit) without writing data.
+ * norm is never NULL. */
+typedef void (*mixprec__norm_chunk_fn)(const void *data, mixprec_dtype dtype,
+                                       int64_t n, float inv_scale,
+                                       int *nonfinite, double *norm);
+void mixprec__norm_chunk_scalar(const void *data, mixprec_dtype dtype, int64_t n,
+                                float inv_scale, int *nonfinite, double *norm);
+#if defined(MIXPREC_X86)
+void mixprec__norm_chunk_avx2(const void *data, mixprec_dtype dtype, int64_t n,
+                              float inv_scale, int *nonfinite, double *norm);
+#endif
+
+/* mixprec__unscale_tail without the stores (acc never NULL). */
+void mixprec__norm_tail(const void *data, mixprec_dtype dtype, int64_t begin,
+                        int64_t n, float inv_scale, int *nonfinite,
+                        mixprec__norm_acc *acc);
+
 /* Scalar continuation used by every path for the elements [begin, n) after
  * its last full vector (begin is a multiple of 16): unscales them, adds their
  * squares into acc (if not NULL) and flushes each block it completes and, at

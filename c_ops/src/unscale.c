@@ -52,6 +52,18 @@ MIXPREC__INLINE float store_f32(void *data, mixprec_dtype dtype, int64_t i,
   }
 }
 
+/* v rounded to dtype and widened back: what store_f32 would return. */
+MIXPREC__INLINE float round_f32(mixprec_dtype dtype, float v) {
+  switch (dtype) {
+    case MIXPREC_F16:
+      return mixprec__f16_to_f32(mixprec__f32_to_f16(v));
+    case MIXPREC_BF16:
+      return mixprec__bf16_to_f32(mixprec__f32_to_bf16(v));
+    default:
+      return v;
+  }
+}
+
 /* The stored value of element i, widened (no non-finite bookkeeping). */
 MIXPREC__INLINE float stored_f32(const void *data, mixprec_dtype dtype, int64_t i) {
   switch (dtype) {
@@ -81,6 +93,46 @@ void mixprec__norm_flush(mixprec__norm_acc *acc, const void *data,
     }
     acc->f[l] = 0.0f;
   }
+}
+
+void mixprec__norm_flush_scaled(mixprec__norm_acc *acc, const void *data,
+                                mixprec_dtype dtype, int64_t begin, int64_t end,
+                                float inv_scale) {
+  for (int l = 0; l < MIXPREC__NORM_LANES; l++) {
+    float f = acc->f[l];
+    if (mixprec__f32_bits_nonfinite(mixprec__f32_bits(f))) {
+      double d = 0.0;
+      for (int64_t i = begin + l; i < end; i += MIXPREC__NORM_LANES) {
+        double v = (double)round_f32(dtype, stored_f32(data, dtype, i) * inv_scale);
+        d += v * v;
+      }
+      acc->d[l] += d;
+    } else {
+      acc->d[l] += (double)f;
+    }
+    acc->f[l] = 0.0f;
+  }
+}
+
+void mixprec__norm_tail(const void *data, mixprec_dtype dtype, int64_t begin,
+                        int64_t n, float inv_scale, int *nonfinite,
+                        mixprec__norm_acc *acc) {
+  for (int64_t i = begin; i < n; i++) {
+    float v = round_f32(dtype, load_f32(data, dtype, i, nonfinite) * inv_scale);
+    float sq = v * v;
+    acc->f[i % MIXPREC__NORM_LANES] += sq;
+    if (i % MIXPREC__NORM_BLOCK == MIXPREC__NORM_BLOCK - 1)
+      mixprec__norm_flush_scaled(acc, data, dtype, i + 1 - MIXPREC__NORM_BLOCK, i + 1, inv_scale);
+  }
+  if (n % MIXPREC__NORM_BLOCK != 0)
+    mixprec__norm_flush_scaled(acc, data, dtype, n - n % MIXPREC__NORM_BLOCK, n, inv_scale);
+}
+
+void mixprec__norm_chunk_scalar(const void *data, mixprec_dtype dtype, int64_t n,
+                                float inv_scale, int *nonfinite, double *norm) {
+  mixprec__norm_acc acc = {{0}, {0}};
+  mixprec__norm_tail(data, dtype, 0, n, inv_scale, nonfinite, &acc);
+  *norm = mixprec__sum_lanes(&acc);
 }
 
 void mixprec__unscale_tail(void *data, mixprec_dtype dtype, int64_t begin,
@@ -123,9 +175,41 @@ static mixprec__unscale_chunk_fn chunk_kernel(float inv_scale) {
   }
 }
 
+/* The read-only kernel of the active ISA (AVX-512 CPUs take the AVX2 one). */
+static mixprec__norm_chunk_fn norm_kernel(float inv_scale) {
+  if (inv_scale != inv_scale) return mixprec__norm_chunk_scalar;
+  switch (mixprec__active_isa()) {
+#if defined(MIXPREC_X86)
+    case MIXPREC_ISA_AVX512:
+    case MIXPREC_ISA_AVX2:
+      return mixprec__norm_chunk_avx2;
+#endif
+    default:
+      return mixprec__norm_chunk_scalar;
+  }
+}
+
+static mixprec_status run(const mixprec_tensor *tensors, int64_t n_tensors,
+                          const float *inv_scale, float *found_inf, float *norms,
+                          float *total_norm, int write);
+
 mixprec_status mixprec_unscale(const mixprec_tensor *tensors, int64_t n_tensors,
                                const float *inv_scale, float *found_inf,
                                float *norms, float *total_norm) {
+  return run(tensors, n_tensors, inv_scale, found_inf, norms, total_norm, 1);
+}
+
+mixprec_status mixprec_grad_norm(const mixprec_tensor *tensors, int64_t n_tensors,
+                                 const float *inv_scale, float *found_inf,
+                                 float *norms, float *total_norm) {
+  return run(tensors, n_tensors, inv_scale, found_inf, norms, total_norm, 0);
+}
+
+/* write: unscale in place (mixprec_unscale); else only read (the norms are
+ * then always computed, into scratch if the caller wants neither). */
+static mixprec_status run(const mixprec_tensor *tensors, int64_t n_tensors,
+                          const float *inv_scale, float *found_inf, float *norms,
+                          float *total_norm, int write) {
   if (n_tensors < 0) return MIXPREC_ERR_BAD_SIZE;
   if ((n_tensors > 0 && !tensors) || !inv_scale || !found_inf)
     return MIXPREC_ERR_NULL_POINTER;
@@ -134,7 +218,7 @@ mixprec_status mixprec_unscale(const mixprec_tensor *tensors, int64_t n_tensors,
     if (mixprec_dtype_size(tensors[t].dtype) == 0) return MIXPREC_ERR_BAD_DTYPE;
     if (tensors[t].numel > 0 && !tensors[t].data) return MIXPREC_ERR_NULL_POINTER;
   }
-  const int want_norm = norms != NULL || total_norm != NULL;
+  const int want_norm = !write || norms != NULL || total_norm != NULL;
 
   /* first[t] = index of tensor t's first chunk; first[n] = chunk count. */
   int64_t *first = (int64_t *)malloc(sizeof(int64_t) * (size_t)(n_tensors + 1));
@@ -157,6 +241,7 @@ mixprec_status mixprec_unscale(const mixprec_tensor *tensors, int64_t n_tensors,
 
   const float s = *inv_scale;
   const mixprec__unscale_chunk_fn kernel = chunk_kernel(s);
+  const mixprec__norm_chunk_fn read_kernel = norm_kernel(s);
   int any_nonfinite = 0;
   int n_threads = mixprec__num_threads();
   (void)n_threads;
@@ -168,7 +253,10 @@ mixprec_status mixprec_unscale(const mixprec_tensor *tensors, int64_t n_tensors,
     int64_t len = tensors[t].numel - begin < CHUNK ? tensors[t].numel - begin : CHUNK;
     char *base = (char *)tensors[t].data + begin * mixprec_dtype_size(tensors[t].dtype);
     int nonfinite = 0;
-    kernel(base, tensors[t].dtype, len, s, &nonfinite, partial ? &partial[c] : NULL);
+    if (write)
+      kernel(base, tensors[t].dtype, len, s, &nonfinite, partial ? &partial[c] : NULL);
+    else
+      read_kernel(base, tensors[t].dtype, len, s, &nonfinite, &partial[c]);
     any_nonfinite |= nonfinite;
   }
 

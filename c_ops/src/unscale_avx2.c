@@ -50,14 +50,18 @@ static inline void norm_load_d(norm_state *s, const mixprec__norm_acc *acc) {
 /* End of a 128-element block [begin, begin + 128): float sums into doubles,
  * or, if one is not finite (rare), the scalar flush that redoes it. */
 static inline void norm_flush(norm_state *s, mixprec__norm_acc *acc, const void *data,
-                              mixprec_dtype dtype, int64_t begin, int interleaved) {
+                              mixprec_dtype dtype, int64_t begin, int interleaved,
+                              int write, float inv_scale) {
   const __m256 zero = _mm256_setzero_ps();
   /* x - x == 0 exactly when x is finite. */
   __m256 ok = _mm256_and_ps(_mm256_cmp_ps(_mm256_sub_ps(s->lo, s->lo), zero, _CMP_EQ_OQ),
                             _mm256_cmp_ps(_mm256_sub_ps(s->hi, s->hi), zero, _CMP_EQ_OQ));
   if (_mm256_movemask_ps(ok) != 0xff) {
     norm_store(s, acc, interleaved);
-    mixprec__norm_flush(acc, data, dtype, begin, begin + MIXPREC__NORM_BLOCK);
+    if (write)
+      mixprec__norm_flush(acc, data, dtype, begin, begin + MIXPREC__NORM_BLOCK);
+    else
+      mixprec__norm_flush_scaled(acc, data, dtype, begin, begin + MIXPREC__NORM_BLOCK, inv_scale);
     norm_load_d(s, acc);
   } else {
     __m256d l0 = _mm256_cvtps_pd(_mm256_castps256_ps128(s->lo));
@@ -88,10 +92,22 @@ static inline __m256i round_bf16(__m256 x) {
   return _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
 }
 
+/* Scalar continuation after the last full vector: unscale (write) or only
+ * read. */
+static inline void tail(void *p, mixprec_dtype dtype, int64_t i, int64_t n, float inv_scale,
+                        int *nonfinite, mixprec__norm_acc *acc, int write) {
+  if (write)
+    mixprec__unscale_tail(p, dtype, i, n, inv_scale, nonfinite, acc);
+  else
+    mixprec__norm_tail(p, dtype, i, n, inv_scale, nonfinite, acc);
+}
+
 /* The three dtype loops share one body per dtype, stamped with and without
- * the norm so the hot loop carries no test of `acc`. */
+ * the norm, and with and without the stores (write = 0: mixprec_grad_norm,
+ * acc never NULL), so the hot loop carries no test of `acc` or `write`. */
 static inline __attribute__((always_inline)) void chunk_f32(float *p, int64_t n, float inv_scale,
-                                                            int *nonfinite, mixprec__norm_acc *acc) {
+                                                            int *nonfinite, mixprec__norm_acc *acc,
+                                                            const int write) {
   const __m256 s = _mm256_set1_ps(inv_scale);
   __m256i bad = _mm256_setzero_si256();
   norm_state ns;
@@ -101,21 +117,24 @@ static inline __attribute__((always_inline)) void chunk_f32(float *p, int64_t n,
     __m256 x0 = _mm256_loadu_ps(p + i), x1 = _mm256_loadu_ps(p + i + 8);
     bad = _mm256_or_si256(bad, _mm256_or_si256(nonfinite_f32(x0), nonfinite_f32(x1)));
     __m256 y0 = _mm256_mul_ps(x0, s), y1 = _mm256_mul_ps(x1, s);
-    _mm256_storeu_ps(p + i, y0);
-    _mm256_storeu_ps(p + i + 8, y1);
+    if (write) {
+      _mm256_storeu_ps(p + i, y0);
+      _mm256_storeu_ps(p + i + 8, y1);
+    }
     if (acc) {
       norm_add(&ns, y0, y1);
       if ((i + 16) % MIXPREC__NORM_BLOCK == 0)
-        norm_flush(&ns, acc, p, MIXPREC_F32, i + 16 - MIXPREC__NORM_BLOCK, 0);
+        norm_flush(&ns, acc, p, MIXPREC_F32, i + 16 - MIXPREC__NORM_BLOCK, 0, write, inv_scale);
     }
   }
   if (!_mm256_testz_si256(bad, bad)) *nonfinite = 1;
   if (acc) norm_store(&ns, acc, 0);
-  mixprec__unscale_tail(p, MIXPREC_F32, i, n, inv_scale, nonfinite, acc);
+  tail(p, MIXPREC_F32, i, n, inv_scale, nonfinite, acc, write);
 }
 
 static inline __attribute__((always_inline)) void chunk_f16(uint16_t *p, int64_t n, float inv_scale,
-                                                            int *nonfinite, mixprec__norm_acc *acc) {
+                                                            int *nonfinite, mixprec__norm_acc *acc,
+                                                            const int write) {
   const __m256 s = _mm256_set1_ps(inv_scale);
   const __m256i exp = _mm256_set1_epi16(0x7c00);
   __m256i bad = _mm256_setzero_si256();
@@ -129,16 +148,16 @@ static inline __attribute__((always_inline)) void chunk_f16(uint16_t *p, int64_t
     __m256 y1 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), s);
     __m128i r0 = _mm256_cvtps_ph(y0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m128i r1 = _mm256_cvtps_ph(y1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm256_storeu_si256((__m256i *)(p + i), _mm256_set_m128i(r1, r0));
+    if (write) _mm256_storeu_si256((__m256i *)(p + i), _mm256_set_m128i(r1, r0));
     if (acc) {
       norm_add(&ns, _mm256_cvtph_ps(r0), _mm256_cvtph_ps(r1));
       if ((i + 16) % MIXPREC__NORM_BLOCK == 0)
-        norm_flush(&ns, acc, p, MIXPREC_F16, i + 16 - MIXPREC__NORM_BLOCK, 0);
+        norm_flush(&ns, acc, p, MIXPREC_F16, i + 16 - MIXPREC__NORM_BLOCK, 0, write, inv_scale);
     }
   }
   if (!_mm256_testz_si256(bad, bad)) *nonfinite = 1;
   if (acc) norm_store(&ns, acc, 0);
-  mixprec__unscale_tail(p, MIXPREC_F16, i, n, inv_scale, nonfinite, acc);
+  tail(p, MIXPREC_F16, i, n, inv_scale, nonfinite, acc, write);
 }
 
 /* BF16 widens by interleaving with zeros inside each 128-bit half:
@@ -146,7 +165,8 @@ static inline __attribute__((always_inline)) void chunk_f16(uint16_t *p, int64_t
  * restores the memory order with no cross-lane permute, and the norm keeps
  * the lane mapping in mind (norm_state `interleaved`). */
 static inline __attribute__((always_inline)) void chunk_bf16(uint16_t *p, int64_t n, float inv_scale,
-                                                             int *nonfinite, mixprec__norm_acc *acc) {
+                                                             int *nonfinite, mixprec__norm_acc *acc,
+                                                             const int write) {
   const __m256 s = _mm256_set1_ps(inv_scale);
   const __m256i exp = _mm256_set1_epi16(0x7f80);
   const __m256i zero = _mm256_setzero_si256();
@@ -161,17 +181,17 @@ static inline __attribute__((always_inline)) void chunk_bf16(uint16_t *p, int64_
     __m256 yhi = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, h)), s);
     __m256i rlo = round_bf16(ylo), rhi = round_bf16(yhi);
     /* Values are < 2^16, so the signed-to-unsigned saturation never bites. */
-    _mm256_storeu_si256((__m256i *)(p + i), _mm256_packus_epi32(rlo, rhi));
+    if (write) _mm256_storeu_si256((__m256i *)(p + i), _mm256_packus_epi32(rlo, rhi));
     if (acc) {
       norm_add(&ns, _mm256_castsi256_ps(_mm256_slli_epi32(rlo, 16)),
                _mm256_castsi256_ps(_mm256_slli_epi32(rhi, 16)));
       if ((i + 16) % MIXPREC__NORM_BLOCK == 0)
-        norm_flush(&ns, acc, p, MIXPREC_BF16, i + 16 - MIXPREC__NORM_BLOCK, 1);
+        norm_flush(&ns, acc, p, MIXPREC_BF16, i + 16 - MIXPREC__NORM_BLOCK, 1, write, inv_scale);
     }
   }
   if (!_mm256_testz_si256(bad, bad)) *nonfinite = 1;
   if (acc) norm_store(&ns, acc, 1);
-  mixprec__unscale_tail(p, MIXPREC_BF16, i, n, inv_scale, nonfinite, acc);
+  tail(p, MIXPREC_BF16, i, n, inv_scale, nonfinite, acc, write);
 }
 
 void mixprec__unscale_chunk_avx2(void *data, mixprec_dtype dtype, int64_t n,
@@ -179,17 +199,36 @@ void mixprec__unscale_chunk_avx2(void *data, mixprec_dtype dtype, int64_t n,
   mixprec__norm_acc acc;
   switch (dtype) {
     case MIXPREC_F16:
-      if (norm) chunk_f16((uint16_t *)data, n, inv_scale, nonfinite, &acc);
-      else chunk_f16((uint16_t *)data, n, inv_scale, nonfinite, NULL);
+      if (norm) chunk_f16((uint16_t *)data, n, inv_scale, nonfinite, &acc, 1);
+      else chunk_f16((uint16_t *)data, n, inv_scale, nonfinite, NULL, 1);
       break;
     case MIXPREC_BF16:
-      if (norm) chunk_bf16((uint16_t *)data, n, inv_scale, nonfinite, &acc);
-      else chunk_bf16((uint16_t *)data, n, inv_scale, nonfinite, NULL);
+      if (norm) chunk_bf16((uint16_t *)data, n, inv_scale, nonfinite, &acc, 1);
+      else chunk_bf16((uint16_t *)data, n, inv_scale, nonfinite, NULL, 1);
       break;
     default:
-      if (norm) chunk_f32((float *)data, n, inv_scale, nonfinite, &acc);
-      else chunk_f32((float *)data, n, inv_scale, nonfinite, NULL);
+      if (norm) chunk_f32((float *)data, n, inv_scale, nonfinite, &acc, 1);
+      else chunk_f32((float *)data, n, inv_scale, nonfinite, NULL, 1);
       break;
   }
   if (norm) *norm = mixprec__sum_lanes(&acc);
+}
+
+/* mixprec_grad_norm's chunk kernel: the loops above without their stores
+ * (data is only read; the casts drop const for the shared bodies). */
+void mixprec__norm_chunk_avx2(const void *data, mixprec_dtype dtype, int64_t n,
+                              float inv_scale, int *nonfinite, double *norm) {
+  mixprec__norm_acc acc;
+  switch (dtype) {
+    case MIXPREC_F16:
+      chunk_f16((uint16_t *)data, n, inv_scale, nonfinite, &acc, 0);
+      break;
+    case MIXPREC_BF16:
+      chunk_bf16((uint16_t *)data, n, inv_scale, nonfinite, &acc, 0);
+      break;
+    default:
+      chunk_f32((float *)data, n, inv_scale, nonfinite, &acc, 0);
+      break;
+  }
+  *norm = mixprec__sum_lanes(&acc);
 }

@@ -45,6 +45,14 @@ def _unscale_norm_fake(grads, found_inf, inv_scale):
     return per_tensor, total
 
 
+@torch.library.register_fake("mixprec::grad_norm")
+def _grad_norm_fake(grads, found_inf, inv_scale):
+    _check_unscale("grad_norm", grads, found_inf, inv_scale)
+    per_tensor = found_inf.new_empty((len(grads),), dtype=torch.float32)
+    total = found_inf.new_empty((), dtype=torch.float32)
+    return per_tensor, total
+
+
 @torch.library.register_fake("mixprec::update_scale_")
 def _update_scale_fake(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval):
     return None

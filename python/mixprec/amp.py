@@ -148,11 +148,14 @@ class GradScaler(torch.amp.GradScaler):
         found_inf: torch.Tensor,
         allow_fp16: bool,
         want_norm: bool = False,
+        read_only: bool = False,
     ):
         """Unscales every grad of ``optimizer``: one fused call per device for
         all float32/float16/bfloat16 dense grads; torch's op for the rest
         (float64, sparse, overlapping views). Returns the per-device found_inf
-        dict and, if ``want_norm``, the total L2 norm per device."""
+        dict and, if ``want_norm``, the total L2 norm per device.
+        ``read_only``: only the non-finite check (inv_scale must be 1), which
+        the fused grads get from the read-only ``grad_norm`` op."""
         per_device_inv_scale = _MultiDeviceReplicator(inv_scale)
         per_device_found_inf = _MultiDeviceReplicator(found_inf)
         fused: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
@@ -174,7 +177,9 @@ class GradScaler(torch.amp.GradScaler):
                         other[grad.device][grad.dtype].append(grad)
             for device, grads in fused.items():
                 fi, inv = per_device_found_inf.get(device), per_device_inv_scale.get(device)
-                if want_norm:
+                if read_only:
+                    torch.ops.mixprec.grad_norm(grads, fi, inv)
+                elif want_norm:
                     _, total = torch.ops.mixprec.unscale_norm_(grads, fi, inv)
                     norms[device].append(total)
                 else:
@@ -230,12 +235,25 @@ class GradScaler(torch.amp.GradScaler):
         max_norm: float,
         *,
         error_if_nonfinite: bool = False,
+        fold: bool = False,
     ) -> torch.Tensor:
         """``unscale_(optimizer)`` + ``torch.nn.utils.clip_grad_norm_`` over the
         optimizer's gradients (L2 norm), reading the gradients once instead of
         twice: the norm comes from the unscale pass. Returns the total norm
         (before clipping). Grads are multiplied by
-        ``min(1, max_norm / (norm + 1e-6))`` exactly like torch."""
+        ``min(1, max_norm / (norm + 1e-6))`` exactly like torch.
+
+        ``fold=True`` (mixprec optimizers; otherwise ignored) folds the
+        unscale and the clip into the optimizer step instead: one read-only
+        pass computes the norm (``mixprec.ops.grad_norm``, the same value
+        bit for bit) and the step divides the still-scaled gradients by
+        ``scale / clip_coef`` in FP32. The gradients are read twice and
+        written never (unfolded: read three times, written twice), but they
+        stay scaled and unclipped in ``p.grad`` until the step: use it when
+        nothing between this call and ``step()`` reads them. Results equal the
+        unfolded path to FP32 rounding (one rounding instead of two)."""
+        if fold and self._enabled and self._can_fold(optimizer):
+            return self._clip_folded(optimizer, float(max_norm), error_if_nonfinite)
         total = self.unscale_(optimizer, return_norm=True)
         assert total is not None
         if error_if_nonfinite and bool(torch.logical_not(torch.isfinite(total))):
@@ -244,6 +262,59 @@ class GradScaler(torch.amp.GradScaler):
                 "so it cannot be clipped. Set error_if_nonfinite=False to skip the step instead."
             )
         _scale_grads_by_clip_coef(optimizer, total, max_norm)
+        return total
+
+    def _can_fold(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Folding needs an optimizer that divides grads by ``grad_scale`` in
+        FP32 without writing them (mixprec's), and grads the fused read-only
+        op takes (dense FP32/FP16/BF16 on a device mixprec handles)."""
+        from .optim import _FusedMasterWeightOptimizer
+
+        if not isinstance(optimizer, _FusedMasterWeightOptimizer):
+            return False
+        if self._per_optimizer_states[id(optimizer)]["stage"] is not OptState.READY:
+            return False
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                g = p.grad
+                if g is None:
+                    continue
+                if g.is_sparse or g.dtype not in _MIXPREC_DTYPES or not _mixprec_handles(g.device) or not _is_dense(g):
+                    return False
+        return True
+
+    def _clip_folded(self, optimizer: torch.optim.Optimizer, max_norm: float, error_if_nonfinite: bool) -> torch.Tensor:
+        self._check_scale_growth_tracker("clip_grad_norm_")
+        optimizer_state = self._per_optimizer_states[id(optimizer)]
+        assert self._scale is not None
+        inv_scale = self._scale.double().reciprocal().float()
+        found_inf = torch.full((), 0.0, dtype=torch.float32, device=self._scale.device)
+        per_device_inv_scale = _MultiDeviceReplicator(inv_scale)
+        per_device_found_inf = _MultiDeviceReplicator(found_inf)
+        grads: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    grads[p.grad.device].append(p.grad)
+        norms: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
+        with torch.no_grad():
+            for device, gs in grads.items():
+                _, total = torch.ops.mixprec.grad_norm(
+                    gs, per_device_found_inf.get(device), per_device_inv_scale.get(device)
+                )
+                norms[device].append(total)
+        total = _combine_norms(norms, self._scale.device)
+        if error_if_nonfinite and bool(torch.logical_not(torch.isfinite(total))):
+            raise RuntimeError(
+                "mixprec.amp.GradScaler.clip_grad_norm_: the total norm of gradients is non-finite, "
+                "so it cannot be clipped. Set error_if_nonfinite=False to skip the step instead."
+            )
+        clip_coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        # step() hands this to the optimizer as its grad_scale (the UNSCALED
+        # stage passes optimizer.grad_scale through unchanged).
+        optimizer.grad_scale = self._scale / clip_coef  # type: ignore[attr-defined]
+        optimizer_state["found_inf_per_device"] = per_device_found_inf._per_device_tensors
+        optimizer_state["stage"] = OptState.UNSCALED
         return total
 
     # -------------------------------------------------------------- step ----
@@ -305,7 +376,9 @@ class GradScaler(torch.amp.GradScaler):
         _scale, _ = self._check_scale_growth_tracker("_check_inf_per_device")
         dummy_inv_scale = torch.full((), 1.0, dtype=torch.float32, device=_scale.device)
         found_inf = torch.full((), 0.0, dtype=torch.float32, device=_scale.device)
-        found, _ = self._unscale_grads_(optimizer, dummy_inv_scale, found_inf, True)
+        # torch multiplies every grad by 1.0 in place here; the fused grads
+        # are only read.
+        found, _ = self._unscale_grads_(optimizer, dummy_inv_scale, found_inf, True, read_only=True)
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found
         return found
 
@@ -438,13 +511,16 @@ def backward_and_step(
     *,
     max_norm: float | None = None,
     set_to_none: bool = True,
+    fold: bool = True,
 ) -> torch.Tensor | None:
     """The whole mixed-precision update of one iteration, in the order the
     AMP recipe prescribes: scale the loss, backward, unscale (with the
     gradient norm from the same pass) and clip to ``max_norm`` if given, step
     (skipped on the device if a gradient overflowed), update the scale, zero
     the gradients. Returns the total gradient norm before clipping (a device
-    tensor, no sync) when ``max_norm`` is given, else None.
+    tensor, no sync) when ``max_norm`` is given, else None. With a mixprec
+    optimizer the unscale and the clip are folded into the step
+    (``clip_grad_norm_(..., fold=True)``): the gradients are never written.
 
     Typical use with a BF16/FP16 model and FP32 master weights::
 
@@ -458,7 +534,7 @@ def backward_and_step(
     scaler.scale(loss).backward()
     norm = None
     if max_norm is not None:
-        norm = scaler.clip_grad_norm_(optimizer, max_norm)
+        norm = scaler.clip_grad_norm_(optimizer, max_norm, fold=fold)
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=set_to_none)

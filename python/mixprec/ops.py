@@ -35,6 +35,20 @@ def unscale_(
     return torch.ops.mixprec.unscale_norm_(grads, found_inf, inv_scale)
 
 
+def grad_norm(
+    grads: Sequence[torch.Tensor],
+    found_inf: torch.Tensor,
+    inv_scale: torch.Tensor,
+):
+    """The read-only twin of ``unscale_(..., return_norm=True)``: returns
+    ``(per_tensor_norms, total_norm)`` of the gradients times ``inv_scale``
+    (equal bit for bit to what ``unscale_`` would return) and sets
+    ``found_inf`` on inf/NaN, but leaves the gradients as they are. Used to
+    fold unscaling and clipping into the optimizer step
+    (``GradScaler.clip_grad_norm_(..., fold=True)``)."""
+    return torch.ops.mixprec.grad_norm(list(grads), found_inf, inv_scale)
+
+
 def update_scale_(
     scale: torch.Tensor,
     growth_tracker: torch.Tensor,

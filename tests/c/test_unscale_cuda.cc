@@ -126,6 +126,7 @@ struct RunOptions {
   float found_inf_init = 0.0f;
   bool norms = true;
   bool total = true;
+  bool read_only = false;  // mixprec_cuda_grad_norm instead of mixprec_cuda_unscale
 };
 
 const float kPoison = std::numeric_limits<float>::quiet_NaN();
@@ -200,9 +201,9 @@ Outputs RunGpu(const std::vector<HostTensor> &ts, const RunOptions &o,
   if (graph) {
     EXPECT_EQ(cudaSuccess, cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   }
-  out.status = mixprec_cuda_unscale(list.data(), (int64_t)list.size(), scalars,
-                                    scalars + 1, o.norms ? norms : nullptr,
-                                    o.total ? scalars + 2 : nullptr, ws, ws_bytes, stream);
+  out.status = (o.read_only ? mixprec_cuda_grad_norm : mixprec_cuda_unscale)(
+      list.data(), (int64_t)list.size(), scalars, scalars + 1, o.norms ? norms : nullptr,
+      o.total ? scalars + 2 : nullptr, ws, ws_bytes, stream);
   if (graph) {
     EXPECT_EQ(cudaSuccess, cudaStreamEndCapture(stream, &g));
     cudaGraphExec_t exec = nullptr;
@@ -349,6 +350,30 @@ TEST_F(CudaUnscale, EachDtypeMatchesCpuBitwise) {
       RunOptions o;
       o.inv_scale = inv;
       CompareWithCpu(ts, o);
+    }
+  }
+}
+
+/* The read-only twin: the same found_inf and norms as the in-place op on
+ * the GPU, bit for bit, and every tensor left as it was; also captured in a
+ * graph. */
+TEST_F(CudaUnscale, GradNormEqualsUnscaleAndWritesNothing) {
+  for (bool graph : {false, true}) {
+    std::vector<HostTensor> ts = RandomList(70, true, MIXPREC_F32, 70000);
+    SetBits(ts[5].dtype, ts[5].bytes.data(), 0, ts[5].dtype == MIXPREC_F32 ? 0x7f800000u
+                                                 : ts[5].dtype == MIXPREC_F16 ? 0x7c00u : 0x7f80u);
+    RunOptions o;
+    const Outputs w = RunGpu(ts, o, stream_, graph);
+    o.read_only = true;
+    const Outputs r = RunGpu(ts, o, stream_, graph);
+    EXPECT_EQ(w.status, MIXPREC_OK);
+    EXPECT_EQ(r.status, MIXPREC_OK);
+    EXPECT_EQ(r.found_inf, 1.0f);
+    EXPECT_EQ(w.found_inf, r.found_inf);
+    EXPECT_EQ(F32Bits(w.total), F32Bits(r.total));
+    for (size_t i = 0; i < ts.size(); i++) {
+      EXPECT_EQ(F32Bits(w.norms[i]), F32Bits(r.norms[i])) << "tensor " << i;
+      EXPECT_TRUE(r.data[i] == ts[i].bytes) << "tensor " << i << " was written";
     }
   }
 }

@@ -214,3 +214,38 @@ def test_optimizer_step_in_cuda_graph_with_scaler(gen):
     torch.cuda.synchronize()
     for p, q in zip(model.parameters(), ref_params):
         assert torch.equal(p, q)
+
+
+def test_grad_norm_cuda_is_read_only_and_matches_unscale_norm(gen):
+    cpu = rand_grads(gen, torch.bfloat16, [5000]) + rand_grads(gen, torch.float16, [210]) + rand_grads(gen, torch.float32, [65537])
+    grads = [g.cuda() for g in cpu]
+    keep = [g.clone() for g in grads]
+    inv = torch.tensor([1.0 / 1024], device="cuda")
+    fa, fb = torch.zeros(1, device="cuda"), torch.zeros(1, device="cuda")
+    na, ta = torch.ops.mixprec.grad_norm(grads, fa, inv)
+    for g, k in zip(grads, keep):
+        assert torch.equal(g, k)
+    nb, tb = torch.ops.mixprec.unscale_norm_(grads, fb, inv)
+    assert torch.equal(na, nb) and torch.equal(ta, tb) and torch.equal(fa, fb)
+    # CPU twin: norms equal to float rounding (the summation orders differ).
+    cpu = [k.cpu() for k in keep]
+    nc, tc = torch.ops.mixprec.grad_norm(cpu, torch.zeros(1), inv.cpu())
+    torch.testing.assert_close(na.cpu(), nc, rtol=2e-6, atol=0)
+
+
+def test_folded_clip_on_cuda_matches_cpu(gen):
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).bfloat16()
+    nets = {"cpu": net, "cuda": __import__("copy").deepcopy(net).cuda()}
+    opts = {k: mixprec.optim.AdamW(m.parameters(), lr=1e-2) for k, m in nets.items()}
+    scalers = {k: mixprec.amp.GradScaler(k, init_scale=1024.0) for k in nets}
+    for _ in range(3):
+        x = torch.randn(16, 64, generator=gen).bfloat16()
+        y = torch.randint(0, 10, (16,), generator=gen)
+        norms = {}
+        for k, m in nets.items():
+            loss = torch.nn.functional.cross_entropy(m(x.to(k)).float(), y.to(k))
+            norms[k] = mixprec.amp.backward_and_step(loss, opts[k], scalers[k], max_norm=0.1)
+        torch.testing.assert_close(norms["cuda"].cpu(), norms["cpu"], rtol=1e-5, atol=0)
+    for p, q in zip(nets["cpu"].parameters(), nets["cuda"].parameters()):
+        torch.testing.assert_close(opts["cuda"].state[q]["master"].cpu(), opts["cpu"].state[p]["master"], rtol=1e-4, atol=1e-5)

@@ -368,7 +368,7 @@ def test_backward_and_step_equals_the_manual_loop(gen):
         y = torch.randint(0, 5, (8,), generator=gen)
         norm = mixprec.amp.backward_and_step(torch.nn.functional.cross_entropy(a(x).float(), y), oa, sa, max_norm=0.5)
         sb.scale(torch.nn.functional.cross_entropy(b(x).float(), y)).backward()
-        want = sb.clip_grad_norm_(ob, 0.5)
+        want = sb.clip_grad_norm_(ob, 0.5, fold=True)
         sb.step(ob)
         sb.update()
         ob.zero_grad()
@@ -377,3 +377,74 @@ def test_backward_and_step_equals_the_manual_loop(gen):
     assert sa.get_scale() == sb.get_scale()
     for p, q in zip(a.parameters(), b.parameters()):
         assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_folded_clip_matches_the_unfolded_path(gen, dtype):
+    """clip_grad_norm_(fold=True) against the unfolded unscale + clip + step,
+    from the same state each step: the same norm bit for bit, grads left
+    scaled (never written), overflowing steps skipped alike, and masters
+    equal to FP32 rounding for an FP32 model. For BF16/FP16 models the
+    unfolded path rounds the grads to the half dtype twice (unscaled, then
+    clipped) where the folded one divides in FP32 once, so the updates
+    differ by up to ~2^-8 relative: lr * 1e-2 absolute. (Over many steps
+    half models drift apart through param roundings whatever the path.)"""
+    torch.manual_seed(7)
+    a = Net().to(dtype)
+    oa = AdamW(a.parameters(), lr=1e-2)
+    sa = mixprec.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+    skipped = 0
+    for step in range(12):
+        b, ob, sb = copy.deepcopy((a, oa, sa))
+        x = torch.randn(8, 20, generator=gen).to(dtype)
+        y = torch.randint(0, 5, (8,), generator=gen)
+        for m, o, s in ((a, oa, sa), (b, ob, sb)):
+            o.zero_grad()
+            s.scale(torch.nn.functional.cross_entropy(m(x).float(), y)).backward()
+            if step in (4, 9):
+                next(m.parameters()).grad.view(-1)[0] = float("inf")
+        before = [p.grad.clone() for p in a.parameters()]
+        na = sa.clip_grad_norm_(oa, 0.5, fold=True)
+        for p, g in zip(a.parameters(), before):
+            assert torch.equal(p.grad.view(torch.uint8), g.view(torch.uint8)), "folded clip wrote a grad"
+        nb = sb.clip_grad_norm_(ob, 0.5)
+        assert torch.equal(na, nb) or (not torch.isfinite(na) and not torch.isfinite(nb))
+        sa.step(oa)
+        sb.step(ob)
+        sa.update()
+        sb.update()
+        assert sa.get_scale() == sb.get_scale()
+        skipped += step in (4, 9)
+        assert sa.get_skipped_steps() == sb.get_skipped_steps() == skipped
+        for p, q in zip(a.parameters(), b.parameters()):
+            pm = oa.state[p]["master"] if dtype is not torch.float32 else p.detach()
+            qm = ob.state[q]["master"] if dtype is not torch.float32 else q.detach()
+            if dtype is torch.float32:
+                torch.testing.assert_close(pm, qm, rtol=1e-5, atol=1e-6)
+            else:
+                torch.testing.assert_close(pm, qm, rtol=0, atol=1e-4)
+            assert torch.equal(oa.state[p]["step"], ob.state[q]["step"])
+
+
+def test_grad_norm_op_is_read_only_and_equals_unscale_norm(gen):
+    grads = [torch.randn(s, generator=gen).to(d) * 300 for s, d in
+             (((5, 7), torch.bfloat16), ((1000,), torch.float16), ((33,), torch.float32), ((0,), torch.float32))]
+    grads.append(torch.randn(4, 6, generator=gen).t())  # dense, not contiguous
+    inv = torch.tensor(1.0 / 512)
+    fa, fb = torch.zeros(()), torch.zeros(())
+    keep = [g.clone() for g in grads]
+    na, ta = mixprec.ops.grad_norm(grads, fa, inv)
+    for g, k in zip(grads, keep):
+        assert torch.equal(g, k)
+    nb, tb = mixprec.ops.unscale_(grads, fb, inv, return_norm=True)
+    assert torch.equal(na, nb) and torch.equal(ta, tb) and float(fa) == float(fb) == 0.0
+    ref = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(k.double() / 512) for k in keep]))
+    torch.testing.assert_close(ta.double(), ref, rtol=1e-3, atol=0)  # half rounding of the unscaled values
+    keep[0][0, 0] = float("nan")
+    fc = torch.zeros(())
+    mixprec.ops.grad_norm(keep, fc, inv)
+    assert float(fc) == 1.0
+    clean = [torch.randn(9, generator=gen).bfloat16(), torch.randn(3, 5, generator=gen)]
+    opcheck(torch.ops.mixprec.grad_norm.default, (clean, torch.zeros(()), inv))
+    with pytest.raises(RuntimeError, match="mixprec::grad_norm: grads\\[1\\]"):
+        mixprec.ops.grad_norm([keep[0], keep[1].double()], torch.zeros(()), inv)

@@ -199,6 +199,20 @@ MIXPREC_API mixprec_status mixprec_unscale(const mixprec_tensor *tensors,
                                            float *found_inf, float *norms,
                                            float *total_norm);
 
+/*! mixprec_grad_norm() :
+ *  The read-only twin of mixprec_unscale(): sets *found_inf and computes
+ *  norms / total_norm exactly as mixprec_unscale() would (bit for bit: the
+ *  norms of the unscaled values rounded to each tensor's dtype, same order),
+ *  but leaves the tensors as they are. For clipping folded into the
+ *  optimizer step: the step divides the (still scaled) grads by
+ *  scale / clip_coef, so the grads are read twice and written never.
+ *  Arguments and statuses as mixprec_unscale(). */
+MIXPREC_API mixprec_status mixprec_grad_norm(const mixprec_tensor *tensors,
+                                             int64_t n_tensors,
+                                             const float *inv_scale,
+                                             float *found_inf, float *norms,
+                                             float *total_norm);
+
 /* Parameters of the dynamic loss-scale update. With hysteresis = 1,
  * min_scale = 0 and max_scale = inf it is exactly torch's
  * _amp_update_scale_. */
@@ -270,6 +284,20 @@ MIXPREC_API mixprec_status mixprec_cuda_unscale(const mixprec_tensor *tensors,
                                                 void *workspace,
                                                 int64_t workspace_bytes,
                                                 void *stream);
+
+/*! mixprec_cuda_grad_norm() :
+ *  The read-only twin of mixprec_cuda_unscale() (see mixprec_grad_norm()):
+ *  same arguments, workspace size and norms (equal to mixprec_cuda_unscale's
+ *  bit for bit), the tensors are not written. */
+MIXPREC_API mixprec_status mixprec_cuda_grad_norm(const mixprec_tensor *tensors,
+                                                  int64_t n_tensors,
+                                                  const float *inv_scale,
+                                                  float *found_inf,
+                                                  float *norms,
+                                                  float *total_norm,
+                                                  void *workspace,
+                                                  int64_t workspace_bytes,
+                                                  void *stream);
 
 /*! mixprec_cuda_update_scale() :
  *  As mixprec_update_scale(), on device pointers, enqueued on `stream`
