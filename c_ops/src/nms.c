@@ -136,6 +136,13 @@ typedef struct nms_soa {
   float *x1, *y1, *x2, *y2, *area;
   int32_t *rank; /* position in the global score order */
   int32_t *dead; /* 0 live, -1 suppressed */
+  /* The same candidates sorted by x1 (positions [begin, end) of a class
+   * again), for the spatially pruned greedy loop, and scratch for it. */
+  float *sx1, *sy1, *sx2, *sy2, *sarea;
+  int32_t *sdead;
+  int32_t *xpos;          /* score position -> x-sorted position */
+  uint32_t *key, *tkey;   /* radix-sort keys */
+  int32_t *val, *tval;    /* radix-sort values */
 } nms_soa;
 
 /* Greedy NMS of one class: flags[rank] = 1 for each kept box; stops after
@@ -167,6 +174,89 @@ static void greedy(const nms_soa *s, int64_t begin, int64_t end, float thr, int6
       dead_since = 0;
     }
   }
+}
+
+/* Below this many candidates a class uses the compacting loop above. */
+#define XSORT_MIN 1024
+
+/* Orderable bits of a finite float (ascending). */
+MIXPREC__INLINE uint32_t x_key(float f) {
+  uint32_t u = mixprec__f32_bits(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* First q in [lo, hi) with !(below(a[q])), for a predicate that holds on a
+ * prefix of the ascending array a. */
+#define LOWER_BOUND(a, lo, hi, below) \
+  do {                                 \
+    while (lo < hi) {                  \
+      int64_t mid_ = lo + (hi - lo) / 2; \
+      if (below(a[mid_])) lo = mid_ + 1; else hi = mid_; \
+    }                                  \
+  } while (0)
+
+/* Greedy NMS of one class with spatial pruning: the candidates are also kept
+ * sorted by x1, and a kept box i only sweeps those with
+ *   x1i - wmax < x1j < x2i
+ * (wmax: the widest candidate), since any other j has an intersection width
+ * min(x2i, x2j) - max(x1i, x1j) <= 0, hence inter = 0 and IoU +-0 or NaN,
+ * never > thr. Sweeping a candidate of higher score (kept or dead already)
+ * changes nothing: only boxes of lower score are ever looked up. The
+ * decisions are those of greedy(), bit for bit. Needs finite x1/x2 for all
+ * candidates (checked by the caller); returns 0 if it was not applicable. */
+static int greedy_x(const nms_soa *s, int64_t begin, int64_t end, float thr, int64_t max_keep,
+                    sweep_fn sweep, uint8_t *flags) {
+  const int64_t len = end - begin;
+  double wmax = 0.0;
+  for (int64_t k = begin; k < end; k++) {
+    const float a = s->x1[k], b = s->x2[k];
+    if (mixprec__f32_bits_nonfinite(mixprec__f32_bits(a)) ||
+        mixprec__f32_bits_nonfinite(mixprec__f32_bits(b)))
+      return 0;
+    const double w = (double)b - (double)a;
+    if (w > wmax) wmax = w;
+    s->key[k] = x_key(a);
+    s->val[k] = (int32_t)k;
+  }
+  radix_sort(s->key + begin, s->val + begin, s->tkey + begin, s->tval + begin, len);
+  for (int64_t q = begin; q < end; q++) {
+    const int32_t p = s->val[q];
+    s->sx1[q] = s->x1[p];
+    s->sy1[q] = s->y1[p];
+    s->sx2[q] = s->x2[p];
+    s->sy2[q] = s->y2[p];
+    s->sarea[q] = s->area[p];
+    s->sdead[q] = 0;
+    s->xpos[p] = (int32_t)q;
+  }
+  /* Rounding slack: x1i - wmax is computed in double from floats. */
+  const double slack = wmax * 1e-9 + 1e-300;
+  int64_t kept = 0;
+  for (int64_t i = begin; i < end; i++) {
+    if (s->sdead[s->xpos[i]]) continue;
+    flags[s->rank[i]] = 1;
+    if (++kept == max_keep) return 1;
+    const float b[5] = {s->x1[i], s->y1[i], s->x2[i], s->y2[i], s->area[i]};
+    const double lo_x = (double)b[0] - wmax - slack - fabs((double)b[0]) * 1e-9;
+    const float hi_x = b[2];
+    int64_t lo = begin, hi = end;
+#define BELOW_LO(v) ((double)(v) <= lo_x)
+#define BELOW_HI(v) ((v) < hi_x)
+    LOWER_BOUND(s->sx1, lo, hi, BELOW_LO);
+    int64_t first = lo;
+    hi = end;
+    LOWER_BOUND(s->sx1, lo, hi, BELOW_HI);
+#undef BELOW_LO
+#undef BELOW_HI
+    sweep(s->sx1, s->sy1, s->sx2, s->sy2, s->sarea, s->sdead, first, lo, b, thr);
+  }
+  return 1;
+}
+
+static void class_nms(const nms_soa *s, int64_t begin, int64_t end, float thr, int64_t max_keep,
+                      sweep_fn sweep, uint8_t *flags) {
+  if (end - begin >= XSORT_MIN && greedy_x(s, begin, end, thr, max_keep, sweep, flags)) return;
+  greedy(s, begin, end, thr, max_keep, sweep, flags);
 }
 
 MIXPREC__INLINE int64_t load_class(const void *classes, mixprec_index_dtype dt, int64_t i) {
@@ -270,7 +360,7 @@ static mixprec_status run(const void *boxes, mixprec_dtype boxes_dtype, const vo
   /* One allocation: keys, tk (u32), orig, tv, rank, dead, perm (i32),
    * x1, y1, x2, y2, area (f32), seg (i64), flags (u8). */
   const size_t nn = (size_t)n + 8;
-  const size_t bytes = nn * (4 * 2 + 4 * 5 + 4 * 5 + 8 + 1) + 64;
+  const size_t bytes = nn * (4 * 2 + 4 * 5 + 4 * 5 + 8 + 1 + 4 * 7) + 64;
   uint8_t *mem = (uint8_t *)malloc(bytes);
   if (!mem) return MIXPREC_ERR_OUT_OF_MEMORY;
   uint8_t *at = mem;
@@ -291,9 +381,19 @@ static mixprec_status run(const void *boxes, mixprec_dtype boxes_dtype, const vo
   TAKE(float, area, nn);
   TAKE(int32_t, rank, nn);
   TAKE(int32_t, dead, nn);
+  TAKE(float, sx1, nn);
+  TAKE(float, sy1, nn);
+  TAKE(float, sx2, nn);
+  TAKE(float, sy2, nn);
+  TAKE(float, sarea, nn);
+  TAKE(int32_t, sdead, nn);
+  TAKE(int32_t, xpos, nn);
   TAKE(uint8_t, flags, nn);
 #undef TAKE
   s.x1 = x1, s.y1 = y1, s.x2 = x2, s.y2 = y2, s.area = area, s.rank = rank, s.dead = dead;
+  s.sx1 = sx1, s.sy1 = sy1, s.sx2 = sx2, s.sy2 = sy2, s.sarea = sarea, s.sdead = sdead;
+  /* The score sort's buffers are free once the boxes are gathered. */
+  s.xpos = xpos, s.key = keys, s.tkey = tk, s.val = tv, s.tval = perm;
 
   /* Candidates (score > threshold), sorted by decreasing score, stable. */
   int64_t m = 0;
@@ -335,7 +435,7 @@ static mixprec_status run(const void *boxes, mixprec_dtype boxes_dtype, const vo
   const int64_t max_keep = p->max_output >= 0 ? p->max_output : -1;
   if (max_keep != 0) {
     if (n_seg == 1) {
-      greedy(&s, 0, m, iou_thr, max_keep, sweep, flags);
+      class_nms(&s, 0, m, iou_thr, max_keep, sweep, flags);
     } else {
       /* Threads pay only for enough pairs: a parallel region costs tens of
        * microseconds, and far more when the cores are shared (a spinning
@@ -353,7 +453,7 @@ static mixprec_status run(const void *boxes, mixprec_dtype boxes_dtype, const vo
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
 #endif
       for (int64_t c = 0; c < n_seg; c++)
-        greedy(&s, seg[c], seg[c + 1], iou_thr, max_keep, sweep, flags);
+        class_nms(&s, seg[c], seg[c + 1], iou_thr, max_keep, sweep, flags);
     }
   }
 

@@ -37,6 +37,9 @@ int64_t mixprec__nms_sweep_avx2(const float *x1, const float *y1, const float *x
     const __m256 w = _mm256_max_ps(_mm256_sub_ps(xx2, xx1), zero);
     const __m256 h = _mm256_max_ps(_mm256_sub_ps(yy2, yy1), zero);
     const __m256 inter = _mm256_mul_ps(w, h);
+    /* inter == 0 gives IoU +-0 or NaN, never > thr (thr >= 0): in sparse
+     * scenes most candidates skip the division. */
+    if (_mm256_movemask_ps(_mm256_cmp_ps(inter, zero, _CMP_EQ_OQ)) == 0xff) continue;
     const __m256 uni = _mm256_sub_ps(_mm256_add_ps(barea, _mm256_loadu_ps(area + j)), inter);
     const __m256 ovr = _mm256_div_ps(inter, uni);
     const __m256 hit = _mm256_cmp_ps(ovr, vthr, _CMP_GT_OQ);

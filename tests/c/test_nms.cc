@@ -69,7 +69,10 @@ std::vector<int64_t> RefNms(const Buf &boxes, const Buf &scores, const std::vect
 // Boxes in clusters (many overlaps) or spread out; scores with ties. With
 // `specials`, some coordinates and scores are NaN/inf and some boxes are
 // degenerate (points, inverted).
-void MakeBoxes(std::mt19937 &rng, int64_t n, bool clustered, bool specials, Buf &boxes, Buf &scores) {
+// With `y_only`, the specials touch only y coordinates (x stays finite, so
+// the x-sorted pruned loop still runs) and a few boxes are very wide.
+void MakeBoxes(std::mt19937 &rng, int64_t n, bool clustered, bool specials, Buf &boxes, Buf &scores,
+               bool y_only = false) {
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
   std::normal_distribution<float> g(0.0f, 1.0f);
   const int64_t k = std::max<int64_t>(1, n / 30);
@@ -86,8 +89,10 @@ void MakeBoxes(std::mt19937 &rng, int64_t n, bool clustered, bool specials, Buf 
     float v[4] = {x, y, x + w, y + h};
     if (specials) {
       const uint32_t r = rng() % 100;
-      if (r < 3) v[rng() % 4] = std::numeric_limits<float>::quiet_NaN();
-      else if (r < 5) v[rng() % 4] = (rng() & 1) ? INFINITY : -INFINITY;
+      const int c = y_only ? 1 + 2 * int(rng() % 2) : int(rng() % 4);
+      if (r < 3) v[c] = std::numeric_limits<float>::quiet_NaN();
+      else if (r < 5) v[c] = (rng() & 1) ? INFINITY : -INFINITY;
+      else if (y_only && r < 7) v[0] -= 3000, v[2] += 3000;  // very wide
       else if (r < 10) v[2] = v[0], v[3] = v[1];  // point
       else if (r < 13) std::swap(v[0], v[2]);     // inverted
     }
@@ -158,11 +163,11 @@ TEST_P(NmsParity, EveryIsaEqualsTorchvisionLoop) {
   IsaGuard guard;
   const mixprec_dtype dt = GetParam();
   std::mt19937 rng(mpt::kSeed + 401 + unsigned(dt));
-  for (int64_t n : {0, 1, 2, 7, 8, 9, 17, 100, 1000, 2500}) {
-    for (int variant = 0; variant < 4; variant++) {
-      const bool clustered = variant & 1, specials = variant & 2;
+  for (int64_t n : {0, 1, 2, 7, 8, 9, 17, 100, 1000, 1024, 2500}) {
+    for (int variant = 0; variant < 6; variant++) {
+      const bool clustered = variant & 1, specials = variant >= 2, y_only = variant >= 4;
       Buf boxes(dt, 4 * n, n % 2 == 1), scores(dt, n);
-      MakeBoxes(rng, n, clustered, specials, boxes, scores);
+      MakeBoxes(rng, n, clustered, specials, boxes, scores, y_only);
       for (double thr : {0.0, 1.0 / 3.0, 0.5, 0.7, 1.0, 2.0}) {
         Options o;
         o.thr = thr;
@@ -185,7 +190,7 @@ TEST_P(NmsParity, BatchedEveryIsaAndThreadCount) {
   for (int64_t n : {1, 50, 3000}) {
     for (int64_t n_cls : {1, 3, 80}) {
       Buf boxes(dt, 4 * n), scores(dt, n);
-      MakeBoxes(rng, n, true, n_cls == 3, boxes, scores);
+      MakeBoxes(rng, n, n_cls != 80, n_cls != 1, boxes, scores, n_cls == 80);
       std::vector<int64_t> cls(static_cast<size_t>(n)), wide(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; i++) {
         cls[size_t(i)] = int64_t(rng() % uint32_t(n_cls)) - 1;
