@@ -20,7 +20,7 @@ Also the peak memory of CE forward+backward on the segmentation logits:
 upcast+torch vs mixprec (CPU: torch profiler's allocation events; CUDA:
 torch.cuda.max_memory_allocated).
 
-Usage: python bench/bench_softmax.py [--device cpu|cuda] [--quick] [--reps N] [--out FILE]
+Usage: python bench/bench_softmax.py [--device cpu|cuda] [--quick] [--reps N] [--threads N] [--out FILE]
 """
 
 from __future__ import annotations
@@ -180,7 +180,14 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small sizes, few runs (smoke test)")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--out", default=None, help="write the tables as Markdown here")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="CPU threads for torch and mixprec alike (default: torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        import ctypes
+
+        torch.set_num_threads(args.threads)
+        ctypes.CDLL(mixprec.library_path()).mixprec_set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda" and not mixprec.cuda_ops_loaded():
         sys.exit("mixprec CUDA ops not loaded (no GPU, or libmixprec_cuda.so not built)")
@@ -219,7 +226,7 @@ def main():
             f.write(f"# softmax / cross-entropy benchmark ({device.type})\n\n")
             f.write(f"Machine: {info}. Date: {when}. Median of {reps} interleaved runs, one process.\n")
             f.write(f"Command: `python bench/bench_softmax.py --device {args.device}"
-                    f"{' --quick' if args.quick else ''}`\n\n")
+                    f"{' --quick' if args.quick else ''}{f' --threads {args.threads}' if args.threads else ''}`\n\n")
             f.write("\n".join(rows) + "\n\n" + mem + "\n")
 
 

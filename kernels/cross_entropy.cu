@@ -54,7 +54,7 @@ __device__ __forceinline__ double position_loss(float xt, float m, float lg, flo
 }
 
 template <int D, bool WARP>
-__global__ void ce_rows(const void *__restrict__ logits, CeArgs a) {
+__global__ void ce_rows(const void *logits, CeArgs a) {
   __shared__ float scratch[64];
   const int64_t row = WARP ? (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
   if (WARP && row >= a.outer) return;
@@ -105,7 +105,7 @@ __global__ void ce_rows(const void *__restrict__ logits, CeArgs a) {
 }
 
 template <int D>
-__global__ void ce_cols(const void *__restrict__ logits, CeArgs a, int64_t o0) {
+__global__ void ce_cols(const void *logits, CeArgs a, int64_t o0) {
   __shared__ double scratch[2 * 32];
   const int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t o = o0 + blockIdx.y;
@@ -189,7 +189,7 @@ __device__ __forceinline__ float grad_of(const CeBwdArgs &a, int64_t pos) {
 }
 
 template <int D, bool WARP>
-__global__ void ce_rows_bwd(const void *__restrict__ logits, void *__restrict__ dx, CeBwdArgs a) {
+__global__ void ce_rows_bwd(const void *logits, void *dx, CeBwdArgs a) {
   __shared__ float scratch[64];
   const int64_t row = WARP ? (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
   if (WARP && row >= a.outer) return;
@@ -221,7 +221,7 @@ __global__ void ce_rows_bwd(const void *__restrict__ logits, void *__restrict__ 
 }
 
 template <int D>
-__global__ void ce_cols_bwd(const void *__restrict__ logits, void *__restrict__ dx, CeBwdArgs a, int64_t o0) {
+__global__ void ce_cols_bwd(const void *logits, void *dx, CeBwdArgs a, int64_t o0) {
   const int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t o = o0 + blockIdx.y;
   const int64_t C = a.classes, inner = a.inner;

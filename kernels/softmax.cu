@@ -167,7 +167,7 @@ namespace {
  * WARP: one warp per row (row = blockIdx.x * warps + warp), else one block. */
 
 template <int DX, int DY, bool LOG, bool WARP>
-__global__ void softmax_rows(const void *__restrict__ x, void *__restrict__ y, int64_t rows, int64_t n) {
+__global__ void softmax_rows(const void *x, void *y, int64_t rows, int64_t n) {
   __shared__ float scratch[64];
   const int64_t row = WARP ? (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
   if (WARP && row >= rows) return;
@@ -213,7 +213,7 @@ __global__ void softmax_rows(const void *__restrict__ x, void *__restrict__ y, i
 }
 
 template <int DY, int DX, bool LOG, bool WARP>
-__global__ void softmax_rows_bwd(const void *__restrict__ dy, const void *__restrict__ y, void *dx,
+__global__ void softmax_rows_bwd(const void *dy, const void *y, void *dx,
                                  int64_t rows, int64_t n) {
   __shared__ float scratch[64];
   const int64_t row = WARP ? (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
@@ -236,7 +236,7 @@ __global__ void softmax_rows_bwd(const void *__restrict__ dy, const void *__rest
 /* ---- strided kernels: one thread per column ---------------------------------- */
 
 template <int DX, int DY, bool LOG>
-__global__ void softmax_cols(const void *__restrict__ x, void *__restrict__ y, int64_t outer, int64_t n,
+__global__ void softmax_cols(const void *x, void *y, int64_t outer, int64_t n,
                              int64_t inner) {
   const int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t o = blockIdx.y;
@@ -252,7 +252,7 @@ __global__ void softmax_cols(const void *__restrict__ x, void *__restrict__ y, i
 }
 
 template <int DY, int DX, bool LOG>
-__global__ void softmax_cols_bwd(const void *__restrict__ dy, const void *__restrict__ y, void *dx,
+__global__ void softmax_cols_bwd(const void *dy, const void *y, void *dx,
                                  int64_t outer, int64_t n, int64_t inner) {
   const int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t o = blockIdx.y;

@@ -14,6 +14,7 @@
 
 #define MIXPREC__SM_WIDTH 32
 #define PARALLEL_MIN ((int64_t)1 << 15)
+#define CHUNK_ELEMS ((int64_t)1 << 15) /* see softmax.c */
 
 /* Defined in softmax.c and softmax_avx2.c (see there). */
 void mixprec__ce_stats_scalar(const void *x, mixprec_dtype xd, int64_t n,
@@ -100,6 +101,12 @@ static int use_avx2(void) {
 #endif
 }
 
+MIXPREC__INLINE int chunk_slices(int64_t numel, int64_t slices) {
+  const int64_t per = numel / (slices > 0 ? slices : 1);
+  const int64_t c = CHUNK_ELEMS / (per > 0 ? per : 1);
+  return c < 1 ? 1 : c > 4096 ? 4096 : (int)c;
+}
+
 MIXPREC__INLINE int64_t slice_count(int64_t outer, int64_t inner) {
   return inner == 1 ? outer : outer * ((inner + MIXPREC__SM_WIDTH - 1) / MIXPREC__SM_WIDTH);
 }
@@ -152,7 +159,8 @@ mixprec_status mixprec_cross_entropy(const void *logits, mixprec_dtype dtype,
   }
   const size_t es = (size_t)mixprec_dtype_size(dtype);
   const int n_threads = positions * n < PARALLEL_MIN ? 1 : mixprec__num_threads();
-#pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1)
+  const int chunk = chunk_slices(positions * n, slices);
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(n_threads) if (n_threads > 1)
   for (int64_t t = 0; t < slices; t++) {
     int64_t width, pos;
     const int64_t off = slice_at(t, n, inner, &width, &pos);
@@ -226,7 +234,8 @@ mixprec_status mixprec_cross_entropy_backward(const float *grad_loss, const void
   const int64_t slices = slice_count(p->outer, inner);
   const size_t es = (size_t)mixprec_dtype_size(dtype);
   const int n_threads = positions * n < PARALLEL_MIN ? 1 : mixprec__num_threads();
-#pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1)
+  const int chunk = chunk_slices(positions * n, slices);
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(n_threads) if (n_threads > 1)
   for (int64_t t = 0; t < slices; t++) {
     int64_t width, pos;
     const int64_t off = slice_at(t, n, inner, &width, &pos);

@@ -21,6 +21,11 @@
 #define MIXPREC__SM_WIDTH 32
 /* Below this many elements in all, a parallel region costs more than it saves. */
 #define PARALLEL_MIN ((int64_t)1 << 15)
+/* Slices are handed out in chunks of about this many elements, first come
+ * first served: on a shared machine a thread that loses its core does not
+ * hold the others up at the end (a slice is always computed whole by one
+ * thread, so results do not depend on who takes it). */
+#define CHUNK_ELEMS ((int64_t)1 << 15)
 
 /* ---- The slice kernels, declared here and in cross_entropy.c ------------ */
 
@@ -196,6 +201,12 @@ MIXPREC__INLINE int64_t slice_count(int64_t outer, int64_t inner) {
   return inner == 1 ? outer : outer * ((inner + MIXPREC__SM_WIDTH - 1) / MIXPREC__SM_WIDTH);
 }
 
+MIXPREC__INLINE int chunk_slices(int64_t numel, int64_t slices) {
+  const int64_t per = numel / (slices > 0 ? slices : 1);
+  const int64_t c = CHUNK_ELEMS / (per > 0 ? per : 1);
+  return c < 1 ? 1 : c > 4096 ? 4096 : (int)c;
+}
+
 /* Element offset and width of slice t. */
 MIXPREC__INLINE int64_t slice_at(int64_t t, int64_t n, int64_t inner, int64_t *width) {
   if (inner == 1) {
@@ -223,6 +234,7 @@ static mixprec_status softmax_fwd(const void *x, mixprec_dtype xd, void *y,
 #endif
   const int64_t slices = slice_count(outer, inner);
   const int n_threads = numel < PARALLEL_MIN ? 1 : mixprec__num_threads();
+  const int chunk = chunk_slices(numel, slices);
   /* The AVX2 row kernel keeps exp(x - max) of its row in float scratch
    * (n floats per thread, L2-resident for rows up to ~100k). */
   float *scratch = NULL;
@@ -239,7 +251,7 @@ static mixprec_status softmax_fwd(const void *x, mixprec_dtype xd, void *y,
     tid = omp_get_thread_num();
 #endif
     float *mine = scratch ? scratch + (size_t)tid * (size_t)per_thread : NULL;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, chunk)
     for (int64_t t = 0; t < slices; t++) {
       int64_t width;
       const int64_t off = slice_at(t, n, inner, &width);
@@ -264,8 +276,9 @@ static mixprec_status softmax_bwd(const void *dy, const void *y, mixprec_dtype y
 #endif
   const int64_t slices = slice_count(outer, inner);
   const int n_threads = numel < PARALLEL_MIN ? 1 : mixprec__num_threads();
+  const int chunk = chunk_slices(numel, slices);
   const size_t ys = (size_t)mixprec_dtype_size(yd), xs = (size_t)mixprec_dtype_size(dxd);
-#pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1)
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(n_threads) if (n_threads > 1)
   for (int64_t t = 0; t < slices; t++) {
     int64_t width;
     const int64_t off = slice_at(t, n, inner, &width);
