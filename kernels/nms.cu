@@ -135,6 +135,9 @@ __device__ __forceinline__ bool suppresses(float4 a, float area_a, float4 b, flo
   const float w = tv_max(0.0f, __fsub_rn(xx2, xx1));
   const float h = tv_max(0.0f, __fsub_rn(yy2, yy1));
   const float inter = __fmul_rn(w, h);
+  /* inter == 0 (or NaN) gives IoU +-0 or NaN, never > thr >= 0: skip the
+   * division, the costly part, for the many pairs that do not intersect. */
+  if (!(inter > 0.0f)) return false;
   const float ovr = __fdiv_rn(inter, __fsub_rn(__fadd_rn(area_a, area_b), inter));
   return ovr > thr;
 }

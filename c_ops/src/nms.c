@@ -5,11 +5,13 @@
  * gather the boxes in that order into structure-of-arrays floats
  * (x1, y1, x2, y2, area); for the batched variant regroup them by class
  * (stable, so each class stays in score order). Then, per class, the greedy
- * loop: the first live box is kept and sweeps every later live box of its
+ * loop: the first live box is kept and sweeps the later live boxes of its
  * class with an IoU test that is SIMD over 8 candidates (nms_avx2.c), marking
- * the ones it suppresses. When a quarter of the remaining candidates are dead
- * they are compacted away, so in dense scenes each kept box only looks at
- * the survivors. Classes run in parallel; each marks its kept boxes in a
+ * the ones it suppresses. A class of 1024+ candidates with finite x
+ * coordinates is also sorted by x1, and a kept box only sweeps the x-range
+ * that can intersect it (greedy_x: near-linear in sparse scenes); smaller
+ * classes compact the dead candidates away once a quarter of the remaining
+ * ones are dead. Classes run in parallel; each marks its kept boxes in a
  * per-rank flag array, which is read out in rank order (= global decreasing
  * score, stable) at the end, so the result does not depend on threads.
  *
