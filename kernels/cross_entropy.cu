@@ -268,7 +268,7 @@ mixprec_status check(const void *logits, mixprec_dtype dtype, const int64_t *tar
   if (p->outer == 0 || p->inner == 0) return MIXPREC_OK;
   if (p->outer > INT64_MAX / p->inner) return MIXPREC_ERR_BAD_SIZE;
   *positions = p->outer * p->inner;
-  if (p->classes < 1) return MIXPREC_ERR_BAD_SIZE;
+  if (p->classes < 1 || p->classes > INT32_MAX) return MIXPREC_ERR_BAD_SIZE;
   if (p->classes > INT64_MAX / *positions) return MIXPREC_ERR_BAD_SIZE;
   if (!logits || !target) return MIXPREC_ERR_NULL_POINTER;
   if ((uintptr_t)logits % (uintptr_t)mixprec_dtype_size(dtype) || (uintptr_t)target % 8 ||

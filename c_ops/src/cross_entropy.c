@@ -24,7 +24,8 @@ void mixprec__ce_stats_scalar(const void *x, mixprec_dtype xd, int64_t n,
 void mixprec__ce_grad_scalar(const void *x, mixprec_dtype xd, void *dx,
                              int64_t n, int64_t stride, int64_t width,
                              const float *mx, const float *lg, const float *a,
-                             const float *b, const float *weight);
+                             const float *b, const float *weight, const int32_t *tc,
+                             const float *bt);
 #if defined(MIXPREC_X86)
 void mixprec__ce_stats_avx2(const void *x, mixprec_dtype xd, int64_t n,
                             int64_t stride, int64_t width, const float *weight,
@@ -32,14 +33,15 @@ void mixprec__ce_stats_avx2(const void *x, mixprec_dtype xd, int64_t n,
 void mixprec__ce_grad_avx2(const void *x, mixprec_dtype xd, void *dx,
                            int64_t n, int64_t stride, int64_t width,
                            const float *mx, const float *lg, const float *a,
-                           const float *b, const float *weight);
+                           const float *b, const float *weight, const int32_t *tc,
+                           const float *bt);
 #endif
 
 typedef void (*stats_fn)(const void *, mixprec_dtype, int64_t, int64_t, int64_t,
                          const float *, float *, float *, float *);
 typedef void (*grad_fn)(const void *, mixprec_dtype, void *, int64_t, int64_t, int64_t,
                         const float *, const float *, const float *, const float *,
-                        const float *);
+                        const float *, const int32_t *, const float *);
 
 mixprec_cross_entropy_params mixprec_cross_entropy_params_default(void) {
   mixprec_cross_entropy_params p;
@@ -82,7 +84,7 @@ static mixprec_status check(const void *logits, mixprec_dtype dtype, const int64
   if (p->outer == 0 || p->inner == 0) return MIXPREC_OK;
   if (p->outer > INT64_MAX / p->inner) return MIXPREC_ERR_BAD_SIZE;
   *positions = p->outer * p->inner;
-  if (p->classes < 1) return MIXPREC_ERR_BAD_SIZE;
+  if (p->classes < 1 || p->classes > INT32_MAX) return MIXPREC_ERR_BAD_SIZE;
   if (p->classes > INT64_MAX / *positions) return MIXPREC_ERR_BAD_SIZE;
   if (!logits || !target) return MIXPREC_ERR_NULL_POINTER;
   int bad = 0;
@@ -242,13 +244,16 @@ mixprec_status mixprec_cross_entropy_backward(const float *grad_loss, const void
     const char *x = (const char *)logits + (size_t)off * es;
     char *dx = (char *)grad_logits + (size_t)off * es;
     float m[MIXPREC__SM_WIDTH], l[MIXPREC__SM_WIDTH], a[MIXPREC__SM_WIDTH], b[MIXPREC__SM_WIDTH];
+    float bt[MIXPREC__SM_WIDTH];
+    int32_t tc[MIXPREC__SM_WIDTH];
     for (int64_t j = 0; j < width; j++) {
       const int64_t tg = target[pos + j];
       if (tg == p->ignore_index) {
         /* exp(x - inf) = 0: the whole slice of this position becomes 0. */
         m[j] = INFINITY;
         l[j] = 0.0f;
-        a[j] = b[j] = 0.0f;
+        a[j] = b[j] = bt[j] = 0.0f;
+        tc[j] = -1;
         continue;
       }
       const float g = p->reduction == MIXPREC_REDUCTION_NONE ? grad_loss[pos + j] : g_all;
@@ -257,20 +262,11 @@ mixprec_status mixprec_cross_entropy_backward(const float *grad_loss, const void
       l[j] = stats[positions + pos + j];
       a[j] = (float)((double)g * ((1.0 - eps) * wt + eps / (double)n * wsum_all));
       b[j] = (float)((double)g * eps / (double)n);
+      /* The target's own term, -g * (1 - eps) * w_t. */
+      bt[j] = (float)((double)g * (1.0 - eps) * wt);
+      tc[j] = (int32_t)tg;
     }
-    fn(x, dtype, dx, n, inner, width, m, l, a, b, weight);
-    /* The target's own term, -g * (1 - eps) * w_t, on top of what the
-     * kernel wrote. */
-    for (int64_t j = 0; j < width; j++) {
-      const int64_t tg = target[pos + j];
-      if (tg == p->ignore_index) continue;
-      const float g = p->reduction == MIXPREC_REDUCTION_NONE ? grad_loss[pos + j] : g_all;
-      const float wt = weight ? weight[tg] : 1.0f;
-      const int64_t i = tg * inner + j;
-      const float pt = expf((ld(x, dtype, i) - m[j]) - l[j]);
-      const float bt = (float)((double)g * (1.0 - eps) * (double)wt);
-      st(dx, dtype, i, a[j] * pt - b[j] * wt - bt);
-    }
+    fn(x, dtype, dx, n, inner, width, m, l, a, b, weight, tc, bt);
   }
   return MIXPREC_OK;
 }

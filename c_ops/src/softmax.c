@@ -44,11 +44,13 @@ void mixprec__ce_stats_scalar(const void *x, mixprec_dtype xd, int64_t n,
                               int64_t stride, int64_t width,
                               const float *weight, float *mx, float *se,
                               float *wx);
-/* Per column j: dx_c = a[j] * exp((x_c - mx[j]) - lg[j]) - b[j] * w_c. */
+/* Per column j: dx_c = a[j] * exp((x_c - mx[j]) - lg[j]) - b[j] * w_c,
+ * minus bt[j] where c == tc[j] (the target; -1 for an ignored position). */
 void mixprec__ce_grad_scalar(const void *x, mixprec_dtype xd, void *dx,
                              int64_t n, int64_t stride, int64_t width,
                              const float *mx, const float *lg, const float *a,
-                             const float *b, const float *weight);
+                             const float *b, const float *weight, const int32_t *tc,
+                             const float *bt);
 #if defined(MIXPREC_X86)
 void mixprec__softmax_fwd_avx2(const void *x, mixprec_dtype xd, void *y,
                                mixprec_dtype yd, int64_t n, int64_t stride,
@@ -158,12 +160,15 @@ void mixprec__ce_stats_scalar(const void *x, mixprec_dtype xd, int64_t n,
 void mixprec__ce_grad_scalar(const void *x, mixprec_dtype xd, void *dx,
                              int64_t n, int64_t stride, int64_t width,
                              const float *mx, const float *lg, const float *a,
-                             const float *b, const float *weight) {
+                             const float *b, const float *weight, const int32_t *tc,
+                             const float *bt) {
   for (int64_t c = 0; c < n; c++) {
     const float wc = weight ? weight[c] : 1.0f;
     for (int64_t j = 0; j < width; j++) {
       const int64_t i = c * stride + j;
-      st(dx, xd, i, a[j] * expf((ld(x, xd, i) - mx[j]) - lg[j]) - b[j] * wc);
+      float v = a[j] * expf((ld(x, xd, i) - mx[j]) - lg[j]) - b[j] * wc;
+      if (c == tc[j]) v -= bt[j];
+      st(dx, xd, i, v);
     }
   }
 }

@@ -26,7 +26,8 @@ void mixprec__ce_stats_avx2(const void *x, mixprec_dtype xd, int64_t n,
 void mixprec__ce_grad_avx2(const void *x, mixprec_dtype xd, void *dx,
                            int64_t n, int64_t stride, int64_t width,
                            const float *mx, const float *lg, const float *a,
-                           const float *b, const float *weight);
+                           const float *b, const float *weight, const int32_t *tc,
+                           const float *bt);
 
 #define FORCE static inline __attribute__((always_inline))
 
@@ -386,7 +387,8 @@ FORCE void row_ce_stats(const void *x, const mixprec_dtype xd, int64_t n, const 
 }
 
 FORCE void row_ce_grad(const void *x, const mixprec_dtype xd, void *dx, int64_t n, float mx,
-                       float lg, float a, float b, const float *weight) {
+                       float lg, float a, float b, const float *weight, int64_t t, float bt) {
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256 vm = _mm256_set1_ps(mx), vl = _mm256_set1_ps(lg), va = _mm256_set1_ps(a),
                vb = _mm256_set1_ps(b);
   for (int64_t i = 0; i < n; i += 8) {
@@ -395,7 +397,11 @@ FORCE void row_ce_grad(const void *x, const mixprec_dtype xd, void *dx, int64_t 
     const __m256 w = weight ? (k >= 8 ? _mm256_loadu_ps(weight + i) : load_part(weight, MIXPREC_F32, i, k, 0.0f))
                             : _mm256_set1_ps(1.0f);
     const __m256 e = exp8(_mm256_sub_ps(_mm256_sub_ps(v, vm), vl));
-    const __m256 r = _mm256_fnmadd_ps(vb, w, _mm256_mul_ps(va, e));
+    __m256 r = _mm256_fnmadd_ps(vb, w, _mm256_mul_ps(va, e));
+    if (t >= i && t < i + 8) {
+      const __m256i hit = _mm256_cmpeq_epi32(iota, _mm256_set1_epi32((int)(t - i)));
+      r = _mm256_sub_ps(r, _mm256_and_ps(_mm256_castsi256_ps(hit), _mm256_set1_ps(bt)));
+    }
     if (k >= 8)
       store8(dx, xd, i, r);
     else
@@ -424,23 +430,32 @@ FORCE void cols_ce_stats(const void *x, const mixprec_dtype xd, int64_t n, int64
 
 FORCE void cols_ce_grad(const void *x, const mixprec_dtype xd, void *dx, int64_t n,
                         int64_t stride, int64_t width, const float *mx, const float *lg,
-                        const float *a, const float *b, const float *weight) {
+                        const float *a, const float *b, const float *weight, const int32_t *tc,
+                        const float *bt) {
   const int groups = (int)((width + 7) / 8);
-  __m256 vm[4], vl[4], va[4], vb[4];
+  __m256 vm[4], vl[4], va[4], vb[4], vbt[4];
+  __m256i vt[4];
   for (int g = 0; g < groups; g++) {
     const int64_t j = 8 * (int64_t)g, k = width - j;
     vm[g] = k >= 8 ? _mm256_loadu_ps(mx + j) : load_part(mx, MIXPREC_F32, j, k, 0.0f);
     vl[g] = k >= 8 ? _mm256_loadu_ps(lg + j) : load_part(lg, MIXPREC_F32, j, k, 0.0f);
     va[g] = k >= 8 ? _mm256_loadu_ps(a + j) : load_part(a, MIXPREC_F32, j, k, 0.0f);
     vb[g] = k >= 8 ? _mm256_loadu_ps(b + j) : load_part(b, MIXPREC_F32, j, k, 0.0f);
+    vbt[g] = k >= 8 ? _mm256_loadu_ps(bt + j) : load_part(bt, MIXPREC_F32, j, k, 0.0f);
+    int32_t t8[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
+    for (int64_t l = 0; l < (k < 8 ? k : 8); l++) t8[l] = tc[j + l];
+    vt[g] = _mm256_loadu_si256((const __m256i *)t8);
   }
   for (int64_t c = 0; c < n; c++) {
     const __m256 w = _mm256_set1_ps(weight ? weight[c] : 1.0f);
+    const __m256i vc = _mm256_set1_epi32((int32_t)c);
     for (int g = 0; g < groups; g++) {
       const __m256 v = col_load(x, xd, c, stride, g, width, 0.0f);
-      col_store(dx, xd, c, stride, g, width,
-                _mm256_fnmadd_ps(vb[g], w,
-                                 _mm256_mul_ps(va[g], exp8(_mm256_sub_ps(_mm256_sub_ps(v, vm[g]), vl[g])))));
+      __m256 r = _mm256_fnmadd_ps(vb[g], w,
+                                  _mm256_mul_ps(va[g], exp8(_mm256_sub_ps(_mm256_sub_ps(v, vm[g]), vl[g]))));
+      const __m256 hit = _mm256_castsi256_ps(_mm256_cmpeq_epi32(vt[g], vc));
+      r = _mm256_sub_ps(r, _mm256_and_ps(hit, vbt[g]));
+      col_store(dx, xd, c, stride, g, width, r);
     }
   }
 }
@@ -510,20 +525,21 @@ void mixprec__ce_stats_avx2(const void *x, mixprec_dtype xd, int64_t n,
 void mixprec__ce_grad_avx2(const void *x, mixprec_dtype xd, void *dx,
                            int64_t n, int64_t stride, int64_t width,
                            const float *mx, const float *lg, const float *a,
-                           const float *b, const float *weight) {
+                           const float *b, const float *weight, const int32_t *tc,
+                           const float *bt) {
   const int row = stride == 1 && width == 1;
   switch (xd) {
     case MIXPREC_F16:
-      if (row) row_ce_grad(x, MIXPREC_F16, dx, n, mx[0], lg[0], a[0], b[0], weight);
-      else cols_ce_grad(x, MIXPREC_F16, dx, n, stride, width, mx, lg, a, b, weight);
+      if (row) row_ce_grad(x, MIXPREC_F16, dx, n, mx[0], lg[0], a[0], b[0], weight, tc[0], bt[0]);
+      else cols_ce_grad(x, MIXPREC_F16, dx, n, stride, width, mx, lg, a, b, weight, tc, bt);
       break;
     case MIXPREC_BF16:
-      if (row) row_ce_grad(x, MIXPREC_BF16, dx, n, mx[0], lg[0], a[0], b[0], weight);
-      else cols_ce_grad(x, MIXPREC_BF16, dx, n, stride, width, mx, lg, a, b, weight);
+      if (row) row_ce_grad(x, MIXPREC_BF16, dx, n, mx[0], lg[0], a[0], b[0], weight, tc[0], bt[0]);
+      else cols_ce_grad(x, MIXPREC_BF16, dx, n, stride, width, mx, lg, a, b, weight, tc, bt);
       break;
     default:
-      if (row) row_ce_grad(x, MIXPREC_F32, dx, n, mx[0], lg[0], a[0], b[0], weight);
-      else cols_ce_grad(x, MIXPREC_F32, dx, n, stride, width, mx, lg, a, b, weight);
+      if (row) row_ce_grad(x, MIXPREC_F32, dx, n, mx[0], lg[0], a[0], b[0], weight, tc[0], bt[0]);
+      else cols_ce_grad(x, MIXPREC_F32, dx, n, stride, width, mx, lg, a, b, weight, tc, bt);
       break;
   }
 }

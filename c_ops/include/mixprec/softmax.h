@@ -92,7 +92,8 @@ typedef enum mixprec_reduction {
  * an unbatched (C) input -> outer = 1, inner = 1. The target is a contiguous
  * int64 array of outer * inner class indices ("positions"). */
 typedef struct mixprec_cross_entropy_params {
-  int64_t outer, classes, inner; /* classes >= 1 when there is a position */
+  int64_t outer, classes, inner; /* 1 <= classes <= INT32_MAX when there is
+                                    a position */
   int64_t ignore_index;          /* positions with this target count nothing */
   double label_smoothing;        /* in [0, 1] */
   mixprec_reduction reduction;
