@@ -17,30 +17,31 @@ void unscale_cpu(std::vector<Tensor> grads, Tensor found_inf, Tensor inv_scale) 
                "unscale_");
 }
 
-std::tuple<Tensor, Tensor> unscale_norm_cpu(std::vector<Tensor> grads, Tensor found_inf,
-                                            Tensor inv_scale) {
-  UnscaleArgs a = unscale_args("unscale_norm_", grads, found_inf, inv_scale);
+using CpuNormFn = mixprec_status (*)(const mixprec_tensor*, int64_t, const float*, float*,
+                                     float*, float*);
+
+// unscale_norm_ (in place) and grad_norm (read only): the same call.
+template <CpuNormFn Fn>
+std::tuple<Tensor, Tensor> norm_cpu(const char* op, std::vector<Tensor> grads, Tensor found_inf,
+                                    Tensor inv_scale) {
+  UnscaleArgs a = unscale_args(op, grads, found_inf, inv_scale);
   int64_t n = (int64_t)a.list.size();
   Tensor norms = torch::stable::new_empty(found_inf, {n}, ScalarType::Float);
   Tensor total = torch::stable::new_empty(found_inf, {}, ScalarType::Float);
-  check_status(mixprec_unscale(a.list.data(), n, a.inv_scale, a.found_inf,
-                               static_cast<float*>(norms.data_ptr()),
-                               static_cast<float*>(total.data_ptr())),
-               "unscale_norm_");
+  check_status(Fn(a.list.data(), n, a.inv_scale, a.found_inf,
+                  static_cast<float*>(norms.data_ptr()), static_cast<float*>(total.data_ptr())),
+               op);
   return {norms, total};
+}
+
+std::tuple<Tensor, Tensor> unscale_norm_cpu(std::vector<Tensor> grads, Tensor found_inf,
+                                            Tensor inv_scale) {
+  return norm_cpu<mixprec_unscale>("unscale_norm_", grads, found_inf, inv_scale);
 }
 
 std::tuple<Tensor, Tensor> grad_norm_cpu(std::vector<Tensor> grads, Tensor found_inf,
                                          Tensor inv_scale) {
-  UnscaleArgs a = unscale_args("grad_norm", grads, found_inf, inv_scale);
-  int64_t n = (int64_t)a.list.size();
-  Tensor norms = torch::stable::new_empty(found_inf, {n}, ScalarType::Float);
-  Tensor total = torch::stable::new_empty(found_inf, {}, ScalarType::Float);
-  check_status(mixprec_grad_norm(a.list.data(), n, a.inv_scale, a.found_inf,
-                                 static_cast<float*>(norms.data_ptr()),
-                                 static_cast<float*>(total.data_ptr())),
-               "grad_norm");
-  return {norms, total};
+  return norm_cpu<mixprec_grad_norm>("grad_norm", grads, found_inf, inv_scale);
 }
 
 void run_update_cpu(const char* op, const ScaleUpdateArgs& a) {

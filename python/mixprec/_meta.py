@@ -37,20 +37,21 @@ def _unscale_fake(grads, found_inf, inv_scale):
     return None
 
 
-@torch.library.register_fake("mixprec::unscale_norm_")
-def _unscale_norm_fake(grads, found_inf, inv_scale):
-    _check_unscale("unscale_norm_", grads, found_inf, inv_scale)
+def _norm_outputs(op, grads, found_inf, inv_scale):
+    _check_unscale(op, grads, found_inf, inv_scale)
     per_tensor = found_inf.new_empty((len(grads),), dtype=torch.float32)
     total = found_inf.new_empty((), dtype=torch.float32)
     return per_tensor, total
+
+
+@torch.library.register_fake("mixprec::unscale_norm_")
+def _unscale_norm_fake(grads, found_inf, inv_scale):
+    return _norm_outputs("unscale_norm_", grads, found_inf, inv_scale)
 
 
 @torch.library.register_fake("mixprec::grad_norm")
 def _grad_norm_fake(grads, found_inf, inv_scale):
-    _check_unscale("grad_norm", grads, found_inf, inv_scale)
-    per_tensor = found_inf.new_empty((len(grads),), dtype=torch.float32)
-    total = found_inf.new_empty((), dtype=torch.float32)
-    return per_tensor, total
+    return _norm_outputs("grad_norm", grads, found_inf, inv_scale)
 
 
 @torch.library.register_fake("mixprec::update_scale_")
