@@ -100,6 +100,14 @@ def ref_nms(boxes, scores, thr, idxs=None, score_threshold=None, max_output=None
     return torch.tensor(keep, dtype=torch.int64), margin
 
 
+def per_class_ref(boxes, scores, idxs, thr):
+    """batched NMS from mixprec's single-class nms per class, merged by
+    decreasing score (stable)."""
+    keep = [torch.nonzero(idxs == c).flatten()[nms(boxes[idxs == c], scores[idxs == c], thr)] for c in idxs.unique()]
+    keep = torch.cat(keep).sort().values
+    return keep[torch.sort(scores[keep], descending=True, stable=True).indices]
+
+
 def per_class_tv(tv, boxes, scores, idxs, thr):
     """batched NMS from torchvision.ops.nms per class, merged by decreasing
     score with a stable sort (mixprec's documented order)."""
@@ -320,18 +328,22 @@ def test_nms_padded(gen):
 
 
 def test_threads_and_isa_do_not_change_results(gen):
-    # Batched NMS runs classes on several threads; compare with one thread.
-    n = 6000
-    boxes, scores = make("clustered", n, gen)
-    idxs = torch.randint(0, 80, (n,), generator=gen)
-    a = batched_nms(boxes, scores, idxs, 0.5)
-    torch_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        b = batched_nms(boxes, scores, idxs, 0.5)
-    finally:
-        torch.set_num_threads(torch_threads)
-    assert torch.equal(a, b)
+    # Batched NMS runs classes on several threads above ~4M box pairs (both
+    # cases here: 8 classes of ~2500 boxes take the x-pruned loop, 80 of ~500
+    # the compacting one); compare with one thread (torch.set_num_threads
+    # sets the OpenMP threads mixprec uses too).
+    for n, n_classes in ((20000, 8), (40000, 80)):
+        boxes, scores = make("clustered", n, gen)
+        idxs = torch.randint(0, n_classes, (n,), generator=gen)
+        a = batched_nms(boxes, scores, idxs, 0.5)
+        torch_threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            b = batched_nms(boxes, scores, idxs, 0.5)
+        finally:
+            torch.set_num_threads(torch_threads)
+        assert torch.equal(a, b)
+        assert torch.equal(a, per_class_ref(boxes, scores, idxs, 0.5))
 
 
 # ---- bad inputs -------------------------------------------------------------
