@@ -74,7 +74,7 @@ __global__ void ce_rows(const void *logits, CeArgs a) {
       for (int64_t i = (int64_t)tid * V; i < C; i += (int64_t)nt * V) {
         float v[8];
         ld_vec<D>(xr, i, v);
-        for (int k = 0; k < V; k++) online_add(acc, v[k]);
+        online_add_vec<V>(acc, v);
       }
     } else {
       for (int64_t i = tid; i < C; i += nt) online_add(acc, ld<D>(xr, i));

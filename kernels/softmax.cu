@@ -109,6 +109,32 @@ __device__ __forceinline__ void online_add(MaxSum &a, float v) {
   }
 }
 
+/* Adds k values at once: one rescale for the whole vector (at most), then
+ * k exponentials against the new max, instead of a compare-and-rescale per
+ * element. Same special cases as online_add (a NaN never wins fmaxf but
+ * makes the sum NaN; +inf makes it NaN; -inf adds nothing). */
+template <int K>
+__device__ __forceinline__ void online_add_vec(MaxSum &a, const float *v) {
+  float vm = v[0];
+  bool nan = false;
+  for (int k = 0; k < K; k++) {
+    vm = fmaxf(vm, v[k]);
+    nan |= v[k] != v[k];
+  }
+  if (vm > a.m) {
+    a.s = vm == INFINITY ? NAN : a.s * expf(a.m - vm);
+    a.m = vm;
+  }
+  if (nan) {
+    a.s = NAN;
+    return;
+  }
+  if (a.m == -INFINITY) return;
+  float s = 0.0f;
+  for (int k = 0; k < K; k++) s += expf(v[k] - a.m);
+  a.s += s;
+}
+
 __device__ __forceinline__ MaxSum online_merge(MaxSum a, MaxSum b) {
   const float m = fmaxf(a.m, b.m);
   if (m == -INFINITY || m == INFINITY) return {m, a.s + b.s};
@@ -182,7 +208,7 @@ __global__ void softmax_rows(const void *x, void *y, int64_t rows, int64_t n) {
     for (int64_t i = (int64_t)tid * VX; i < n; i += (int64_t)nt * VX) {
       float v[8];
       ld_vec<DX>(xr, i, v);
-      for (int k = 0; k < VX; k++) online_add(a, v[k]);
+      online_add_vec<VX>(a, v);
     }
   } else {
     for (int64_t i = tid; i < n; i += nt) online_add(a, ld<DX>(xr, i));

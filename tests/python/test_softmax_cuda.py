@@ -148,3 +148,25 @@ def test_opcheck_cuda(gen, dtype):
     torch.library.opcheck(torch.ops.mixprec.cross_entropy, (x, t, None, 1, -100, 0.1))
     torch.library.opcheck(torch.ops.mixprec.softmax, (x, 1, None))
     torch.library.opcheck(torch.ops.mixprec.log_softmax, (x, 1, torch.float32))
+
+
+@pytest.mark.parametrize("n", [16, 17, 2048])  # vector path, element path, block per row
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_special_rows_like_torch(name, n):
+    inf, nan = float("inf"), float("nan")
+    x = torch.zeros(6, n)
+    x[0] = -inf
+    x[1, 0] = nan
+    x[2, :8] = -inf
+    x[2, 8] = nan
+    x[3, 0] = inf
+    x[4, 1:] = -inf  # one finite entry: probability 1
+    x[5] = torch.linspace(-50, 50, n)
+    ours = getattr(mixprec.ops, name)
+    for dtype in DTYPES:
+        ref = getattr(torch, name)(x.to(dtype).float(), 1)
+        y = ours(x.to(dtype).cuda(), 1, torch.float32).cpu()
+        assert torch.equal(torch.isnan(y), torch.isnan(ref)), dtype
+        fin = torch.isfinite(ref)
+        torch.testing.assert_close(y[fin], ref[fin], rtol=2e-5, atol=1e-6)
+        assert torch.equal(y[torch.isinf(ref)], ref[torch.isinf(ref)])
