@@ -350,6 +350,57 @@ INSTANTIATE_TEST_SUITE_P(
              mpt::isa_name(std::get<1>(info.param));
     });
 
+// ---- the two CPU paths agree ------------------------------------------------
+
+// Scalar (double sums, libm expf) and AVX2 (float lanes, polynomial exp)
+// are not bit-identical, but agree within FP32 rounding on the same input.
+TEST(SoftmaxIsaParity, ScalarAndAvx2Agree) {
+  if (!mixprec_cpu_isa_supported(MIXPREC_ISA_AVX2)) GTEST_SKIP() << "no AVX2";
+  mpt::GlobalStateGuard guard;
+  std::mt19937 rng(mpt::kSeed + 41);
+  const Shape shapes[] = {{64, 1000, 1}, {3, 21, 257}, {17, 13, 1}};
+  for (const Shape &s : shapes)
+    for (mixprec_dtype dt : {MIXPREC_F32, MIXPREC_F16, MIXPREC_BF16}) {
+      const int64_t N = s.outer * s.n * s.inner, P = s.outer * s.inner;
+      Buf x = randn(dt, N, rng);
+      std::vector<int64_t> t((size_t)P);
+      for (int64_t i = 0; i < P; i++) t[(size_t)i] = (i * 7) % s.n;
+      Buf y[2] = {Buf(MIXPREC_F32, N), Buf(MIXPREC_F32, N)}, ly[2] = {Buf(MIXPREC_F32, N), Buf(MIXPREC_F32, N)};
+      Buf gx[2] = {Buf(dt, N), Buf(dt, N)};
+      std::vector<float> loss[2], stats[2];
+      mixprec_cross_entropy_params p = mixprec_cross_entropy_params_default();
+      p.outer = s.outer;
+      p.classes = s.n;
+      p.inner = s.inner;
+      p.reduction = MIXPREC_REDUCTION_NONE;
+      p.label_smoothing = 0.1;
+      const mixprec_cpu_isa isas[2] = {MIXPREC_ISA_SCALAR, MIXPREC_ISA_AVX2};
+      for (int k = 0; k < 2; k++) {
+        ASSERT_EQ(mixprec_set_cpu_isa(isas[k]), MIXPREC_OK);
+        ASSERT_EQ(mixprec_softmax(x.data(), dt, y[k].data(), MIXPREC_F32, s.outer, s.n, s.inner), MIXPREC_OK);
+        ASSERT_EQ(mixprec_log_softmax(x.data(), dt, ly[k].data(), MIXPREC_F32, s.outer, s.n, s.inner),
+                  MIXPREC_OK);
+        loss[k].assign((size_t)P, 0.0f);
+        stats[k].assign((size_t)(2 * P), 0.0f);
+        float ws;
+        ASSERT_EQ(mixprec_cross_entropy(x.data(), dt, t.data(), &p, loss[k].data(), stats[k].data(), &ws),
+                  MIXPREC_OK);
+        std::vector<float> gl((size_t)P, 1.0f);
+        ASSERT_EQ(mixprec_cross_entropy_backward(gl.data(), x.data(), dt, t.data(), &p, stats[k].data(), &ws,
+                                                 gx[k].data()),
+                  MIXPREC_OK);
+      }
+      for (int64_t i = 0; i < N; i++) {
+        EXPECT_NEAR(y[0].value(i), y[1].value(i), 4e-6 * std::fabs(y[0].value(i)) + 1e-9) << i;
+        EXPECT_NEAR(ly[0].value(i), ly[1].value(i), 4e-6 * (1 + std::fabs(ly[0].value(i)))) << i;
+        EXPECT_NEAR(gx[0].value(i), gx[1].value(i),
+                    2 * out_eps(dt) * std::fabs(gx[0].value(i)) + 2e-6 + (dt == MIXPREC_F16 ? 6e-8 : 0)) << i;
+      }
+      for (int64_t i = 0; i < P; i++)
+        EXPECT_NEAR(loss[0][(size_t)i], loss[1][(size_t)i], 4e-6 * (1 + std::fabs(loss[0][(size_t)i]))) << i;
+    }
+}
+
 // ---- argument checks (no ISA dependence) ------------------------------------
 
 mixprec_status softmax_with_dtype(mixprec_dtype d) {
