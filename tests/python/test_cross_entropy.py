@@ -338,3 +338,19 @@ def test_non_contiguous_logits(gen):
     compare(x.to(memory_format=torch.channels_last), t, gen, label_smoothing=0.1)
     x2, t2 = make((10, 12), torch.float16, gen)
     compare(x2.t().contiguous().t(), t2, gen)
+
+
+def test_torch_compile_forward_and_backward(gen):
+    x, t = make((4, 7, 5, 3), torch.bfloat16, gen)
+    w = torch.rand(7, generator=gen) + 0.5
+
+    def f(v):
+        return mixprec.ops.cross_entropy(v, t, w, label_smoothing=0.1)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    la, lb = f(xa), compiled(xb)
+    la.backward()
+    lb.backward()
+    assert torch.equal(la.detach(), lb.detach())
+    assert torch.equal(xa.grad, xb.grad)
