@@ -18,15 +18,16 @@
  *                                             logp, MIXPREC_F32,
  *                                             4096, 32000, 1);
  *
- * Accuracy. Per slice: m = max(x); s = sum(exp(x - m)) in float (several
- * partial sums added in a fixed order); softmax = exp(x - m) * (1 / s);
- * log_softmax = (x - m) - log(s). exp is a polynomial (Cephes-style, at most
- * 2 ulp from the exact value; exp(-inf) = 0 exactly, so -inf entries mask);
- * results equal torch's FP32 ops on the upcast input within FP32 rounding,
- * then are rounded once to the output dtype. Slices holding NaN, or only
- * -inf, or +inf give NaN like torch's. The ISA paths (scalar, AVX2) agree
- * within FP32 rounding but not bit for bit (their sums are ordered
- * differently); for one path, results never depend on the thread count.
+ * Accuracy. Per slice: m = max(x); s = sum(exp(x - m)); softmax =
+ * exp(x - m) * (1 / s); log_softmax = (x - m) - log(s). The AVX2 path sums
+ * in float over 32 lanes added in a fixed order and uses a Cephes-style
+ * polynomial exp (within 2 ulp; exp(-inf) = 0 exactly, so -inf entries
+ * mask; results below ~1e-38 flush to 0); the scalar path sums in double
+ * and uses libm's expf. Results equal torch's FP32 ops on the upcast input
+ * within FP32 rounding, then are rounded once to the output dtype. Slices
+ * holding NaN, or only -inf, or +inf give NaN like torch's. The two paths
+ * agree within FP32 rounding, not bit for bit; for one path, results never
+ * depend on the thread count (a slice is always computed by one thread).
  */
 #ifndef MIXPREC_SOFTMAX_H
 #define MIXPREC_SOFTMAX_H
