@@ -359,7 +359,8 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy(
     ce_reduce<<<1, 32, 0, s>>>(nullptr, 0, p->reduction, loss, weight_sum);
     return mixprec__cuda_launch_status();
   }
-  if (!stats || !workspace || workspace_bytes < need) return MIXPREC_ERR_NULL_POINTER;
+  if (!stats || !workspace) return MIXPREC_ERR_NULL_POINTER;
+  if (workspace_bytes < need) return MIXPREC_ERR_BAD_SIZE;
   CeArgs a;
   a.target = target;
   a.weight = p->weight;
