@@ -20,33 +20,19 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
-import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import mixprec  # noqa: E402
+from _common import machine, sync, timed, timed_with_output  # noqa: E402,F401
 
 SIZES = [1000, 5000, 10000, 20000, 50000]
 QUICK_SIZES = [1000, 5000]
 CLASSES = [1, 80, 1000]
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device):
-    sync(device)
-    t0 = time.perf_counter()
-    out = fn()
-    sync(device)
-    return time.perf_counter() - t0, out
 
 
 def make(n, overlap, n_classes, seed):
@@ -80,16 +66,16 @@ def bench_one(tv, n, overlap, n_classes, device, reps, thr=0.5):
         f_16 = lambda: torch.ops.mixprec.batched_nms(b16, s16, i, thr)  # noqa: E731
     # Warm-up, results, and a first timing that sets the repetitions for
     # slow cases (torchvision's CPU kernel takes seconds at 50k).
-    t_first, k_tv = timed(f_tv, device)
-    _, k_mp = timed(f_mp, device)
-    _, k_16 = timed(f_16, device)
+    t_first, k_tv = timed_with_output(f_tv, device)
+    _, k_mp = timed_with_output(f_mp, device)
+    _, k_16 = timed_with_output(f_16, device)
     if t_first > 2.0:
         reps = min(reps, 3)
     t_tv, t_mp, t_16 = [], [], []
     for _ in range(reps):
-        t_tv.append(timed(f_tv, device)[0])
-        t_mp.append(timed(f_mp, device)[0])
-        t_16.append(timed(f_16, device)[0])
+        t_tv.append(timed_with_output(f_tv, device)[0])
+        t_mp.append(timed_with_output(f_mp, device)[0])
+        t_16.append(timed_with_output(f_16, device)[0])
     return {
         "tv_ms": 1e3 * statistics.median(t_tv),
         "mp_ms": 1e3 * statistics.median(t_mp),
@@ -100,20 +86,6 @@ def bench_one(tv, n, overlap, n_classes, device, reps, thr=0.5):
         "same": torch.equal(k_tv.cpu(), k_mp.cpu()),
         "reps": reps,
     }
-
-
-def machine(device):
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
 def main():

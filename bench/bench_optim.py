@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import mixprec  # noqa: E402
-from bench_unscale import machine, timed  # noqa: E402
+from _common import machine, timed  # noqa: E402
 
 # (number of tensors, elements each)
 CONFIGS = [(100, 10_000), (10, 1_000_000), (100, 1_000_000)]

@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -41,6 +39,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import mixprec  # noqa: E402
+from _common import machine, sync, timed, timed_with_output  # noqa: E402,F401
 
 # (kind, shape): "sm" = softmax over the last dim, "ce" = cross-entropy over dim 1.
 CONFIGS = [
@@ -54,19 +53,6 @@ CONFIGS = [
 QUICK_CONFIGS = [("sm", (1024, 1000)), ("sm", (8192, 512)), ("sm", (256, 32000)), ("ce", (1024, 1000)),
                  ("ce", (2, 21, 256, 256))]
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device):
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - t0
 
 
 def bench_config(kind, shape, dtype, device, reps):
@@ -167,20 +153,6 @@ def peak_memory(shape, device):
     peak = _peak_cuda if device.type == "cuda" else _peak_cpu
     upcast(), ours()
     return x.numel() * 2, peak(upcast), peak(ours)
-
-
-def machine(device):
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
 def main():

@@ -20,33 +20,19 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import mixprec  # noqa: E402
+from _common import machine, sync, timed, timed_with_output  # noqa: E402,F401
 
 CONFIGS = [(1, 100_000_000), (100, 1_000_000), (2000, 10_000)]
 QUICK_CONFIGS = [(1, 10_000_000), (100, 100_000), (2000, 1_000)]
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device):
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - t0
 
 
 def bench_config(n_tensors, numel, dtype, device, reps):
@@ -109,20 +95,6 @@ def bench_config(n_tensors, numel, dtype, device, reps):
         "mixprec_clip_ms": med["mixprec_clip"] * 1e3,
         "clip_speedup": med["torch_clip"] / med["mixprec_clip"],
     }
-
-
-def machine(device):
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
 def main():
