@@ -289,8 +289,9 @@ TEST(Nms, Statuses) {
   bad.use_score_threshold = 1;
   bad.score_threshold = std::numeric_limits<double>::quiet_NaN();
   EXPECT_EQ(nms(boxes, scores, 2, &bad, keep, &count), MIXPREC_ERR_BAD_ARGUMENT);
-  mixprec_dtype bad_dtype;
-  mpt::poke_enum(&bad_dtype, 7);
+  // 3: not a dtype, yet inside the enum's value range (0..3), so passing
+  // it by value is defined C++ (7 would trip UBSan's enum check).
+  const mixprec_dtype bad_dtype = static_cast<mixprec_dtype>(3);
   EXPECT_EQ(mixprec_nms(boxes, bad_dtype, scores, MIXPREC_F32, 2, &p, keep, &count),
             MIXPREC_ERR_BAD_DTYPE);
   EXPECT_EQ(mixprec_nms(boxes, MIXPREC_F32, scores, bad_dtype, 2, &p, keep, &count),
@@ -298,10 +299,14 @@ TEST(Nms, Statuses) {
   EXPECT_EQ(mixprec_batched_nms(boxes, MIXPREC_F32, scores, MIXPREC_F32, nullptr, MIXPREC_I64, 2,
                                 &p, keep, &count),
             MIXPREC_ERR_NULL_POINTER);
-  mixprec_index_dtype bad_idx;
-  mpt::poke_enum(&bad_idx, 9);
-  EXPECT_EQ(mixprec_batched_nms(boxes, MIXPREC_F32, scores, MIXPREC_F32, cls, bad_idx, 2, &p,
-                                keep, &count),
+  // An index dtype outside the enum (whose range is 0..1): a C caller can
+  // pass any int, C++ cannot hold one in the enum, so call through the C
+  // ABI with an int (enums are int-sized and passed as int).
+  using BatchedNmsInt = mixprec_status (*)(const void *, mixprec_dtype, const void *, mixprec_dtype,
+                                           const void *, int, int64_t, const mixprec_nms_params *,
+                                           int64_t *, int64_t *);
+  const auto batched_nms_int = reinterpret_cast<BatchedNmsInt>(&mixprec_batched_nms);
+  EXPECT_EQ(batched_nms_int(boxes, MIXPREC_F32, scores, MIXPREC_F32, cls, 9, 2, &p, keep, &count),
             MIXPREC_ERR_BAD_DTYPE);
   // Nothing written on any error.
   EXPECT_EQ(keep[0], 99);
