@@ -20,6 +20,8 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include <type_traits>
+
 #include "common.cuh"
 #include "optim_check.h"
 #include "stochastic_round.h"
@@ -215,6 +217,29 @@ static int64_t mixprec__opt_pack(const mixprec_opt_tensor *list, int64_t first, 
   a->first_index = first;
   a->count = count;
   return chunks;
+}
+
+/* Enqueues launch(cap, first, count) for consecutive groups covering the
+ * list's n tensors: a list of at most MIXPREC__OPT_CAP_SMALL tensors is one
+ * group with the small argument struct (cap is an integral_constant of the
+ * capacity), a longer one groups of up to MIXPREC__OPT_CAP_LARGE. Stops at
+ * the first status that is not OK and returns it. */
+template <typename Launch>
+static mixprec_status mixprec__opt_for_groups(int64_t n, const Launch &launch) {
+  mixprec_status st = MIXPREC_OK;
+  for (int64_t first = 0; first < n && st == MIXPREC_OK;) {
+    const int64_t left = n - first;
+    int count;
+    if (left <= MIXPREC__OPT_CAP_SMALL) {
+      count = (int)left;
+      st = launch(std::integral_constant<int, MIXPREC__OPT_CAP_SMALL>(), first, count);
+    } else {
+      count = mixprec__mta_group_count(n, first, MIXPREC__OPT_CAP_LARGE);
+      st = launch(std::integral_constant<int, MIXPREC__OPT_CAP_LARGE>(), first, count);
+    }
+    first += count;
+  }
+  return st;
 }
 
 /* ---- device element access ---------------------------------------------- */

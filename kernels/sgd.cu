@@ -117,18 +117,9 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_sgd_step(const mixprec_opt_te
   k.first_step = p->first_step != 0;
 
   cudaStream_t s = (cudaStream_t)stream;
-  for (int64_t first = 0; first < n && st == MIXPREC_OK;) {
-    const int64_t left = n - first;
-    int count;
-    if (left <= MIXPREC__OPT_CAP_SMALL) {
-      count = (int)left;
-      st = mixprec__sgd_group<MIXPREC__OPT_CAP_SMALL>(list, first, count, k, s);
-    } else {
-      count = mixprec__mta_group_count(n, first, MIXPREC__OPT_CAP_LARGE);
-      st = mixprec__sgd_group<MIXPREC__OPT_CAP_LARGE>(list, first, count, k, s);
-    }
-    first += count;
-  }
+  st = mixprec__opt_for_groups(n, [&](auto cap, int64_t first, int count) {
+    return mixprec__sgd_group<decltype(cap)::value>(list, first, count, k, s);
+  });
   if (st == MIXPREC_OK) st = mixprec__opt_advance(steps, n_steps, p->found_inf, s);
   free(steps);
   return st;
