@@ -1,28 +1,17 @@
 // CUDA implementations: validate (common.cpp), then enqueue the CUDA C API on
 // torch's current stream of the tensors' device. No host synchronisation.
-#include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/headeronly/core/ScalarType.h>
 
 #include <tuple>
 
-#include "common.h"
+#include "cuda_common.h"
 
 namespace mixprec_shim {
 namespace {
 
 using torch::headeronly::ScalarType;
 
-void* current_stream(const char* op, int32_t device) {
-  void* stream = nullptr;
-  STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(device, &stream) == AOTI_TORCH_SUCCESS,
-                  "mixprec::", op, ": could not get the current CUDA stream of device ", device);
-  return stream;
-}
-
-void check_cuda_device(const char* op, const Where& w) {
-  STD_TORCH_CHECK(w.cuda, "mixprec::", op, ": the CUDA kernel got tensors that are not on a CUDA device");
-}
 
 void unscale_cuda(std::vector<Tensor> grads, Tensor found_inf, Tensor inv_scale) {
   UnscaleArgs a = unscale_args("unscale_", grads, found_inf, inv_scale);
@@ -30,7 +19,7 @@ void unscale_cuda(std::vector<Tensor> grads, Tensor found_inf, Tensor inv_scale)
   torch::stable::accelerator::DeviceGuard guard(a.device.index);
   check_status(mixprec_cuda_unscale(a.list.data(), (int64_t)a.list.size(), a.inv_scale,
                                     a.found_inf, nullptr, nullptr, nullptr, 0,
-                                    current_stream("unscale_", a.device.index)),
+                                    current_cuda_stream("unscale_", a.device.index)),
                "unscale_");
 }
 
@@ -54,7 +43,7 @@ std::tuple<Tensor, Tensor> norm_cuda(const char* op, std::vector<Tensor> grads, 
   Tensor total = torch::stable::new_empty(found_inf, {}, ScalarType::Float);
   check_status(Fn(a.list.data(), n, a.inv_scale, a.found_inf,
                   static_cast<float*>(norms.data_ptr()), static_cast<float*>(total.data_ptr()),
-                  workspace.data_ptr(), ws_bytes, current_stream(op, a.device.index)),
+                  workspace.data_ptr(), ws_bytes, current_cuda_stream(op, a.device.index)),
                op);
   return {norms, total};
 }
@@ -74,20 +63,20 @@ void run_update_cuda(const char* op, const ScaleUpdateArgs& a) {
   torch::stable::accelerator::DeviceGuard guard(a.device.index);
   check_status(mixprec_cuda_update_scale(a.scale, a.growth_tracker, a.hysteresis_tracker,
                                          a.skipped_steps, a.found_inf, &a.params,
-                                         current_stream(op, a.device.index)),
+                                         current_cuda_stream(op, a.device.index)),
                op);
 }
 
 mixprec_status adamw_cuda(const mixprec_opt_tensor* list, int64_t n,
                           const mixprec_adamw_params* p, int32_t device) {
   torch::stable::accelerator::DeviceGuard guard(device);
-  return mixprec_cuda_adamw_step(list, n, p, current_stream("adamw_step_", device));
+  return mixprec_cuda_adamw_step(list, n, p, current_cuda_stream("adamw_step_", device));
 }
 
 mixprec_status sgd_cuda(const mixprec_opt_tensor* list, int64_t n, const mixprec_sgd_params* p,
                         int32_t device) {
   torch::stable::accelerator::DeviceGuard guard(device);
-  return mixprec_cuda_sgd_step(list, n, p, current_stream("sgd_step_", device));
+  return mixprec_cuda_sgd_step(list, n, p, current_cuda_stream("sgd_step_", device));
 }
 
 }  // namespace

@@ -3,25 +3,17 @@
 // and the count come from torch's caching allocator. nms / batched_nms read
 // the kept count back (one 8-byte copy, one host sync) to size their output;
 // nms_padded does not synchronise at all.
-#include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/headeronly/core/ScalarType.h>
 
 #include <tuple>
 
-#include "common.h"
+#include "cuda_common.h"
 
 namespace mixprec_shim {
 namespace {
 
 using torch::headeronly::ScalarType;
-
-void* nms_stream(const char* op, int32_t device) {
-  void* stream = nullptr;
-  STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(device, &stream) == AOTI_TORCH_SUCCESS,
-                  "mixprec::", op, ": could not get the current CUDA stream of device ", device);
-  return stream;
-}
 
 struct CudaResult {
   Tensor keep;   // capacity entries, -1 after the kept ones
@@ -30,10 +22,9 @@ struct CudaResult {
 };
 
 CudaResult run_cuda(const char* op, const NmsArgs& a, const Tensor& like) {
-  STD_TORCH_CHECK(a.device.cuda, "mixprec::", op,
-                  ": the CUDA kernel got tensors that are not on a CUDA device");
+  check_cuda_device(op, a.device);
   torch::stable::accelerator::DeviceGuard guard(a.device.index);
-  void* stream = nms_stream(op, a.device.index);
+  void* stream = current_cuda_stream(op, a.device.index);
   const int64_t ws_bytes = mixprec_cuda_nms_workspace_size(a.n);
   STD_TORCH_CHECK(ws_bytes >= 0, "mixprec::", op, ": could not size the workspace for ", a.n,
                   " boxes");

@@ -2,37 +2,24 @@
 // bodies and every check come from softmax.cpp (included without its
 // schemas and CPU registrations); this file only says how to enqueue the
 // CUDA C API on torch's current stream of the tensors' device.
-#include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/accelerator.h>
 
 #define MIXPREC_SOFTMAX_NO_REGISTER
 #include "softmax.cpp"
 #undef MIXPREC_SOFTMAX_NO_REGISTER
 
+#include "cuda_common.h"
+
 namespace mixprec_shim {
 namespace softmax_detail {
-namespace {
-
-// As in cuda.cpp (kept there in an anonymous namespace).
-void* current_stream(int32_t device) {
-  void* stream = nullptr;
-  STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(device, &stream) == AOTI_TORCH_SUCCESS,
-                  "mixprec: could not get the current CUDA stream of device ", device);
-  return stream;
-}
-
-}  // namespace
 
 struct CudaBackend {
-  static void check_device(const char* op, const Where& w) {
-    STD_TORCH_CHECK(w.cuda, "mixprec::", op,
-                    ": the CUDA kernel got tensors that are not on a CUDA device");
-  }
+  static void check_device(const char* op, const Where& w) { check_cuda_device(op, w); }
   static mixprec_status softmax(bool log, const void* x, mixprec_dtype xd, void* y,
                                 mixprec_dtype yd, int64_t outer, int64_t n, int64_t inner,
                                 int32_t device) {
     torch::stable::accelerator::DeviceGuard guard(device);
-    void* s = current_stream(device);
+    void* s = current_cuda_stream(log ? "log_softmax" : "softmax", device);
     return log ? mixprec_cuda_log_softmax(x, xd, y, yd, outer, n, inner, s)
                : mixprec_cuda_softmax(x, xd, y, yd, outer, n, inner, s);
   }
@@ -40,7 +27,7 @@ struct CudaBackend {
                                          mixprec_dtype yd, void* dx, mixprec_dtype dxd,
                                          int64_t outer, int64_t n, int64_t inner, int32_t device) {
     torch::stable::accelerator::DeviceGuard guard(device);
-    void* s = current_stream(device);
+    void* s = current_cuda_stream(log ? "log_softmax_backward" : "softmax_backward", device);
     return log ? mixprec_cuda_log_softmax_backward(dy, y, yd, dx, dxd, outer, n, inner, s)
                : mixprec_cuda_softmax_backward(dy, y, yd, dx, dxd, outer, n, inner, s);
   }
@@ -57,14 +44,14 @@ struct CudaBackend {
     return mixprec_cuda_cross_entropy(
         a.positions ? a.logits.data_ptr() : nullptr, a.dtype,
         a.positions ? static_cast<const int64_t*>(a.target.data_ptr()) : nullptr, &a.p, loss, stats,
-        wsum, ws.data_ptr(), bytes, current_stream(a.device.index));
+        wsum, ws.data_ptr(), bytes, current_cuda_stream("cross_entropy", a.device.index));
   }
   static mixprec_status cross_entropy_backward(const CeArgs& a, const float* grad_loss,
                                                const float* stats, const float* wsum, void* dx) {
     torch::stable::accelerator::DeviceGuard guard(a.device.index);
     return mixprec_cuda_cross_entropy_backward(
         grad_loss, a.logits.data_ptr(), a.dtype, static_cast<const int64_t*>(a.target.data_ptr()),
-        &a.p, stats, wsum, dx, current_stream(a.device.index));
+        &a.p, stats, wsum, dx, current_cuda_stream("cross_entropy_backward", a.device.index));
   }
 };
 
