@@ -182,10 +182,8 @@ mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list, int64_t n,
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) \
     if (total >= MIXPREC__OPT_PARALLEL_MIN && n_chunks > 1)
   for (int64_t c = 0; c < n_chunks; c++) {
-    const int64_t t = mixprec__chunk_owner(first, n, c);
-    const int64_t begin = (c - first[t]) * MIXPREC__OPT_CHUNK;
-    const int64_t end = list[t].numel - begin < MIXPREC__OPT_CHUNK ? list[t].numel
-                                                                    : begin + MIXPREC__OPT_CHUNK;
+    int64_t begin, end;
+    const int64_t t = mixprec__opt_chunk_range(list, first, n, c, &begin, &end);
     adamw_chunk(&list[t], begin, end, &sc[t], &k, body);
   }
 

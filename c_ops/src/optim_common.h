@@ -78,6 +78,17 @@ MIXPREC__INLINE int64_t *mixprec__opt_chunks(const mixprec_opt_tensor *list, int
   return first;
 }
 
+/* Chunk c of the flattened list (see mixprec__opt_chunks): returns its
+ * tensor and sets [*begin, *end), the chunk's elements of that tensor. */
+MIXPREC__INLINE int64_t mixprec__opt_chunk_range(const mixprec_opt_tensor *list,
+                                                 const int64_t *first, int64_t n, int64_t c,
+                                                 int64_t *begin, int64_t *end) {
+  const int64_t t = mixprec__chunk_owner(first, n, c);
+  *begin = (c - first[t]) * MIXPREC__OPT_CHUNK;
+  *end = list[t].numel - *begin < MIXPREC__OPT_CHUNK ? list[t].numel : *begin + MIXPREC__OPT_CHUNK;
+  return t;
+}
+
 /* Nonzero when the step must be skipped: *found_inf is nonzero or NaN. */
 MIXPREC__INLINE int mixprec__opt_skip(const float *found_inf) {
   return found_inf && !(*found_inf == 0.0f);

@@ -115,25 +115,26 @@ mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list, int64_t n,
   if (st != MIXPREC_OK) return st;
   if (mixprec__opt_skip(p->found_inf) || n == 0) return MIXPREC_OK;
 
-  /* Per tensor: its "first step" flag and its new count. Every count is read
-   * before any is written (tensors may share one). */
-  unsigned char *is_first = (unsigned char *)malloc((size_t)n);
-  float *new_step = (float *)malloc(sizeof(float) * (size_t)n);
-  uint32_t *sr_key = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)n);
-  int64_t n_chunks = 0, total = 0;
-  int64_t *first =
-      (is_first && new_step && sr_key) ? mixprec__opt_chunks(list, n, &n_chunks, &total) : NULL;
+  /* Per tensor: its "first step" flag, its new count and its rounding key.
+   * Every count is read before any is written (tensors may share one). */
+  typedef struct {
+    float new_step;
+    uint32_t sr_key;
+    int first;
+  } sgd_scalars;
+  sgd_scalars *sc = (sgd_scalars *)malloc(sizeof(sgd_scalars) * (size_t)n);
+  if (!sc) return MIXPREC_ERR_OUT_OF_MEMORY;
+  int64_t n_chunks, total;
+  int64_t *first = mixprec__opt_chunks(list, n, &n_chunks, &total);
   if (!first) {
-    free(is_first);
-    free(new_step);
-    free(sr_key);
+    free(sc);
     return MIXPREC_ERR_OUT_OF_MEMORY;
   }
   for (int64_t i = 0; i < n; i++) {
     const float *s = list[i].step;
-    is_first[i] = (unsigned char)(s ? *s == 0.0f : p->first_step != 0);
-    new_step[i] = s ? *s + 1.0f : 0.0f;
-    sr_key[i] = mixprec__sr_key(p->sr_seed, (uint64_t)i, new_step[i]);
+    sc[i].first = s ? *s == 0.0f : p->first_step != 0;
+    sc[i].new_step = s ? *s + 1.0f : 0.0f;
+    sc[i].sr_key = mixprec__sr_key(p->sr_seed, (uint64_t)i, sc[i].new_step);
   }
 
   /* torch reads the learning rate tensor as a double (lr.item<double>()). */
@@ -156,18 +157,14 @@ mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list, int64_t n,
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) \
     if (total >= MIXPREC__OPT_PARALLEL_MIN && n_chunks > 1)
   for (int64_t c = 0; c < n_chunks; c++) {
-    const int64_t t = mixprec__chunk_owner(first, n, c);
-    const int64_t begin = (c - first[t]) * MIXPREC__OPT_CHUNK;
-    const int64_t end = list[t].numel - begin < MIXPREC__OPT_CHUNK ? list[t].numel
-                                                                    : begin + MIXPREC__OPT_CHUNK;
-    sgd_chunk(&list[t], begin, end, is_first[t], sr_key[t], &k, body);
+    int64_t begin, end;
+    const int64_t t = mixprec__opt_chunk_range(list, first, n, c, &begin, &end);
+    sgd_chunk(&list[t], begin, end, sc[t].first, sc[t].sr_key, &k, body);
   }
 
   for (int64_t i = 0; i < n; i++)
-    if (list[i].step) *list[i].step = new_step[i];
+    if (list[i].step) *list[i].step = sc[i].new_step;
   free(first);
-  free(new_step);
-  free(is_first);
-  free(sr_key);
+  free(sc);
   return MIXPREC_OK;
 }
