@@ -47,10 +47,10 @@ MIXPREC__INLINE void adamw_range(const mixprec_opt_tensor *t, int64_t begin, int
   float *P = half ? t->master : (float *)t->param;
   float *M = t->exp_avg, *V = t->exp_avg_sq, *VM = t->max_exp_avg_sq;
   for (int64_t i = begin; i < end; i++) {
-    float g = mixprec__opt_load(t->grad, t->grad_dtype, i);
+    float g = mixprec__load_f32(t->grad, t->grad_dtype, i);
     if (k->has_scale) g = g / k->scale;
     if (k->maximize) g = -g;
-    float p = sr ? mixprec__opt_load(t->param, MIXPREC_BF16, i) : P[i];
+    float p = sr ? mixprec__load_f32(t->param, MIXPREC_BF16, i) : P[i];
     if (k->decay_on) p = p * s->decay;
     float m = M[i];
     const float diff = g - m;

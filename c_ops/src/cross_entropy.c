@@ -10,32 +10,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "internal.h"
-
-#define MIXPREC__SM_WIDTH 32
-#define PARALLEL_MIN ((int64_t)1 << 15)
-#define CHUNK_ELEMS ((int64_t)1 << 15) /* see softmax.c */
-
-/* Defined in softmax.c and softmax_avx2.c (see there). */
-void mixprec__ce_stats_scalar(const void *x, mixprec_dtype xd, int64_t n,
-                              int64_t stride, int64_t width,
-                              const float *weight, float *mx, float *se,
-                              float *wx);
-void mixprec__ce_grad_scalar(const void *x, mixprec_dtype xd, void *dx,
-                             int64_t n, int64_t stride, int64_t width,
-                             const float *mx, const float *lg, const float *a,
-                             const float *b, const float *weight, const int32_t *tc,
-                             const float *bt);
-#if defined(MIXPREC_X86)
-void mixprec__ce_stats_avx2(const void *x, mixprec_dtype xd, int64_t n,
-                            int64_t stride, int64_t width, const float *weight,
-                            float *mx, float *se, float *wx);
-void mixprec__ce_grad_avx2(const void *x, mixprec_dtype xd, void *dx,
-                           int64_t n, int64_t stride, int64_t width,
-                           const float *mx, const float *lg, const float *a,
-                           const float *b, const float *weight, const int32_t *tc,
-                           const float *bt);
-#endif
+#include "softmax_internal.h"
 
 typedef void (*stats_fn)(const void *, mixprec_dtype, int64_t, int64_t, int64_t,
                          const float *, float *, float *, float *);
@@ -51,22 +26,6 @@ mixprec_cross_entropy_params mixprec_cross_entropy_params_default(void) {
   p.reduction = MIXPREC_REDUCTION_MEAN;
   p.weight = NULL;
   return p;
-}
-
-MIXPREC__INLINE float ld(const void *p, mixprec_dtype d, int64_t i) {
-  switch (d) {
-    case MIXPREC_F16: return mixprec__f16_to_f32(((const uint16_t *)p)[i]);
-    case MIXPREC_BF16: return mixprec__bf16_to_f32(((const uint16_t *)p)[i]);
-    default: return ((const float *)p)[i];
-  }
-}
-
-MIXPREC__INLINE void st(void *p, mixprec_dtype d, int64_t i, float v) {
-  switch (d) {
-    case MIXPREC_F16: ((uint16_t *)p)[i] = mixprec__f32_to_f16(v); break;
-    case MIXPREC_BF16: ((uint16_t *)p)[i] = mixprec__f32_to_bf16(v); break;
-    default: ((float *)p)[i] = v; break;
-  }
 }
 
 /* Argument and target checks shared by forward and backward; *positions
@@ -95,39 +54,6 @@ static mixprec_status check(const void *logits, mixprec_dtype dtype, const int64
   return bad ? MIXPREC_ERR_BAD_ARGUMENT : MIXPREC_OK;
 }
 
-static int use_avx2(void) {
-#if defined(MIXPREC_X86)
-  return mixprec__active_isa() != MIXPREC_ISA_SCALAR;
-#else
-  return 0;
-#endif
-}
-
-MIXPREC__INLINE int chunk_slices(int64_t numel, int64_t slices) {
-  const int64_t per = numel / (slices > 0 ? slices : 1);
-  const int64_t c = CHUNK_ELEMS / (per > 0 ? per : 1);
-  return c < 1 ? 1 : c > 4096 ? 4096 : (int)c;
-}
-
-MIXPREC__INLINE int64_t slice_count(int64_t outer, int64_t inner) {
-  return inner == 1 ? outer : outer * ((inner + MIXPREC__SM_WIDTH - 1) / MIXPREC__SM_WIDTH);
-}
-
-/* Slice t: element offset of its first logit; *pos = its first position. */
-MIXPREC__INLINE int64_t slice_at(int64_t t, int64_t n, int64_t inner, int64_t *width,
-                                 int64_t *pos) {
-  if (inner == 1) {
-    *width = 1;
-    *pos = t;
-    return t * n;
-  }
-  const int64_t blocks = (inner + MIXPREC__SM_WIDTH - 1) / MIXPREC__SM_WIDTH;
-  const int64_t o = t / blocks, col = (t % blocks) * MIXPREC__SM_WIDTH;
-  *width = inner - col < MIXPREC__SM_WIDTH ? inner - col : MIXPREC__SM_WIDTH;
-  *pos = o * inner + col;
-  return o * n * inner + col;
-}
-
 mixprec_status mixprec_cross_entropy(const void *logits, mixprec_dtype dtype,
                                      const int64_t *target,
                                      const mixprec_cross_entropy_params *p,
@@ -149,9 +75,9 @@ mixprec_status mixprec_cross_entropy(const void *logits, mixprec_dtype dtype,
   }
   stats_fn fn = mixprec__ce_stats_scalar;
 #if defined(MIXPREC_X86)
-  if (use_avx2()) fn = mixprec__ce_stats_avx2;
+  if (mixprec__sm_use_avx2()) fn = mixprec__ce_stats_avx2;
 #endif
-  const int64_t slices = positions ? slice_count(p->outer, inner) : 0;
+  const int64_t slices = positions ? mixprec__sm_slice_count(p->outer, inner) : 0;
   /* Per slice: sum of losses and of target weights, added in slice order
    * afterwards, so the reduction does not depend on the thread count. */
   double *part = NULL;
@@ -160,12 +86,12 @@ mixprec_status mixprec_cross_entropy(const void *logits, mixprec_dtype dtype,
     if (!part) return MIXPREC_ERR_OUT_OF_MEMORY;
   }
   const size_t es = (size_t)mixprec_dtype_size(dtype);
-  const int n_threads = positions * n < PARALLEL_MIN ? 1 : mixprec__num_threads();
-  const int chunk = chunk_slices(positions * n, slices);
+  const int n_threads = positions * n < MIXPREC__SM_PARALLEL_MIN ? 1 : mixprec__num_threads();
+  const int chunk = mixprec__sm_chunk_slices(positions * n, slices);
 #pragma omp parallel for schedule(dynamic, chunk) num_threads(n_threads) if (n_threads > 1)
   for (int64_t t = 0; t < slices; t++) {
     int64_t width, pos;
-    const int64_t off = slice_at(t, n, inner, &width, &pos);
+    const int64_t off = mixprec__sm_slice_at(t, n, inner, &width, &pos);
     const char *x = (const char *)logits + (size_t)off * es;
     float mx[MIXPREC__SM_WIDTH], se[MIXPREC__SM_WIDTH], wx[MIXPREC__SM_WIDTH];
     fn(x, dtype, n, inner, width, weight, mx, se, smooth ? wx : NULL);
@@ -178,7 +104,7 @@ mixprec_status mixprec_cross_entropy(const void *logits, mixprec_dtype dtype,
         m = mx[j];
         lg = logf(se[j]);
         /* -log_softmax(x)_t, in torch's order: (x_t - max) - log(sum). */
-        const float nll = -((ld(x, dtype, tg * inner + j) - mx[j]) - lg);
+        const float nll = -((mixprec__load_f32(x, dtype, tg * inner + j) - mx[j]) - lg);
         double v = (1.0 - eps) * (double)wt * (double)nll;
         if (smooth) v += eps / (double)n * (wsum_all * (double)lg - (double)wx[j]);
         l = (float)v;
@@ -231,16 +157,16 @@ mixprec_status mixprec_cross_entropy_backward(const float *grad_loss, const void
   if (p->reduction == MIXPREC_REDUCTION_MEAN) g_all = grad_loss[0] / weight_sum[0];
   grad_fn fn = mixprec__ce_grad_scalar;
 #if defined(MIXPREC_X86)
-  if (use_avx2()) fn = mixprec__ce_grad_avx2;
+  if (mixprec__sm_use_avx2()) fn = mixprec__ce_grad_avx2;
 #endif
-  const int64_t slices = slice_count(p->outer, inner);
+  const int64_t slices = mixprec__sm_slice_count(p->outer, inner);
   const size_t es = (size_t)mixprec_dtype_size(dtype);
-  const int n_threads = positions * n < PARALLEL_MIN ? 1 : mixprec__num_threads();
-  const int chunk = chunk_slices(positions * n, slices);
+  const int n_threads = positions * n < MIXPREC__SM_PARALLEL_MIN ? 1 : mixprec__num_threads();
+  const int chunk = mixprec__sm_chunk_slices(positions * n, slices);
 #pragma omp parallel for schedule(dynamic, chunk) num_threads(n_threads) if (n_threads > 1)
   for (int64_t t = 0; t < slices; t++) {
     int64_t width, pos;
-    const int64_t off = slice_at(t, n, inner, &width, &pos);
+    const int64_t off = mixprec__sm_slice_at(t, n, inner, &width, &pos);
     const char *x = (const char *)logits + (size_t)off * es;
     char *dx = (char *)grad_logits + (size_t)off * es;
     float m[MIXPREC__SM_WIDTH], l[MIXPREC__SM_WIDTH], a[MIXPREC__SM_WIDTH], b[MIXPREC__SM_WIDTH];

@@ -90,17 +90,6 @@ static float float_floor(double t) {
   return f;
 }
 
-MIXPREC__INLINE float load_value(const void *data, mixprec_dtype dtype, int64_t i) {
-  switch (dtype) {
-    case MIXPREC_F16:
-      return mixprec__f16_to_f32(((const uint16_t *)data)[i]);
-    case MIXPREC_BF16:
-      return mixprec__bf16_to_f32(((const uint16_t *)data)[i]);
-    default:
-      return ((const float *)data)[i];
-  }
-}
-
 /* Sort key: larger key = earlier in the output. NaN above +inf (torch.sort's
  * order), -0 equal to +0. The radix sort sorts ~key ascending. */
 MIXPREC__INLINE uint32_t score_key(float s) {
@@ -400,7 +389,7 @@ static mixprec_status run(const void *boxes, mixprec_dtype boxes_dtype, const vo
   /* Candidates (score > threshold), sorted by decreasing score, stable. */
   int64_t m = 0;
   for (int64_t i = 0; i < n; i++) {
-    float sc = load_value(scores, scores_dtype, i);
+    float sc = mixprec__load_f32(scores, scores_dtype, i);
     if (p->use_score_threshold && !(sc > score_thr)) continue;
     keys[m] = ~score_key(sc);
     orig[m] = (int32_t)i;
@@ -423,10 +412,10 @@ static mixprec_status run(const void *boxes, mixprec_dtype boxes_dtype, const vo
   for (int64_t k = 0; k < m; k++) {
     const int32_t r = perm[k];
     const int64_t i = orig[r];
-    x1[k] = load_value(boxes, boxes_dtype, 4 * i + 0);
-    y1[k] = load_value(boxes, boxes_dtype, 4 * i + 1);
-    x2[k] = load_value(boxes, boxes_dtype, 4 * i + 2);
-    y2[k] = load_value(boxes, boxes_dtype, 4 * i + 3);
+    x1[k] = mixprec__load_f32(boxes, boxes_dtype, 4 * i + 0);
+    y1[k] = mixprec__load_f32(boxes, boxes_dtype, 4 * i + 1);
+    x2[k] = mixprec__load_f32(boxes, boxes_dtype, 4 * i + 2);
+    y2[k] = mixprec__load_f32(boxes, boxes_dtype, 4 * i + 3);
     area[k] = (x2[k] - x1[k]) * (y2[k] - y1[k]);
     rank[k] = r;
     dead[k] = 0;

@@ -37,15 +37,6 @@ MIXPREC__INLINE int64_t mixprec__opt_tail_start(int64_t numel) {
 
 
 
-/* Gradient element i widened to float. */
-MIXPREC__INLINE float mixprec__opt_load(const void *data, mixprec_dtype dtype, int64_t i) {
-  switch (dtype) {
-    case MIXPREC_F16: return mixprec__f16_to_f32(((const uint16_t *)data)[i]);
-    case MIXPREC_BF16: return mixprec__bf16_to_f32(((const uint16_t *)data)[i]);
-    default: return ((const float *)data)[i];
-  }
-}
-
 /* Stores a low-precision param element, rounded to nearest even. */
 MIXPREC__INLINE void mixprec__opt_store_half(void *data, mixprec_dtype dtype, int64_t i,
                                              float v) {
@@ -149,7 +140,7 @@ int64_t mixprec__sgd_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64
 #include <immintrin.h>
 
 /* Elements [i, i + 8) widened to float; bit-identical to
- * mixprec__opt_load (F16C quiets a NaN and keeps its payload, as
+ * mixprec__load_f32 (F16C quiets a NaN and keeps its payload, as
  * mixprec__f16_to_f32 does). */
 MIXPREC__INLINE __m256 mixprec__opt_load8(const void *data, mixprec_dtype dtype, int64_t i) {
   switch (dtype) {

@@ -38,10 +38,10 @@ MIXPREC__INLINE void sgd_range(const mixprec_opt_tensor *t, int64_t begin, int64
   float *P = half ? t->master : (float *)t->param;
   float *B = t->exp_avg;
   for (int64_t i = begin; i < end; i++) {
-    float g = mixprec__opt_load(t->grad, t->grad_dtype, i);
+    float g = mixprec__load_f32(t->grad, t->grad_dtype, i);
     if (k->has_scale) g = g / k->scale;
     if (k->maximize) g = -g;
-    float p = sr ? mixprec__opt_load(t->param, MIXPREC_BF16, i) : P[i];
+    float p = sr ? mixprec__load_f32(t->param, MIXPREC_BF16, i) : P[i];
     if (k->wd_on) g = fmaf(p, k->wd, g);
     if (k->momentum_on) {
       float buf;

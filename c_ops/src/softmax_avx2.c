@@ -12,22 +12,7 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "internal.h"
-
-void mixprec__softmax_fwd_avx2(const void *x, mixprec_dtype xd, void *y,
-                               mixprec_dtype yd, int64_t n, int64_t stride,
-                               int64_t width, int log, float *scratch);
-void mixprec__softmax_bwd_avx2(const void *dy, const void *y, mixprec_dtype yd,
-                               void *dx, mixprec_dtype dxd, int64_t n,
-                               int64_t stride, int64_t width, int log);
-void mixprec__ce_stats_avx2(const void *x, mixprec_dtype xd, int64_t n,
-                            int64_t stride, int64_t width, const float *weight,
-                            float *mx, float *se, float *wx);
-void mixprec__ce_grad_avx2(const void *x, mixprec_dtype xd, void *dx,
-                           int64_t n, int64_t stride, int64_t width,
-                           const float *mx, const float *lg, const float *a,
-                           const float *b, const float *weight, const int32_t *tc,
-                           const float *bt);
+#include "softmax_internal.h"
 
 #define FORCE static inline __attribute__((always_inline))
 

@@ -64,18 +64,6 @@ MIXPREC__INLINE float round_f32(mixprec_dtype dtype, float v) {
   }
 }
 
-/* The stored value of element i, widened (no non-finite bookkeeping). */
-MIXPREC__INLINE float stored_f32(const void *data, mixprec_dtype dtype, int64_t i) {
-  switch (dtype) {
-    case MIXPREC_F16:
-      return mixprec__f16_to_f32(((const uint16_t *)data)[i]);
-    case MIXPREC_BF16:
-      return mixprec__bf16_to_f32(((const uint16_t *)data)[i]);
-    default:
-      return ((const float *)data)[i];
-  }
-}
-
 void mixprec__norm_flush(mixprec__norm_acc *acc, const void *data,
                          mixprec_dtype dtype, int64_t begin, int64_t end) {
   for (int l = 0; l < MIXPREC__NORM_LANES; l++) {
@@ -84,7 +72,7 @@ void mixprec__norm_flush(mixprec__norm_acc *acc, const void *data,
       /* The float sum overflowed (or a value is inf/NaN): redo it in double. */
       double d = 0.0;
       for (int64_t i = begin + l; i < end; i += MIXPREC__NORM_LANES) {
-        double v = (double)stored_f32(data, dtype, i);
+        double v = (double)mixprec__load_f32(data, dtype, i);
         d += v * v;
       }
       acc->d[l] += d;
@@ -103,7 +91,7 @@ void mixprec__norm_flush_scaled(mixprec__norm_acc *acc, const void *data,
     if (mixprec__f32_bits_nonfinite(mixprec__f32_bits(f))) {
       double d = 0.0;
       for (int64_t i = begin + l; i < end; i += MIXPREC__NORM_LANES) {
-        double v = (double)round_f32(dtype, stored_f32(data, dtype, i) * inv_scale);
+        double v = (double)round_f32(dtype, mixprec__load_f32(data, dtype, i) * inv_scale);
         d += v * v;
       }
       acc->d[l] += d;
