@@ -16,6 +16,7 @@
  * NaN gradient slice. */
 #define MIXPREC_SOFTMAX_HELPERS_ONLY
 #include "softmax.cu"
+#include "ce_check.h"
 #undef MIXPREC_SOFTMAX_HELPERS_ONLY
 
 #define MIXPREC__CE_THREADS 256
@@ -253,24 +254,12 @@ __global__ void ce_cols_bwd(const void *logits, void *dx, CeBwdArgs a, int64_t o
 
 /* ---- host side ---------------------------------------------------------------- */
 
-/* Host checks in the CPU's order (the target check excepted: it needs the
- * device data). */
+/* Host checks: the CPU's (ce_check.h), then alignment instead of the target
+ * range (which needs the device data). */
 mixprec_status check(const void *logits, mixprec_dtype dtype, const int64_t *target,
                      const mixprec_cross_entropy_params *p, int64_t *positions) {
-  if (!p) return MIXPREC_ERR_NULL_POINTER;
-  if (mixprec_dtype_size(dtype) == 0) return MIXPREC_ERR_BAD_DTYPE;
-  if (p->outer < 0 || p->classes < 0 || p->inner < 0) return MIXPREC_ERR_BAD_SIZE;
-  if (!(p->label_smoothing >= 0.0 && p->label_smoothing <= 1.0)) return MIXPREC_ERR_BAD_ARGUMENT;
-  if (p->reduction != MIXPREC_REDUCTION_NONE && p->reduction != MIXPREC_REDUCTION_MEAN &&
-      p->reduction != MIXPREC_REDUCTION_SUM)
-    return MIXPREC_ERR_BAD_ARGUMENT;
-  *positions = 0;
-  if (p->outer == 0 || p->inner == 0) return MIXPREC_OK;
-  if (p->outer > INT64_MAX / p->inner) return MIXPREC_ERR_BAD_SIZE;
-  *positions = p->outer * p->inner;
-  if (p->classes < 1 || p->classes > INT32_MAX) return MIXPREC_ERR_BAD_SIZE;
-  if (p->classes > INT64_MAX / *positions) return MIXPREC_ERR_BAD_SIZE;
-  if (!logits || !target) return MIXPREC_ERR_NULL_POINTER;
+  const mixprec_status st = mixprec__ce_check(logits, dtype, target, p, positions);
+  if (st != MIXPREC_OK || *positions == 0) return st;
   if ((uintptr_t)logits % (uintptr_t)mixprec_dtype_size(dtype) || (uintptr_t)target % 8 ||
       (p->weight && (uintptr_t)p->weight % 4))
     return MIXPREC_ERR_BAD_ARGUMENT;

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "ce_check.h"
 #include "softmax_internal.h"
 
 typedef void (*stats_fn)(const void *, mixprec_dtype, int64_t, int64_t, int64_t,
@@ -28,24 +29,13 @@ mixprec_cross_entropy_params mixprec_cross_entropy_params_default(void) {
   return p;
 }
 
-/* Argument and target checks shared by forward and backward; *positions
- * receives outer * inner. */
+/* Argument and target checks shared by forward and backward (the CUDA
+ * entry points share the first part, ce_check.h); *positions receives
+ * outer * inner. */
 static mixprec_status check(const void *logits, mixprec_dtype dtype, const int64_t *target,
                             const mixprec_cross_entropy_params *p, int64_t *positions) {
-  if (!p) return MIXPREC_ERR_NULL_POINTER;
-  if (mixprec_dtype_size(dtype) == 0) return MIXPREC_ERR_BAD_DTYPE;
-  if (p->outer < 0 || p->classes < 0 || p->inner < 0) return MIXPREC_ERR_BAD_SIZE;
-  if (!(p->label_smoothing >= 0.0 && p->label_smoothing <= 1.0)) return MIXPREC_ERR_BAD_ARGUMENT;
-  if (p->reduction != MIXPREC_REDUCTION_NONE && p->reduction != MIXPREC_REDUCTION_MEAN &&
-      p->reduction != MIXPREC_REDUCTION_SUM)
-    return MIXPREC_ERR_BAD_ARGUMENT;
-  *positions = 0;
-  if (p->outer == 0 || p->inner == 0) return MIXPREC_OK;
-  if (p->outer > INT64_MAX / p->inner) return MIXPREC_ERR_BAD_SIZE;
-  *positions = p->outer * p->inner;
-  if (p->classes < 1 || p->classes > INT32_MAX) return MIXPREC_ERR_BAD_SIZE;
-  if (p->classes > INT64_MAX / *positions) return MIXPREC_ERR_BAD_SIZE;
-  if (!logits || !target) return MIXPREC_ERR_NULL_POINTER;
+  const mixprec_status st = mixprec__ce_check(logits, dtype, target, p, positions);
+  if (st != MIXPREC_OK || *positions == 0) return st;
   int bad = 0;
   for (int64_t i = 0; i < *positions; i++) {
     const int64_t t = target[i];
