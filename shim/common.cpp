@@ -22,11 +22,11 @@ Where where(const Tensor& t) {
   return {t.is_cuda(), t.get_device_index()};
 }
 
-static std::string describe(const Where& w) {
+std::string describe(const Where& w) {
   return w.cuda ? "cuda:" + std::to_string(w.index) : std::string(w.index < 0 ? "cpu" : "another device");
 }
 
-static const char* dtype_name(ScalarType s) {
+const char* dtype_name(ScalarType s) {
   switch (s) {
     case ScalarType::Float: return "float32";
     case ScalarType::Half: return "float16";
@@ -35,6 +35,15 @@ static const char* dtype_name(ScalarType s) {
     case ScalarType::Int: return "int32";
     case ScalarType::Long: return "int64";
     default: return "an unsupported dtype";
+  }
+}
+
+bool to_mixprec_dtype(ScalarType s, mixprec_dtype* d) {
+  switch (s) {
+    case ScalarType::Float: *d = MIXPREC_F32; return true;
+    case ScalarType::Half: *d = MIXPREC_F16; return true;
+    case ScalarType::BFloat16: *d = MIXPREC_BF16; return true;
+    default: return false;
   }
 }
 
@@ -86,15 +95,8 @@ UnscaleArgs unscale_args(const char* op, const std::vector<Tensor>& grads,
     STD_TORCH_CHECK(g.layout() == Layout::Strided, "mixprec::", op, ": grads[", i,
                     "] must be a strided tensor (sparse gradients are not supported)");
     mixprec_dtype dt;
-    switch (g.scalar_type()) {
-      case ScalarType::Float: dt = MIXPREC_F32; break;
-      case ScalarType::Half: dt = MIXPREC_F16; break;
-      case ScalarType::BFloat16: dt = MIXPREC_BF16; break;
-      default:
-        STD_TORCH_CHECK(false, "mixprec::", op, ": grads[", i,
-                        "] must be float32, float16 or bfloat16, got ",
-                        dtype_name(g.scalar_type()));
-    }
+    STD_TORCH_CHECK(to_mixprec_dtype(g.scalar_type(), &dt), "mixprec::", op, ": grads[", i,
+                    "] must be float32, float16 or bfloat16, got ", dtype_name(g.scalar_type()));
     STD_TORCH_CHECK(where(g) == a.device, "mixprec::", op, ": grads[", i, "] is on ",
                     describe(where(g)), " but found_inf is on ", describe(a.device));
     STD_TORCH_CHECK(is_dense(g), "mixprec::", op, ": grads[", i,
@@ -178,15 +180,10 @@ static bool same_layout(const Tensor& a, const Tensor& b) {
 }
 
 static mixprec_dtype float_dtype(const char* op, const char* list, size_t i, const Tensor& t) {
-  switch (t.scalar_type()) {
-    case ScalarType::Float: return MIXPREC_F32;
-    case ScalarType::Half: return MIXPREC_F16;
-    case ScalarType::BFloat16: return MIXPREC_BF16;
-    default:
-      STD_TORCH_CHECK(false, "mixprec::", op, ": ", list, "[", i,
-                      "] must be float32, float16 or bfloat16, got ", dtype_name(t.scalar_type()));
-  }
-  return MIXPREC_F32;
+  mixprec_dtype d;
+  STD_TORCH_CHECK(to_mixprec_dtype(t.scalar_type(), &d), "mixprec::", op, ": ", list, "[", i,
+                  "] must be float32, float16 or bfloat16, got ", dtype_name(t.scalar_type()));
+  return d;
 }
 
 // An element-for-element companion of params[i] (grad, master, state).
@@ -288,19 +285,14 @@ OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
 }
 
 static mixprec_dtype nms_float_dtype(const char* op, const char* arg, const Tensor& t) {
-  switch (t.scalar_type()) {
-    case ScalarType::Float: return MIXPREC_F32;
-    case ScalarType::Half: return MIXPREC_F16;
-    case ScalarType::BFloat16: return MIXPREC_BF16;
-    default:
-      STD_TORCH_CHECK(false, "mixprec::", op, ": ", arg,
-                      " must be float32, float16 or bfloat16, got ", dtype_name(t.scalar_type()),
-                      t.scalar_type() == ScalarType::Double
-                          ? " (float64 is not supported: mixprec computes the IoU in float32; "
-                            "use torchvision.ops for float64)"
-                          : "");
-  }
-  return MIXPREC_F32;
+  mixprec_dtype d;
+  STD_TORCH_CHECK(to_mixprec_dtype(t.scalar_type(), &d), "mixprec::", op, ": ", arg,
+                  " must be float32, float16 or bfloat16, got ", dtype_name(t.scalar_type()),
+                  t.scalar_type() == ScalarType::Double
+                      ? " (float64 is not supported: mixprec computes the IoU in float32; "
+                        "use torchvision.ops for float64)"
+                      : "");
+  return d;
 }
 
 static void nms_check_tensor(const char* op, const char* arg, const Tensor& t, const Where& dev) {

@@ -6,10 +6,12 @@
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
 
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "mixprec/mixprec.h"
@@ -21,6 +23,12 @@ using torch::stable::Tensor;
 // Raises RuntimeError "mixprec::<op>: <C status text>" unless st is OK.
 void check_status(mixprec_status st, const char* op);
 
+// "float32", "float16", ... for error messages.
+const char* dtype_name(torch::headeronly::ScalarType s);
+
+// The mixprec dtype of float32 / float16 / bfloat16; false for any other.
+bool to_mixprec_dtype(torch::headeronly::ScalarType s, mixprec_dtype* d);
+
 // Device of a tensor as (is_cuda, index); CPU tensors have index -1.
 struct Where {
   bool cuda;
@@ -28,6 +36,9 @@ struct Where {
   bool operator==(const Where& o) const { return cuda == o.cuda && index == o.index; }
 };
 Where where(const Tensor& t);
+
+// "cpu", "cuda:1", ... for error messages.
+std::string describe(const Where& w);
 
 struct UnscaleArgs {
   std::vector<mixprec_tensor> list;

@@ -24,31 +24,6 @@ namespace softmax_detail {
 using torch::headeronly::Layout;
 using torch::headeronly::ScalarType;
 
-inline const char* type_name(ScalarType s) {
-  switch (s) {
-    case ScalarType::Float: return "float32";
-    case ScalarType::Half: return "float16";
-    case ScalarType::BFloat16: return "bfloat16";
-    case ScalarType::Double: return "float64";
-    case ScalarType::Int: return "int32";
-    case ScalarType::Long: return "int64";
-    default: return "an unsupported dtype";
-  }
-}
-
-inline bool to_dtype(ScalarType s, mixprec_dtype* d) {
-  switch (s) {
-    case ScalarType::Float: *d = MIXPREC_F32; return true;
-    case ScalarType::Half: *d = MIXPREC_F16; return true;
-    case ScalarType::BFloat16: *d = MIXPREC_BF16; return true;
-    default: return false;
-  }
-}
-
-inline std::string device_name(const Where& w) {
-  return w.cuda ? "cuda:" + std::to_string(w.index) : std::string("cpu");
-}
-
 inline std::string shape_str(const Tensor& t) {
   std::string s = "[";
   for (int64_t d = 0; d < t.dim(); d++) s += (d ? ", " : "") + std::to_string(t.sizes()[d]);
@@ -60,15 +35,15 @@ inline mixprec_dtype float_arg(const char* op, const char* arg, const Tensor& t)
   STD_TORCH_CHECK(t.defined() && t.layout() == Layout::Strided, "mixprec::", op, ": ", arg,
                   " must be a defined strided tensor");
   mixprec_dtype d;
-  STD_TORCH_CHECK(to_dtype(t.scalar_type(), &d), "mixprec::", op, ": ", arg,
-                  " must be float32, float16 or bfloat16, got ", type_name(t.scalar_type()));
+  STD_TORCH_CHECK(to_mixprec_dtype(t.scalar_type(), &d), "mixprec::", op, ": ", arg,
+                  " must be float32, float16 or bfloat16, got ", dtype_name(t.scalar_type()));
   return d;
 }
 
 inline void same_device(const char* op, const char* arg, const Tensor& t, const Where& dev,
                         const char* ref) {
-  STD_TORCH_CHECK(where(t) == dev, "mixprec::", op, ": ", arg, " is on ", device_name(where(t)),
-                  " but ", ref, " is on ", device_name(dev));
+  STD_TORCH_CHECK(where(t) == dev, "mixprec::", op, ": ", arg, " is on ", describe(where(t)),
+                  " but ", ref, " is on ", describe(dev));
 }
 
 // The contiguous tensor the kernels read: t itself or a copy in t's own
@@ -109,8 +84,8 @@ Tensor softmax_forward(const char* op, bool log, const Tensor& x, int64_t dim,
   const mixprec_dtype xd = float_arg(op, "self", x);
   mixprec_dtype yd = xd;
   if (dtype.has_value()) {
-    STD_TORCH_CHECK(to_dtype(*dtype, &yd), "mixprec::", op,
-                    ": dtype must be float32, float16 or bfloat16, got ", type_name(*dtype));
+    STD_TORCH_CHECK(to_mixprec_dtype(*dtype, &yd), "mixprec::", op,
+                    ": dtype must be float32, float16 or bfloat16, got ", dtype_name(*dtype));
   }
   const Layout3 l = layout_over(op, x, dim);
   const Where dev = where(x);
@@ -129,10 +104,10 @@ Tensor softmax_backward(const char* op, bool log, const Tensor& grad_output, con
   const mixprec_dtype yd = float_arg(op, "output", output);
   const mixprec_dtype gd = float_arg(op, "grad_output", grad_output);
   STD_TORCH_CHECK(gd == yd, "mixprec::", op, ": grad_output must have output's dtype ",
-                  type_name(output.scalar_type()), ", got ", type_name(grad_output.scalar_type()));
+                  dtype_name(output.scalar_type()), ", got ", dtype_name(grad_output.scalar_type()));
   mixprec_dtype xd;
-  STD_TORCH_CHECK(to_dtype(input_dtype, &xd), "mixprec::", op,
-                  ": input_dtype must be float32, float16 or bfloat16, got ", type_name(input_dtype));
+  STD_TORCH_CHECK(to_mixprec_dtype(input_dtype, &xd), "mixprec::", op,
+                  ": input_dtype must be float32, float16 or bfloat16, got ", dtype_name(input_dtype));
   STD_TORCH_CHECK(sizes_of(grad_output) == sizes_of(output), "mixprec::", op,
                   ": grad_output has shape ", shape_str(grad_output), " but output has shape ",
                   shape_str(output));
@@ -191,7 +166,7 @@ inline CeArgs ce_args(const char* op, const Tensor& self, const Tensor& target,
   STD_TORCH_CHECK(target.defined() && target.layout() == Layout::Strided, "mixprec::", op,
                   ": target must be a defined strided tensor");
   STD_TORCH_CHECK(target.scalar_type() == ScalarType::Long, "mixprec::", op,
-                  ": target must be int64 class indices, got ", type_name(target.scalar_type()),
+                  ": target must be int64 class indices, got ", dtype_name(target.scalar_type()),
                   " (class-probability targets are not supported)");
   same_device(op, "target", target, a.device, "self");
   auto s = self.sizes();
@@ -232,7 +207,7 @@ inline CeArgs ce_args(const char* op, const Tensor& self, const Tensor& target,
     const Tensor& w = *weight;
     STD_TORCH_CHECK(w.layout() == Layout::Strided && w.scalar_type() == ScalarType::Float,
                     "mixprec::", op, ": weight must be a float32 tensor, got ",
-                    type_name(w.scalar_type()));
+                    dtype_name(w.scalar_type()));
     STD_TORCH_CHECK(w.dim() == 1 && w.sizes()[0] == a.p.classes, "mixprec::", op,
                     ": weight must have shape [", a.p.classes, "] (one per class), got ",
                     shape_str(w));
