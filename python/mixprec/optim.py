@@ -132,6 +132,34 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
             out[p.device].append(p)
         return out
 
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One fused step per param group and device (grads, masters and
+        state of the group's params on that device in one op call)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for gi, group in enumerate(self.param_groups):
+            master_weights = group.get("master_weights", True)
+            for device, params in self._by_device(group).items():
+                states = [self._base_state(p, master_weights) for p in params]
+                grads = [self._grad_of(p) for p in params]
+                masters = [self._master_of(p, st) for p, st in zip(params, states)]
+                steps = [st["step"] for st in states]
+                lr, lr_tensor = self._lr_args(group["lr"], device)
+                grad_scale, found_inf = self._scaler_tensors(device)
+                self._step_device(
+                    group, params, states, grads, masters, steps, lr, lr_tensor, grad_scale, found_inf,
+                    self._sr_seed(group, gi, device),
+                )
+        return loss
+
+    def _step_device(self, group, params, states, grads, masters, steps, lr, lr_tensor, grad_scale, found_inf,
+                     sr_seed) -> None:
+        """Creates the optimizer's own state where missing and calls its op."""
+        raise NotImplementedError
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads a state dict of this class or of torch's optimizer of the
         same kind. torch casts floating state to each parameter's dtype;
@@ -210,40 +238,22 @@ class AdamW(_FusedMasterWeightOptimizer):
         )
         super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for gi, group in enumerate(self.param_groups):
-            beta1, beta2 = group["betas"]
-            master_weights = group.get("master_weights", True)
-            for device, params in self._by_device(group).items():
-                grads, masters, ms, vs, vmaxs, steps = [], [], [], [], [], []
-                for p in params:
-                    st = self._base_state(p, master_weights)
-                    if "exp_avg" not in st:
-                        st["exp_avg"] = self._fp32_zeros(p)
-                        st["exp_avg_sq"] = self._fp32_zeros(p)
-                    if group["amsgrad"] and "max_exp_avg_sq" not in st:
-                        st["max_exp_avg_sq"] = self._fp32_zeros(p)
-                    grads.append(self._grad_of(p))
-                    masters.append(self._master_of(p, st))
-                    ms.append(st["exp_avg"])
-                    vs.append(st["exp_avg_sq"])
-                    if group["amsgrad"]:
-                        vmaxs.append(st["max_exp_avg_sq"])
-                    steps.append(st["step"])
-                lr, lr_tensor = self._lr_args(group["lr"], device)
-                grad_scale, found_inf = self._scaler_tensors(device)
-                torch.ops.mixprec.adamw_step_(
-                    params, grads, masters, ms, vs, vmaxs, steps,
-                    lr, float(beta1), float(beta2), float(group["weight_decay"]), float(group["eps"]),
-                    bool(group["amsgrad"]), bool(group["maximize"]),
-                    lr_tensor, grad_scale, found_inf, self._sr_seed(group, gi, device),
-                )
-        return loss
+    def _step_device(self, group, params, states, grads, masters, steps, lr, lr_tensor, grad_scale, found_inf,
+                     sr_seed) -> None:
+        for p, st in zip(params, states):
+            if "exp_avg" not in st:
+                st["exp_avg"] = self._fp32_zeros(p)
+                st["exp_avg_sq"] = self._fp32_zeros(p)
+            if group["amsgrad"] and "max_exp_avg_sq" not in st:
+                st["max_exp_avg_sq"] = self._fp32_zeros(p)
+        beta1, beta2 = group["betas"]
+        torch.ops.mixprec.adamw_step_(
+            params, grads, masters,
+            [st["exp_avg"] for st in states], [st["exp_avg_sq"] for st in states],
+            [st["max_exp_avg_sq"] for st in states] if group["amsgrad"] else [],
+            steps, lr, float(beta1), float(beta2), float(group["weight_decay"]), float(group["eps"]),
+            bool(group["amsgrad"]), bool(group["maximize"]), lr_tensor, grad_scale, found_inf, sr_seed,
+        )
 
 
 class SGD(_FusedMasterWeightOptimizer):
@@ -291,32 +301,18 @@ class SGD(_FusedMasterWeightOptimizer):
             if isinstance(buf, torch.Tensor) and "step" not in st:
                 st["step"] = torch.ones((), dtype=torch.float32, device=buf.device)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for gi, group in enumerate(self.param_groups):
-            momentum = float(group["momentum"])
-            master_weights = group.get("master_weights", True)
-            for device, params in self._by_device(group).items():
-                grads, masters, bufs, steps = [], [], [], []
-                for p in params:
-                    st = self._base_state(p, master_weights)
-                    if momentum != 0.0:
-                        if st.get("momentum_buffer") is None:
-                            st["momentum_buffer"] = self._fp32_zeros(p)
-                        bufs.append(st["momentum_buffer"])
-                    grads.append(self._grad_of(p))
-                    masters.append(self._master_of(p, st))
-                    steps.append(st["step"])
-                lr, lr_tensor = self._lr_args(group["lr"], device)
-                grad_scale, found_inf = self._scaler_tensors(device)
-                torch.ops.mixprec.sgd_step_(
-                    params, grads, masters, bufs, steps,
-                    lr, momentum, float(group["dampening"]), float(group["weight_decay"]),
-                    bool(group["nesterov"]), bool(group["maximize"]),
-                    lr_tensor, grad_scale, found_inf, self._sr_seed(group, gi, device),
-                )
-        return loss
+    def _step_device(self, group, params, states, grads, masters, steps, lr, lr_tensor, grad_scale, found_inf,
+                     sr_seed) -> None:
+        momentum = float(group["momentum"])
+        bufs = []
+        if momentum != 0.0:
+            for p, st in zip(params, states):
+                if st.get("momentum_buffer") is None:
+                    st["momentum_buffer"] = self._fp32_zeros(p)
+                bufs.append(st["momentum_buffer"])
+        torch.ops.mixprec.sgd_step_(
+            params, grads, masters, bufs, steps,
+            lr, momentum, float(group["dampening"]), float(group["weight_decay"]),
+            bool(group["nesterov"]), bool(group["maximize"]),
+            lr_tensor, grad_scale, found_inf, sr_seed,
+        )
