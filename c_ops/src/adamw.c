@@ -162,6 +162,7 @@ mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list, int64_t n,
   k.maximize = p->maximize != 0;
   k.has_scale = p->grad_scale != NULL;
   k.scale = p->grad_scale ? *p->grad_scale : 1.0f;
+  k.stream = total >= MIXPREC__OPT_STREAM_MIN;
 
   /* Every count is read before any is written (tensors may share one). */
   for (int64_t i = 0; i < n; i++) {

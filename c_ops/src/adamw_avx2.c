@@ -9,53 +9,74 @@
  * last numel % 8) never come here. */
 #include "optim_common.h"
 
-/* One dtype combination; pd, gd, amsgrad and sr (master-free BF16: read the
- * param, round stochastically) are constants at each call. */
-MIXPREC__INLINE int64_t body(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
-                             const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k,
+/* One vector of the update: elements [i, i + 8); stores m, v (and the
+ * amsgrad max) and returns the new FP32 param. pd, gd, amsgrad and sr
+ * (master-free BF16: read the param itself) are constants at each call. */
+MIXPREC__INLINE __m256 update8(const mixprec_opt_tensor *t, int64_t i, const float *P,
+                               const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k,
+                               const mixprec_dtype gd, const int amsgrad, const int sr) {
+  __m256 g = mixprec__opt_load8(t->grad, gd, i);
+  if (k->has_scale) g = _mm256_div_ps(g, _mm256_set1_ps(k->scale));
+  if (k->maximize) g = mixprec__opt_neg8(g);
+  __m256 p = sr ? mixprec__opt_load8(t->param, MIXPREC_BF16, i) : _mm256_loadu_ps(P + i);
+  if (k->decay_on) p = _mm256_mul_ps(p, _mm256_set1_ps(s->decay));
+  __m256 m = _mm256_loadu_ps(t->exp_avg + i);
+  const __m256 diff = _mm256_sub_ps(g, m);
+  m = k->w_small ? _mm256_fmadd_ps(_mm256_set1_ps(k->w), diff, m)
+                 : _mm256_fmadd_ps(_mm256_set1_ps(k->w_m1), diff, g);
+  const __m256 cg = _mm256_mul_ps(_mm256_set1_ps(k->c2), g);
+  const __m256 v = _mm256_fmadd_ps(
+      cg, g, _mm256_mul_ps(_mm256_loadu_ps(t->exp_avg_sq + i), _mm256_set1_ps(k->beta2)));
+  __m256 vd = v;
+  if (amsgrad) {
+    /* torch's Vectorized<float> maximum: max_ps(old, v) gives v unless
+     * old > v; or'ed with the unordered compare, a NaN gives all ones. */
+    const __m256 old = _mm256_loadu_ps(t->max_exp_avg_sq + i);
+    vd = _mm256_or_ps(_mm256_max_ps(old, v), _mm256_cmp_ps(old, v, _CMP_UNORD_Q));
+    _mm256_storeu_ps(t->max_exp_avg_sq + i, vd);
+  }
+  const __m256 denom = _mm256_add_ps(
+      _mm256_div_ps(_mm256_sqrt_ps(vd), _mm256_set1_ps(s->bc2_sqrt)), _mm256_set1_ps(k->eps));
+  const __m256 upd = _mm256_mul_ps(_mm256_set1_ps(s->step_size), m);
+  _mm256_storeu_ps(t->exp_avg + i, m);
+  _mm256_storeu_ps(t->exp_avg_sq + i, v);
+  return _mm256_sub_ps(p, _mm256_div_ps(upd, denom));
+}
+
+/* One dtype combination (constants at each call). A param with a master is
+ * updated a block at a time: the FP32 update into the master, then the block
+ * rounded to the param (MIXPREC__OPT_BLOCK). */
+MIXPREC__INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin, int64_t end,
+                             const mixprec__adamw_scalars *s_in, const mixprec__adamw_consts *k_in,
                              const mixprec_dtype pd, const mixprec_dtype gd, const int amsgrad,
                              const int sr) {
+  /* Local copies: the compiler may then keep every field in a register
+   * (vector stores may alias anything, the caller's structs included). */
+  const mixprec_opt_tensor tc = *t_in;
+  const mixprec__adamw_scalars sc = *s_in;
+  const mixprec__adamw_consts kc = *k_in;
+  const mixprec_opt_tensor *t = &tc;
+  const mixprec__adamw_scalars *s = &sc;
+  const mixprec__adamw_consts *k = &kc;
   const int half = pd != MIXPREC_F32;
-  float *P = half ? t->master : (float *)t->param;
-  float *M = t->exp_avg, *V = t->exp_avg_sq, *VM = t->max_exp_avg_sq;
-  const __m256 scale = _mm256_set1_ps(k->scale), decay = _mm256_set1_ps(s->decay);
-  const __m256 w = _mm256_set1_ps(k->w_small ? k->w : k->w_m1);
-  const __m256 beta2 = _mm256_set1_ps(k->beta2), c2 = _mm256_set1_ps(k->c2);
-  const __m256 eps = _mm256_set1_ps(k->eps), bc2_sqrt = _mm256_set1_ps(s->bc2_sqrt);
-  const __m256 step_size = _mm256_set1_ps(s->step_size);
-  const int has_scale = k->has_scale, maximize = k->maximize, decay_on = k->decay_on;
-  const int w_small = k->w_small;
+  float *P = half && !sr ? t->master : (float *)t->param;
   int64_t i = begin;
+  if (half && !sr) {
+    const int64_t stop = end - (end - begin) % 8;
+    while (i < stop) {
+      const int64_t b = i, e = stop - i > MIXPREC__OPT_BLOCK ? i + MIXPREC__OPT_BLOCK : stop;
+      for (; i < e; i += 8) _mm256_storeu_ps(P + i, update8(t, i, P, s, k, gd, amsgrad, 0));
+      mixprec__opt_store_half_range(t->param, pd, P, b, e, k->stream);
+    }
+    if (k->stream) _mm_sfence();
+    return i;
+  }
   for (; i + 8 <= end; i += 8) {
-    __m256 g = mixprec__opt_load8(t->grad, gd, i);
-    if (has_scale) g = _mm256_div_ps(g, scale);
-    if (maximize) g = mixprec__opt_neg8(g);
-    __m256 p = sr ? mixprec__opt_load8(t->param, MIXPREC_BF16, i) : _mm256_loadu_ps(P + i);
-    if (decay_on) p = _mm256_mul_ps(p, decay);
-    __m256 m = _mm256_loadu_ps(M + i);
-    const __m256 diff = _mm256_sub_ps(g, m);
-    m = _mm256_fmadd_ps(w, diff, w_small ? m : g);
-    const __m256 cg = _mm256_mul_ps(c2, g);
-    __m256 v = _mm256_fmadd_ps(cg, g, _mm256_mul_ps(_mm256_loadu_ps(V + i), beta2));
-    __m256 vd = v;
-    if (amsgrad) {
-      /* torch's Vectorized<float> maximum: max_ps(old, v) gives v unless
-       * old > v; or'ed with the unordered compare, a NaN gives all ones. */
-      const __m256 old = _mm256_loadu_ps(VM + i);
-      vd = _mm256_or_ps(_mm256_max_ps(old, v), _mm256_cmp_ps(old, v, _CMP_UNORD_Q));
-      _mm256_storeu_ps(VM + i, vd);
-    }
-    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vd), bc2_sqrt), eps);
-    const __m256 upd = _mm256_mul_ps(step_size, m);
-    p = _mm256_sub_ps(p, _mm256_div_ps(upd, denom));
-    _mm256_storeu_ps(M + i, m);
-    _mm256_storeu_ps(V + i, v);
-    if (sr) {
+    const __m256 p = update8(t, i, P, s, k, gd, amsgrad, sr);
+    if (sr)
       mixprec__opt_store8_bf16_sr(t->param, i, s->sr_key, p);
-    } else {
+    else
       _mm256_storeu_ps(P + i, p);
-      if (half) mixprec__opt_store8_half(t->param, pd, i, p);
-    }
   }
   return i;
 }

@@ -15,6 +15,17 @@
  * update is elementwise, so the chunking only balances threads; results do not
  * depend on it. */
 #define MIXPREC__OPT_CHUNK ((int64_t)1 << 16)
+/* Elements of the FP32 update a vector kernel computes (into the master)
+ * before it writes them to the low-precision param: two short loops instead
+ * of one long dependency chain per vector, which the out-of-order core could
+ * not overlap as well (the master block is still in L1 for the second). */
+#define MIXPREC__OPT_BLOCK ((int64_t)512)
+/* From this many elements in one step on, the low-precision params are
+ * written with non-temporal stores: the step's ~30 B/param are far beyond
+ * the caches, and the line the param is written to need not be read first. */
+#ifndef MIXPREC__OPT_STREAM_MIN
+#define MIXPREC__OPT_STREAM_MIN ((int64_t)1 << 20)
+#endif
 /* Below this many elements in all, a parallel region costs more than it saves. */
 #define MIXPREC__OPT_PARALLEL_MIN ((int64_t)1 << 16)
 
@@ -106,6 +117,7 @@ typedef struct mixprec__adamw_consts {
   int amsgrad, maximize;
   int has_scale;
   float scale;
+  int stream;    /* non-temporal stores for low-precision params (large steps) */
 } mixprec__adamw_consts;
 
 /* SGD, per step. */
@@ -114,6 +126,7 @@ typedef struct mixprec__sgd_consts {
   int wd_on, momentum_on, nesterov, maximize;
   int has_scale;
   float scale;
+  int stream;    /* as in mixprec__adamw_consts */
 } mixprec__sgd_consts;
 
 /* A body kernel updates elements [begin, end) of one tensor, all of them in
@@ -155,6 +168,21 @@ MIXPREC__INLINE __m256 mixprec__opt_load8(const void *data, mixprec_dtype dtype,
   }
 }
 
+/* The BF16 round-to-nearest-even of 8 floats, each in the top 16 bits of its
+ * 32-bit lane (the low 16 bits are garbage): bit-identical to
+ * mixprec__f32_to_bf16 once shifted down. Written with as few shift and
+ * shuffle instructions as possible (Zen 3 runs those on two of its four
+ * vector pipes): the rounding bit is tested with a compare, not a shift. */
+MIXPREC__INLINE __m256i mixprec__opt_bf16_rne_hi8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i bit16 = _mm256_set1_epi32(0x10000);
+  const __m256i odd = _mm256_cmpeq_epi32(_mm256_and_si256(u, bit16), bit16); /* -1 or 0 */
+  const __m256i rne = _mm256_sub_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd);
+  const __m256i nan = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+  const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(rne, nan, is_nan);
+}
+
 /* Stores elements [i, i + 8) of a low-precision param, bit-identical to
  * mixprec__opt_store_half: F16 by F16C round-to-nearest-even (a NaN keeps its
  * sign and top payload bits and is quieted, as mixprec__f32_to_f16 does),
@@ -166,18 +194,45 @@ MIXPREC__INLINE void mixprec__opt_store8_half(void *data, mixprec_dtype dtype, i
   if (dtype == MIXPREC_F16) {
     h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   } else {
-    const __m256i u = _mm256_castps_si256(v);
-    const __m256i hi = _mm256_srli_epi32(u, 16);
-    const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
-    const __m256i rne =
-        _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-    const __m256i nan = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
-    const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    const __m256i r = _mm256_blendv_epi8(rne, nan, is_nan);
+    const __m256i r = _mm256_srli_epi32(mixprec__opt_bf16_rne_hi8(v), 16);
     /* Every lane is < 2^16: the signed-to-unsigned saturation never bites. */
     h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
   }
   _mm_storeu_si128((__m128i *)((uint16_t *)data + i), h);
+}
+
+/* Writes elements [begin, end) of a low-precision param from the FP32 values
+ * src[begin, end) (its master, just updated), bit-identical to
+ * mixprec__opt_store_half per element; end - begin is a multiple of 8.
+ * stream: 32-byte aligned runs go out with non-temporal stores, which skip
+ * the read-for-ownership of a line the step only writes (2 of the 30 bytes
+ * per param it would otherwise move); the caller ends with _mm_sfence(). */
+MIXPREC__INLINE void mixprec__opt_store_half_range(void *data, mixprec_dtype dtype, const float *src,
+                                                   int64_t begin, int64_t end, int stream) {
+  uint16_t *out = (uint16_t *)data;
+  int64_t i = begin;
+  if (stream)
+    for (; i + 8 <= end && ((uintptr_t)(out + i) & 31u) != 0; i += 8)
+      mixprec__opt_store8_half(data, dtype, i, _mm256_loadu_ps(src + i));
+  for (; i + 16 <= end; i += 16) {
+    __m256i h;
+    if (dtype == MIXPREC_F16) {
+      h = _mm256_setr_m128i(
+          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+          _mm256_cvtps_ph(_mm256_loadu_ps(src + i + 8), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else {
+      /* packus works within 128-bit lanes: [a0-3 b0-3 | a4-7 b4-7], then
+       * the 64-bit quarters are put back in order. */
+      h = _mm256_packus_epi32(_mm256_srli_epi32(mixprec__opt_bf16_rne_hi8(_mm256_loadu_ps(src + i)), 16),
+                              _mm256_srli_epi32(mixprec__opt_bf16_rne_hi8(_mm256_loadu_ps(src + i + 8)), 16));
+      h = _mm256_permute4x64_epi64(h, 0xD8);
+    }
+    if (stream && ((uintptr_t)(out + i) & 31u) == 0)
+      _mm256_stream_si256((__m256i *)(out + i), h);
+    else
+      _mm256_storeu_si256((__m256i *)(out + i), h);
+  }
+  for (; i < end; i += 8) mixprec__opt_store8_half(data, dtype, i, _mm256_loadu_ps(src + i));
 }
 
 /* Stores elements [i, i + 8) of a master-free BF16 param, stochastically

@@ -150,6 +150,7 @@ mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list, int64_t n,
   k.maximize = p->maximize != 0;
   k.has_scale = p->grad_scale != NULL;
   k.scale = p->grad_scale ? *p->grad_scale : 1.0f;
+  k.stream = total >= MIXPREC__OPT_STREAM_MIN;
 
   const mixprec__sgd_body_fn body = sgd_body_kernel();
   int n_threads = mixprec__num_threads();

@@ -8,42 +8,59 @@
  * numel % 8) never come here. */
 #include "optim_common.h"
 
-/* One dtype combination; pd, gd and sr (master-free BF16: read the param,
- * round stochastically) are constants at each call. */
-MIXPREC__INLINE int64_t body(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
-                             uint32_t sr_key, const mixprec__sgd_consts *k,
+/* One vector of the update: elements [i, i + 8); stores the momentum
+ * buffer and returns the new FP32 param. gd and sr (master-free BF16: read
+ * the param itself) are constants at each call. */
+MIXPREC__INLINE __m256 update8(const mixprec_opt_tensor *t, int64_t i, const float *P, int first,
+                               const mixprec__sgd_consts *k, const mixprec_dtype gd, const int sr) {
+  __m256 g = mixprec__opt_load8(t->grad, gd, i);
+  if (k->has_scale) g = _mm256_div_ps(g, _mm256_set1_ps(k->scale));
+  if (k->maximize) g = mixprec__opt_neg8(g);
+  const __m256 p = sr ? mixprec__opt_load8(t->param, MIXPREC_BF16, i) : _mm256_loadu_ps(P + i);
+  if (k->wd_on) g = _mm256_fmadd_ps(p, _mm256_set1_ps(k->wd), g);
+  if (k->momentum_on) {
+    const __m256 momentum = _mm256_set1_ps(k->momentum);
+    __m256 buf;
+    if (first)
+      buf = g;
+    else
+      buf = _mm256_fmadd_ps(_mm256_set1_ps(k->damp1), g,
+                            _mm256_mul_ps(_mm256_loadu_ps(t->exp_avg + i), momentum));
+    _mm256_storeu_ps(t->exp_avg + i, buf);
+    g = k->nesterov ? _mm256_fmadd_ps(buf, momentum, g) : buf;
+  }
+  return _mm256_fmadd_ps(mixprec__opt_neg8(g), _mm256_set1_ps(k->lr), p);
+}
+
+/* One dtype combination (constants at each call). A param with a master is
+ * updated a block at a time, as in adamw_avx2.c. */
+MIXPREC__INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin, int64_t end, int first,
+                             uint32_t sr_key, const mixprec__sgd_consts *k_in,
                              const mixprec_dtype pd, const mixprec_dtype gd, const int sr) {
+  /* Local copies, kept in registers (see adamw_avx2.c). */
+  const mixprec_opt_tensor tc = *t_in;
+  const mixprec__sgd_consts kc = *k_in;
+  const mixprec_opt_tensor *t = &tc;
+  const mixprec__sgd_consts *k = &kc;
   const int half = pd != MIXPREC_F32;
-  float *P = half ? t->master : (float *)t->param;
-  float *B = t->exp_avg;
-  const __m256 scale = _mm256_set1_ps(k->scale), wd = _mm256_set1_ps(k->wd);
-  const __m256 momentum = _mm256_set1_ps(k->momentum), damp1 = _mm256_set1_ps(k->damp1);
-  const __m256 lr = _mm256_set1_ps(k->lr);
-  const int has_scale = k->has_scale, maximize = k->maximize, wd_on = k->wd_on;
-  const int momentum_on = k->momentum_on, nesterov = k->nesterov;
+  float *P = half && !sr ? t->master : (float *)t->param;
   int64_t i = begin;
+  if (half && !sr) {
+    const int64_t stop = end - (end - begin) % 8;
+    while (i < stop) {
+      const int64_t b = i, e = stop - i > MIXPREC__OPT_BLOCK ? i + MIXPREC__OPT_BLOCK : stop;
+      for (; i < e; i += 8) _mm256_storeu_ps(P + i, update8(t, i, P, first, k, gd, 0));
+      mixprec__opt_store_half_range(t->param, pd, P, b, e, k->stream);
+    }
+    if (k->stream) _mm_sfence();
+    return i;
+  }
   for (; i + 8 <= end; i += 8) {
-    __m256 g = mixprec__opt_load8(t->grad, gd, i);
-    if (has_scale) g = _mm256_div_ps(g, scale);
-    if (maximize) g = mixprec__opt_neg8(g);
-    __m256 p = sr ? mixprec__opt_load8(t->param, MIXPREC_BF16, i) : _mm256_loadu_ps(P + i);
-    if (wd_on) g = _mm256_fmadd_ps(p, wd, g);
-    if (momentum_on) {
-      __m256 buf;
-      if (first)
-        buf = g;
-      else
-        buf = _mm256_fmadd_ps(damp1, g, _mm256_mul_ps(_mm256_loadu_ps(B + i), momentum));
-      _mm256_storeu_ps(B + i, buf);
-      g = nesterov ? _mm256_fmadd_ps(buf, momentum, g) : buf;
-    }
-    p = _mm256_fmadd_ps(mixprec__opt_neg8(g), lr, p);
-    if (sr) {
+    const __m256 p = update8(t, i, P, first, k, gd, sr);
+    if (sr)
       mixprec__opt_store8_bf16_sr(t->param, i, sr_key, p);
-    } else {
+    else
       _mm256_storeu_ps(P + i, p);
-      if (half) mixprec__opt_store8_half(t->param, pd, i, p);
-    }
   }
   return i;
 }

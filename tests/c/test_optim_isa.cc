@@ -12,7 +12,16 @@ namespace {
 
 using mpt::Buf;
 
-const std::vector<int64_t> kSizes = {1, 7, 8, 9, 15, 16, 17, 4097, 65536 + 13, 100003};
+// The tensor sizes of a problem and the rotations of the dtype pairs run.
+struct Shape {
+  std::vector<int64_t> sizes;
+  std::vector<int> rotations;
+};
+const Shape kSmall = {{1, 7, 8, 9, 15, 16, 17, 4097, 65536 + 13, 100003}, {0, 1, 2, 3, 4, 5, 6, 7, 8}};
+// Over a million elements in all: low-precision params are written with
+// non-temporal stores (MIXPREC__OPT_STREAM_MIN); the rotations give F16 and
+// BF16 params with every grad dtype.
+const Shape kLarge = {{600000 + 5, 500000 + 11}, {3, 7}};
 const mixprec_dtype kDtypes[3] = {MIXPREC_F32, MIXPREC_F16, MIXPREC_BF16};
 
 // A float buffer whose data pointer is one element off the allocator's
@@ -86,13 +95,13 @@ void fill_grad(Buf &b, std::mt19937 &rng) {
 }
 
 // Each size once per rotation of the nine (param, grad) dtype pairs.
-std::vector<Tensor> make_problem(int rotation, uint32_t seed) {
+std::vector<Tensor> make_problem(const std::vector<int64_t> &sizes, int rotation, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<Tensor> ts;
-  ts.reserve(kSizes.size());
-  for (size_t j = 0; j < kSizes.size(); j++) {
+  ts.reserve(sizes.size());
+  for (size_t j = 0; j < sizes.size(); j++) {
     const int pair = int(j + size_t(rotation)) % 9;
-    ts.emplace_back(kSizes[j], kDtypes[pair / 3], kDtypes[pair % 3], int(j) + rotation);
+    ts.emplace_back(sizes[j], kDtypes[pair / 3], kDtypes[pair % 3], int(j) + rotation);
     Tensor &t = ts.back();
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (int64_t i = 0; i < t.numel(); i++) {
@@ -150,11 +159,11 @@ void expect_same(std::vector<Tensor> &got, std::vector<Tensor> &want, const std:
 using StepFn = std::function<mixprec_status(std::vector<mixprec_opt_tensor> &, int step)>;
 
 void run_all_isas(const std::string &name, bool amsgrad, const StepFn &step_fn, uint32_t salt,
-                  bool sr = false) {
+                  bool sr = false, const Shape &shape = kSmall) {
   SCOPED_TRACE(name);
   mpt::GlobalStateGuard guard;
   const int kSteps = 4;
-  for (int rotation = 0; rotation < 9; rotation++) {
+  for (int rotation : shape.rotations) {
     SCOPED_TRACE("rotation " + std::to_string(rotation));
     std::vector<Tensor> want;
     bool have_want = false;
@@ -162,7 +171,7 @@ void run_all_isas(const std::string &name, bool amsgrad, const StepFn &step_fn, 
       ASSERT_EQ(mixprec_set_cpu_isa(isa), MIXPREC_OK);
       ASSERT_EQ(mixprec_get_cpu_isa(), isa);
       const uint32_t seed = mpt::kSeed + salt * 131u + uint32_t(rotation);
-      std::vector<Tensor> ts = make_problem(rotation, seed);
+      std::vector<Tensor> ts = make_problem(shape.sizes, rotation, seed);
       std::mt19937 rng(seed ^ 0x5a5a5a5au);
       for (int s = 0; s < kSteps; s++) {
         for (Tensor &t : ts) fill_grad(t.grad, rng);
@@ -182,7 +191,8 @@ void run_all_isas(const std::string &name, bool amsgrad, const StepFn &step_fn, 
 }
 
 void run_adamw(const std::string &name, const std::function<void(mixprec_adamw_params &)> &tweak,
-               bool use_scale, bool use_lr_tensor, uint32_t salt, bool sr = false) {
+               bool use_scale, bool use_lr_tensor, uint32_t salt, bool sr = false,
+               const Shape &shape = kSmall) {
   mixprec_adamw_params h = mixprec_adamw_params_default();
   if (tweak) tweak(h);
   float scale = 1024.0f, lr_t = 0.0f;
@@ -196,11 +206,11 @@ void run_adamw(const std::string &name, const std::function<void(mixprec_adamw_p
                  }
                  return mixprec_adamw_step(list.data(), int64_t(list.size()), &q);
                },
-               salt, sr);
+               salt, sr, shape);
 }
 
 void run_sgd(const std::string &name, const std::function<void(mixprec_sgd_params &)> &tweak,
-             bool use_scale, uint32_t salt, bool sr = false) {
+             bool use_scale, uint32_t salt, bool sr = false, const Shape &shape = kSmall) {
   mixprec_sgd_params h = mixprec_sgd_params_default();
   h.lr = 0.01;
   if (tweak) tweak(h);
@@ -211,7 +221,7 @@ void run_sgd(const std::string &name, const std::function<void(mixprec_sgd_param
                  if (use_scale) q.grad_scale = &scale;
                  return mixprec_sgd_step(list.data(), int64_t(list.size()), &q);
                },
-               salt, sr);
+               salt, sr, shape);
 }
 
 TEST(OptimIsa, SeveralIsasToCompare) {
@@ -273,6 +283,17 @@ TEST(OptimIsa, SgdDampeningMaximizeScale) {
 }
 TEST(OptimIsa, SgdWeightDecayNoMomentum) {
   run_sgd("sgd wd", [](mixprec_sgd_params &h) { h.weight_decay = 0.02; }, false, 15);
+}
+
+// A step of over a million elements: the non-temporal stores of the params
+// (with the unaligned head before the first 32-byte boundary) give the same
+// bits as the scalar path, and nothing outside the tensors is written.
+TEST(OptimIsa, AdamWLargeStepStreams) {
+  run_adamw("adamw large", [](mixprec_adamw_params &h) { h.amsgrad = 1; }, true, false, 21, false,
+            kLarge);
+}
+TEST(OptimIsa, SgdLargeStepStreams) {
+  run_sgd("sgd large", [](mixprec_sgd_params &h) { h.momentum = 0.9; }, false, 22, false, kLarge);
 }
 
 }  // namespace
