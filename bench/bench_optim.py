@@ -15,7 +15,10 @@ In one process, same sizes, interleaved, median of several runs:
 and the RMW limit: in-place read-modify-write bandwidth measured in the same
 run on a buffer of the same byte count. Same for SGD with momentum (20 B/param).
 
-Usage: python bench/bench_optim.py [--device cpu|cuda] [--quick] [--out FILE]
+500M params (10 x 50M) are timed one comparator at a time when the memory
+allows it (see PHASED_CONFIGS).
+
+Usage: python bench/bench_optim.py [--device cpu|cuda] [--quick] [--only-phased] [--out FILE]
 """
 
 from __future__ import annotations
@@ -77,6 +80,64 @@ def bench(kind, n, numel, reps, device=torch.device("cpu")):
     return {k: statistics.median(v) for k, v in times.items()}, nbytes
 
 
+# 500M params do not fit in 24 GiB with every comparator alive at once
+# (~34 GB): they are timed in three groups, each interleaved within itself
+# and with the RMW limit: torch fused FP32 with mixprec BF16+master, torch
+# fused FP32 with mixprec SR, torch fused BF16 alone. foreach is left out (its
+# temporaries alone would not fit). Run when the machine has ~18 GB free.
+PHASED_CONFIGS = [(10, 50_000_000)]
+
+
+def bench_phased(kind, n, numel, reps, device):
+    opt_cls = {"adamw": (mixprec.optim.AdamW, torch.optim.AdamW), "sgd": (mixprec.optim.SGD, torch.optim.SGD)}[kind]
+    kw = dict(lr=1e-3) if kind == "adamw" else dict(lr=1e-3, momentum=0.9)
+    nbytes = (28 if kind == "adamw" else 20) * n * numel
+    gen = torch.Generator().manual_seed(n + numel)
+    ps = lambda dt: make(n, numel, dt, gen, device)  # noqa: E731
+    out = {"torch_foreach_fp32": float("nan")}
+    # The RMW limit on a 2 GB buffer in each group (its GB/s scaled to
+    # nbytes): this machine's bandwidth drifts between the groups.
+    flat = torch.empty(1 << 28, device=device).normal_()
+    two, half = torch.tensor(2.0, device=device), torch.tensor(0.5, device=device)
+    flip = {"k": 0}
+
+    def limit():
+        flip["k"] ^= 1
+        flat.mul_(two if flip["k"] else half)
+
+    scale = nbytes / (2 * flat.numel() * flat.element_size())
+    for group in ("main", "sr", "bf16"):
+        if group == "main":
+            fns = {"torch_fused_fp32": opt_cls[1](ps(torch.float32), fused=True, **kw).step,
+                   "mixprec_bf16_master": opt_cls[0](ps(torch.bfloat16), **kw).step}
+        elif group == "sr":
+            fns = {"torch_fused_fp32_sr": opt_cls[1](ps(torch.float32), fused=True, **kw).step,
+                   "mixprec_bf16_sr": opt_cls[0](ps(torch.bfloat16), master_weights=False, seed=0, **kw).step}
+        else:
+            fns = {"torch_fused_bf16": opt_cls[1](ps(torch.bfloat16), fused=True, **kw).step}
+        fns["limit"] = limit
+        times = {k: [] for k in fns}
+        for fn in fns.values():
+            fn()
+        for _ in range(reps):
+            for k, fn in fns.items():
+                times[k].append(timed(fn, device))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        med[{"main": "limit", "sr": "limit_sr", "bf16": "limit_bf16"}[group]] = med.pop("limit") * scale
+        out.update(med)
+        del fns
+    return out, nbytes
+
+
+def available_bytes(device):
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 SR_BYTES = {"adamw": 22, "sgd": 14}
 SEQ_CONFIGS = [(10, 1_000_000), (100, 1_000_000)]
 
@@ -136,6 +197,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--no-sequence", action="store_true", help="skip the whole-step table")
+    ap.add_argument("--only-phased", action="store_true", help="only the 500M-param rows")
     args = ap.parse_args()
     reps = args.reps or (3 if args.quick else 7)
     device = torch.device(args.device)
@@ -146,24 +209,30 @@ def main():
               "no-master (SR) ms | SR vs fused FP32 | SR % of limit |")
     rows = [header, "|" + "---|" * 13]
     print(header)
+    phased = [] if args.quick else [c for c in PHASED_CONFIGS if available_bytes(device) > 36 * c[0] * c[1]]
     for kind in ("adamw", "sgd"):
-        for n, numel in QUICK if args.quick else CONFIGS:
-            t, nbytes = bench(kind, n, numel, reps, device)
+        for n, numel in ([] if args.only_phased else (QUICK if args.quick else CONFIGS)) + phased:
+            if (n, numel) in phased:
+                t, nbytes = bench_phased(kind, n, numel, max(3, reps // 2), device)
+            else:
+                t, nbytes = bench(kind, n, numel, reps, device)
             ours = t["mixprec_bf16_master"]
             row = (
                 f"| {kind} | {n}x{numel:,} | {t['torch_fused_fp32'] * 1e3:.2f} | {t['torch_foreach_fp32'] * 1e3:.2f} | "
                 f"{t['torch_fused_bf16'] * 1e3:.2f} | {ours * 1e3:.2f} | {t['torch_fused_fp32'] / ours:.2f}x | "
                 f"{nbytes / ours / 1e9:.1f} | {nbytes / t['limit'] / 1e9:.1f} | {100 * t['limit'] / ours:.0f}% | "
-                f"{t['mixprec_bf16_sr'] * 1e3:.2f} | {t['torch_fused_fp32'] / t['mixprec_bf16_sr']:.2f}x | "
-                f"{100 * (SR_BYTES[kind] * n * numel / t['mixprec_bf16_sr']) / (nbytes / t['limit']):.0f}% |"
+                f"{t['mixprec_bf16_sr'] * 1e3:.2f} | {t.get('torch_fused_fp32_sr', t['torch_fused_fp32']) / t['mixprec_bf16_sr']:.2f}x | "
+                f"{100 * (SR_BYTES[kind] * n * numel / t['mixprec_bf16_sr']) / (nbytes / t.get('limit_sr', t['limit'])):.0f}% |"
             )
+            if (n, numel) in phased:
+                row = row.replace(f"| {n}x{numel:,} |", f"| {n}x{numel:,} (3 groups) |").replace("| nan |", "| - |")
             rows.append(row)
             print(row, flush=True)
     seq_header = ("| whole step (unscale + clip + AdamW + update) | params | torch FP32 ms | mixprec BF16+master ms | "
                   "speedup | folded (fold=True) ms | folded speedup |")
     rows += ["", seq_header, "|---|---|---|---|---|---|---|"]
     print("\n" + seq_header)
-    for n, numel in QUICK if args.quick else SEQ_CONFIGS:
+    for n, numel in [] if args.no_sequence or args.only_phased else QUICK if args.quick else SEQ_CONFIGS:
         t = bench_sequence(n, numel, reps, device)
         row = (f"| adamw | {n}x{numel:,} | {t['torch'] * 1e3:.2f} | {t['mixprec'] * 1e3:.2f} | "
                f"{t['torch'] / t['mixprec']:.2f}x | {t['folded'] * 1e3:.2f} | {t['torch'] / t['folded']:.2f}x |")
