@@ -46,9 +46,29 @@ def test_demo_quick_mode(capsys, tmp_path):
     assert rows[("fp16", "torchvision-style")][1] > 0, out
 
 
+def test_demo_full_mode_parity(capsys, tmp_path):
+    """What the README's command reports: the playbook's BF16 and FP16 runs
+    (FP32 master weights, loss scaling, FP32 cross-entropy), accuracy
+    averaged over the default seeds, within 0.5 percentage points of FP32's
+    (the seeds' target). About a minute on 2 cores."""
+    out_dict = train_amp.main(["--runs", "fp32,bf16,fp16", "--plot", str(tmp_path / "c.png"), "--boxes", "500"])
+    out = capsys.readouterr().out
+    results = out_dict["train"]
+    assert [len(r["accs"]) for r in results] == [5, 5, 5]
+    base = results[0]["acc"]
+    assert base > 0.95, out
+    for r in results[1:]:
+        assert abs(r["acc"] - base) <= 0.005 + 1e-9, out
+        # No seed more than two test images (0.56 pp) away from FP32's run.
+        assert max(abs(d) for d in r["acc_diffs"]) < 0.006, out
+    assert out_dict["parity_pp"] <= 0.5 + 1e-6 and "target 0.5 pp: met" in out, out
+
+
 def test_demo_options_are_checked():
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="no CUDA device"):
             train_amp.main(["--device", "cuda", "--quick"])
     with pytest.raises(SystemExit, match="--runs"):
         train_amp.main(["--runs", "bf16,fp32", "--quick"])
+    with pytest.raises(SystemExit, match="--seeds"):
+        train_amp.main(["--seeds", "0", "--quick"])
