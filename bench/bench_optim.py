@@ -60,24 +60,35 @@ def bench(kind, n, numel, reps, device=torch.device("cpu")):
         "mixprec_bf16_sr": opt_cls[0](make(n, numel, torch.bfloat16, gen, device), master_weights=False, seed=0, **kw),
     }
     nbytes = bytes_per * n * numel
-    flat = torch.randn(nbytes // 8, generator=gen).to(device)  # RMW of nbytes/2 reads + nbytes/2 writes
-    two = torch.tensor(2.0, device=device)
-    half = torch.tensor(0.5, device=device)
-    state = {"k": 0}
+    fns = {k: o.step for k, o in runs.items()}
+    fns["limit"] = rmw_limit(nbytes // 8, device)  # RMW of nbytes/2 reads + nbytes/2 writes
+    return interleaved(fns, reps, device), nbytes
+
+
+def rmw_limit(n_floats, device):
+    """An in-place read-modify-write of n_floats (x2, x0.5, ...): the
+    bandwidth reference."""
+    flat = torch.empty(n_floats, device=device).normal_()
+    two, half = torch.tensor(2.0, device=device), torch.tensor(0.5, device=device)
+    flip = {"k": 0}
 
     def limit():
-        state["k"] ^= 1
-        flat.mul_(two if state["k"] else half)
+        flip["k"] ^= 1
+        flat.mul_(two if flip["k"] else half)
 
-    fns = {k: o.step for k, o in runs.items()}
-    fns["limit"] = limit
+    return limit
+
+
+def interleaved(fns, reps, device):
+    """Median seconds of each fn over reps rounds, one call of each per
+    round (after one warm-up call each)."""
     times = {k: [] for k in fns}
     for fn in fns.values():
         fn()
     for _ in range(reps):
         for k, fn in fns.items():
             times[k].append(timed(fn, device))
-    return {k: statistics.median(v) for k, v in times.items()}, nbytes
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 # 500M params do not fit in 24 GiB with every comparator alive at once
@@ -97,15 +108,8 @@ def bench_phased(kind, n, numel, reps, device):
     out = {"torch_foreach_fp32": float("nan")}
     # The RMW limit on a 2 GB buffer in each group (its GB/s scaled to
     # nbytes): this machine's bandwidth drifts between the groups.
-    flat = torch.empty(1 << 28, device=device).normal_()
-    two, half = torch.tensor(2.0, device=device), torch.tensor(0.5, device=device)
-    flip = {"k": 0}
-
-    def limit():
-        flip["k"] ^= 1
-        flat.mul_(two if flip["k"] else half)
-
-    scale = nbytes / (2 * flat.numel() * flat.element_size())
+    limit = rmw_limit(1 << 28, device)
+    scale = nbytes / (2 * 4 * (1 << 28))
     for group in ("main", "sr", "bf16"):
         if group == "main":
             fns = {"torch_fused_fp32": opt_cls[1](ps(torch.float32), fused=True, **kw).step,
@@ -116,13 +120,7 @@ def bench_phased(kind, n, numel, reps, device):
         else:
             fns = {"torch_fused_bf16": opt_cls[1](ps(torch.bfloat16), fused=True, **kw).step}
         fns["limit"] = limit
-        times = {k: [] for k in fns}
-        for fn in fns.values():
-            fn()
-        for _ in range(reps):
-            for k, fn in fns.items():
-                times[k].append(timed(fn, device))
-        med = {k: statistics.median(v) for k, v in times.items()}
+        med = interleaved(fns, reps, device)
         med[{"main": "limit", "sr": "limit_sr", "bf16": "limit_bf16"}[group]] = med.pop("limit") * scale
         out.update(med)
         del fns
@@ -181,14 +179,7 @@ def bench_sequence(n, numel, reps, device):
         fsc.step(fopt)
         fsc.update()
 
-    fns = {"torch": torch_seq, "mixprec": mixprec_seq, "folded": folded_seq}
-    times = {k: [] for k in fns}
-    for fn in fns.values():
-        fn()
-    for _ in range(reps):
-        for k, fn in fns.items():
-            times[k].append(timed(fn, device))
-    return {k: statistics.median(v) for k, v in times.items()}
+    return interleaved({"torch": torch_seq, "mixprec": mixprec_seq, "folded": folded_seq}, reps, device)
 
 
 def main():
