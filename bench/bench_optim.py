@@ -190,6 +190,7 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-sequence", action="store_true", help="skip the whole-step table")
     ap.add_argument("--only-phased", action="store_true", help="only the 500M-param rows")
+    ap.add_argument("--no-phased", action="store_true", help="without the 500M-param rows")
     args = ap.parse_args()
     reps = args.reps or (3 if args.quick else 7)
     device = torch.device(args.device)
@@ -200,7 +201,7 @@ def main():
               "no-master (SR) ms | SR vs fused FP32 | SR % of limit |")
     rows = [header, "|" + "---|" * 13]
     print(header)
-    phased = [] if args.quick else [c for c in PHASED_CONFIGS if available_bytes(device) > 36 * c[0] * c[1]]
+    phased = [] if args.quick or args.no_phased else [c for c in PHASED_CONFIGS if available_bytes(device) > 36 * c[0] * c[1]]
     for kind in ("adamw", "sgd"):
         for n, numel in ([] if args.only_phased else (QUICK if args.quick else CONFIGS)) + phased:
             if (n, numel) in phased:
