@@ -43,9 +43,7 @@ MIXPREC__INLINE __m256 update8(const mixprec_opt_tensor *t, int64_t i, const flo
   return _mm256_sub_ps(p, _mm256_div_ps(upd, denom));
 }
 
-/* One dtype combination (constants at each call). A param with a master is
- * updated a block at a time: the FP32 update into the master, then the block
- * rounded to the param (MIXPREC__OPT_BLOCK). */
+/* One dtype combination (constants at each call). */
 MIXPREC__INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin, int64_t end,
                              const mixprec__adamw_scalars *s_in, const mixprec__adamw_consts *k_in,
                              const mixprec_dtype pd, const mixprec_dtype gd, const int amsgrad,
@@ -58,26 +56,11 @@ MIXPREC__INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin, int6
   const mixprec_opt_tensor *t = &tc;
   const mixprec__adamw_scalars *s = &sc;
   const mixprec__adamw_consts *k = &kc;
-  const int half = pd != MIXPREC_F32;
-  float *P = half && !sr ? t->master : (float *)t->param;
+  float *P = pd != MIXPREC_F32 && !sr ? t->master : (float *)t->param;
   int64_t i = begin;
-  if (half && !sr) {
-    const int64_t stop = end - (end - begin) % 8;
-    while (i < stop) {
-      const int64_t b = i, e = stop - i > MIXPREC__OPT_BLOCK ? i + MIXPREC__OPT_BLOCK : stop;
-      for (; i < e; i += 8) _mm256_storeu_ps(P + i, update8(t, i, P, s, k, gd, amsgrad, 0));
-      mixprec__opt_store_half_range(t->param, pd, P, b, e, k->stream);
-    }
-    if (k->stream) _mm_sfence();
-    return i;
-  }
-  for (; i + 8 <= end; i += 8) {
-    const __m256 p = update8(t, i, P, s, k, gd, amsgrad, sr);
-    if (sr)
-      mixprec__opt_store8_bf16_sr(t->param, i, s->sr_key, p);
-    else
-      _mm256_storeu_ps(P + i, p);
-  }
+#define UPDATE8(j, r) update8(t, j, P, s, k, gd, amsgrad, r)
+  MIXPREC__OPT_BODY_LOOP(t, P, pd, sr, s->sr_key, k->stream, i, end, UPDATE8);
+#undef UPDATE8
   return i;
 }
 

@@ -16,9 +16,8 @@
  * depend on it. */
 #define MIXPREC__OPT_CHUNK ((int64_t)1 << 16)
 /* Elements of the FP32 update a vector kernel computes (into the master)
- * before it writes them to the low-precision param: two short loops instead
- * of one long dependency chain per vector, which the out-of-order core could
- * not overlap as well (the master block is still in L1 for the second). */
+ * before it writes them to the low-precision param (MIXPREC__OPT_BODY_LOOP;
+ * the master block is still in L1 for the second loop). */
 #define MIXPREC__OPT_BLOCK ((int64_t)512)
 /* From this many elements in one step on, the low-precision params are
  * written with non-temporal stores: the step's ~30 B/param are far beyond
@@ -206,14 +205,23 @@ MIXPREC__INLINE void mixprec__opt_store8_half(void *data, mixprec_dtype dtype, i
  * mixprec__opt_store_half per element; end - begin is a multiple of 8.
  * stream: 32-byte aligned runs go out with non-temporal stores, which skip
  * the read-for-ownership of a line the step only writes (2 of the 30 bytes
- * per param it would otherwise move); the caller ends with _mm_sfence(). */
+ * per param it would otherwise move); the caller ends with _mm_sfence().
+ * (out + begin is always 2-byte aligned; a param that is not 16-byte aligned
+ * at begin never reaches 32 and takes plain stores.) */
 MIXPREC__INLINE void mixprec__opt_store_half_range(void *data, mixprec_dtype dtype, const float *src,
                                                    int64_t begin, int64_t end, int stream) {
   uint16_t *out = (uint16_t *)data;
   int64_t i = begin;
-  if (stream)
-    for (; i + 8 <= end && ((uintptr_t)(out + i) & 31u) != 0; i += 8)
+  /* Streaming needs 32-byte alignment, reachable by one 8-element (16-byte)
+   * head store when out + i is 16-byte aligned; otherwise plain stores. */
+  if (stream && ((uintptr_t)(out + i) & 15u) == 0) {
+    if (((uintptr_t)(out + i) & 31u) != 0 && i + 8 <= end) {
       mixprec__opt_store8_half(data, dtype, i, _mm256_loadu_ps(src + i));
+      i += 8;
+    }
+  } else {
+    stream = 0;
+  }
   for (; i + 16 <= end; i += 16) {
     __m256i h;
     if (dtype == MIXPREC_F16) {
@@ -227,7 +235,7 @@ MIXPREC__INLINE void mixprec__opt_store_half_range(void *data, mixprec_dtype dty
                               _mm256_srli_epi32(mixprec__opt_bf16_rne_hi8(_mm256_loadu_ps(src + i + 8)), 16));
       h = _mm256_permute4x64_epi64(h, 0xD8);
     }
-    if (stream && ((uintptr_t)(out + i) & 31u) == 0)
+    if (stream)
       _mm256_stream_si256((__m256i *)(out + i), h);
     else
       _mm256_storeu_si256((__m256i *)(out + i), h);
@@ -261,6 +269,38 @@ MIXPREC__INLINE void mixprec__opt_store8_bf16_sr(void *data, int64_t i, uint32_t
   const __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
   _mm_storeu_si128((__m128i *)((uint16_t *)data + i), h);
 }
+
+/* The loop of the AVX2 body kernels (adamw_avx2.c, sgd_avx2.c) over the
+ * elements [i, end) of tensor t whose FP32 values are P (its master, or the
+ * FP32 param; the param for master-free BF16). UPDATE8(i, sr) is the kernel's
+ * expression for the new FP32 param of elements [i, i + 8) (it stores the
+ * optimizer state). A param with a master is updated MIXPREC__OPT_BLOCK
+ * elements at a time: the FP32 update into the master, then the block rounded
+ * to the param (two short loops instead of one long dependency chain per
+ * vector, which the out-of-order core could not overlap as well); a
+ * master-free BF16 param is rounded stochastically with sr_key. Leaves i at
+ * the first element not done (whole vectors only). */
+#define MIXPREC__OPT_BODY_LOOP(t, P, pd, sr, sr_key, stream, i, end, UPDATE8)                  \
+  do {                                                                                        \
+    if ((pd) != MIXPREC_F32 && !(sr)) {                                                       \
+      const int64_t stop_ = (i) + ((end) - (i)) / 8 * 8;                                      \
+      while ((i) < stop_) {                                                                   \
+        const int64_t b_ = (i);                                                               \
+        const int64_t e_ = stop_ - b_ > MIXPREC__OPT_BLOCK ? b_ + MIXPREC__OPT_BLOCK : stop_; \
+        for (; (i) < e_; (i) += 8) _mm256_storeu_ps((P) + (i), UPDATE8((i), 0));              \
+        mixprec__opt_store_half_range((t)->param, (pd), (P), b_, e_, (stream));               \
+      }                                                                                       \
+      if (stream) _mm_sfence();                                                               \
+    } else {                                                                                  \
+      for (; (i) + 8 <= (end); (i) += 8) {                                                    \
+        const __m256 p_ = UPDATE8((i), (sr));                                                 \
+        if (sr)                                                                               \
+          mixprec__opt_store8_bf16_sr((t)->param, (i), (sr_key), p_);                         \
+        else                                                                                  \
+          _mm256_storeu_ps((P) + (i), p_);                                                    \
+      }                                                                                       \
+    }                                                                                         \
+  } while (0)
 
 /* -x for every lane: flips the sign bit, NaNs included, like C's unary -. */
 MIXPREC__INLINE __m256 mixprec__opt_neg8(__m256 x) {
