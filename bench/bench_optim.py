@@ -40,6 +40,13 @@ CONFIGS = [(100, 10_000), (10, 1_000_000), (100, 1_000_000)]
 QUICK = [(100, 10_000), (10, 100_000)]
 
 
+# kind -> ((mixprec class, torch class), hyper-parameters, bytes moved per param)
+KINDS = {
+    "adamw": ((mixprec.optim.AdamW, torch.optim.AdamW), dict(lr=1e-3), 28),
+    "sgd": ((mixprec.optim.SGD, torch.optim.SGD), dict(lr=1e-3, momentum=0.9), 20),
+}
+
+
 def make(n, numel, dtype, gen, device):
     ps = [torch.nn.Parameter((torch.randn(numel, generator=gen) * 0.1).to(device, dtype)) for _ in range(n)]
     for p in ps:
@@ -49,9 +56,7 @@ def make(n, numel, dtype, gen, device):
 
 def bench(kind, n, numel, reps, device=torch.device("cpu")):
     gen = torch.Generator().manual_seed(n + numel)
-    opt_cls = {"adamw": (mixprec.optim.AdamW, torch.optim.AdamW), "sgd": (mixprec.optim.SGD, torch.optim.SGD)}[kind]
-    kw = dict(lr=1e-3) if kind == "adamw" else dict(lr=1e-3, momentum=0.9)
-    bytes_per = 28 if kind == "adamw" else 20
+    opt_cls, kw, bytes_per = KINDS[kind]
     runs = {
         "torch_fused_fp32": opt_cls[1](make(n, numel, torch.float32, gen, device), fused=True, **kw),
         "torch_foreach_fp32": opt_cls[1](make(n, numel, torch.float32, gen, device), foreach=True, **kw),
@@ -100,16 +105,16 @@ PHASED_CONFIGS = [(10, 50_000_000)]
 
 
 def bench_phased(kind, n, numel, reps, device):
-    opt_cls = {"adamw": (mixprec.optim.AdamW, torch.optim.AdamW), "sgd": (mixprec.optim.SGD, torch.optim.SGD)}[kind]
-    kw = dict(lr=1e-3) if kind == "adamw" else dict(lr=1e-3, momentum=0.9)
-    nbytes = (28 if kind == "adamw" else 20) * n * numel
+    opt_cls, kw, bytes_per = KINDS[kind]
+    nbytes = bytes_per * n * numel
     gen = torch.Generator().manual_seed(n + numel)
     ps = lambda dt: make(n, numel, dt, gen, device)  # noqa: E731
     out = {"torch_foreach_fp32": float("nan")}
     # The RMW limit on a 2 GB buffer in each group (its GB/s scaled to
     # nbytes): this machine's bandwidth drifts between the groups.
-    limit = rmw_limit(1 << 28, device)
-    scale = nbytes / (2 * 4 * (1 << 28))
+    limit_floats = 1 << 28
+    limit = rmw_limit(limit_floats, device)
+    scale = nbytes / (2 * 4 * limit_floats)
     for group in ("main", "sr", "bf16"):
         if group == "main":
             fns = {"torch_fused_fp32": opt_cls[1](ps(torch.float32), fused=True, **kw).step,
