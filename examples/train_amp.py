@@ -21,10 +21,10 @@ shared by all runs: a paired comparison), because on a 360-image test set
 one image is 0.28 percentage points and FP32 alone moves ~1 pp from seed to
 seed: a single run cannot resolve the playbook's 0.5 pp. It prints the test
 accuracy averaged over the seeds and its difference to FP32 (target: within
-0.5 percentage points), each seed's difference, steps per second, memory (parameters + gradients +
-optimizer state, and the activations saved for backward of one batch),
-final loss, loss scale and skipped (overflowing) steps, and writes a PNG
-of the loss curves.
+0.5 percentage points), each seed's difference, steps per second, memory
+(parameters + gradients + optimizer state, and the activations saved for
+backward of one batch), final loss, loss scale and skipped (overflowing)
+steps, and writes a PNG of the mean loss curves.
 
 Part 2, detection post-processing. Thousands of synthetic detections with
 large coordinates and many classes, in FP16 and BF16. torchvision's
