@@ -11,16 +11,14 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "compiler.h"
 #include "mixprec/mixprec.h"
-
-#define MIXPREC__DEVICE static __device__ __forceinline__
-#define MIXPREC__HOST_DEVICE static __host__ __device__ __forceinline__
 
 /* ---- values ------------------------------------------------------------- */
 
 /* Bit tests rather than isfinite(): they cannot be folded away by any
  * floating-point optimisation mode. */
-MIXPREC__HOST_DEVICE int mixprec__f32_is_finite(float f) {
+MIXPREC__HD int mixprec__f32_is_finite(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof u);
   return (u & 0x7f800000u) != 0x7f800000u;
@@ -49,7 +47,7 @@ MIXPREC__DEVICE uint16_t mixprec__f32_to_bf16(float f) {
 
 /* The list checks of mixprec_unscale and the multi-tensor ops: counts,
  * dtypes, and data pointers of non-empty tensors. */
-static inline mixprec_status mixprec__check_tensor_list(
+MIXPREC__INLINE mixprec_status mixprec__check_tensor_list(
     const mixprec_tensor *tensors, int64_t n_tensors) {
   if (n_tensors < 0) return MIXPREC_ERR_BAD_SIZE;
   if (n_tensors > 0 && tensors == NULL) return MIXPREC_ERR_NULL_POINTER;
@@ -66,7 +64,7 @@ static inline mixprec_status mixprec__check_tensor_list(
 /* A device load of an element that is not aligned to its size faults and
  * ruins the CUDA context, so such a pointer is refused up front rather than
  * trusted (the C API requires element alignment; the CPU never faults). */
-static inline mixprec_status mixprec__check_tensor_alignment(
+MIXPREC__INLINE mixprec_status mixprec__check_tensor_alignment(
     const mixprec_tensor *tensors, int64_t n_tensors) {
   for (int64_t i = 0; i < n_tensors; i++) {
     if (tensors[i].numel > 0 &&
@@ -78,13 +76,13 @@ static inline mixprec_status mixprec__check_tensor_alignment(
 
 /* ---- CUDA status ------------------------------------------------------- */
 
-MIXPREC__HOST_DEVICE mixprec_status mixprec__cuda_status(cudaError_t err) {
+MIXPREC__HD mixprec_status mixprec__cuda_status(cudaError_t err) {
   return err == cudaSuccess ? MIXPREC_OK : MIXPREC_ERR_CUDA;
 }
 
 /* After a <<<>>> launch: a bad configuration or a missing kernel image is
  * only reported through cudaGetLastError. */
-static inline mixprec_status mixprec__cuda_launch_status(void) {
+MIXPREC__INLINE mixprec_status mixprec__cuda_launch_status(void) {
   return mixprec__cuda_status(cudaGetLastError());
 }
 
@@ -144,12 +142,12 @@ MIXPREC__DEVICE double mixprec__block_sum_f64(double v, double *scratch) {
 /* Most blocks a 1-D grid may have. */
 #define MIXPREC__MAX_GRID 2147483647LL
 
-MIXPREC__HOST_DEVICE int64_t mixprec__mta_chunks(int64_t numel,
+MIXPREC__HD int64_t mixprec__mta_chunks(int64_t numel,
                                                  int64_t chunk_elems) {
   return numel / chunk_elems + (numel % chunk_elems != 0);
 }
 
-static inline int mixprec__mta_group_count(int64_t n_tensors, int64_t first,
+MIXPREC__INLINE int mixprec__mta_group_count(int64_t n_tensors, int64_t first,
                                            int capacity) {
   int64_t left = n_tensors - first;
   return left < capacity ? (int)left : capacity;
@@ -157,7 +155,7 @@ static inline int mixprec__mta_group_count(int64_t n_tensors, int64_t first,
 
 /* chunk_start[0..count] = prefix sums of the tensors' chunk counts (so
  * chunk_start[count] is the group's chunk count, also returned). */
-static inline int64_t mixprec__mta_chunk_prefix(const mixprec_tensor *tensors,
+MIXPREC__INLINE int64_t mixprec__mta_chunk_prefix(const mixprec_tensor *tensors,
                                                 int count, int64_t chunk_elems,
                                                 int64_t *chunk_start) {
   int64_t total = 0;

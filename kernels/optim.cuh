@@ -35,7 +35,7 @@
  * element size faults and ruins the CUDA context (as in mixprec_cuda_unscale,
  * such a pointer is refused with BAD_ARGUMENT). `use_*` say which state
  * buffers the step will touch. */
-static inline mixprec_status mixprec__opt_check_alignment(const mixprec_opt_tensor *list,
+MIXPREC__INLINE mixprec_status mixprec__opt_check_alignment(const mixprec_opt_tensor *list,
                                                           int64_t n, int use_m, int use_v,
                                                           int use_vmax) {
   for (int64_t i = 0; i < n; i++) {
@@ -90,7 +90,7 @@ struct mixprec__dd {
 };
 
 /* x * y in double-double; the exact product of the high parts by FMA. */
-MIXPREC__HOST_DEVICE mixprec__dd mixprec__dd_mul(mixprec__dd x, mixprec__dd y) {
+MIXPREC__HD mixprec__dd mixprec__dd_mul(mixprec__dd x, mixprec__dd y) {
   const double p = MIXPREC__DMUL(x.hi, y.hi);
   double e = fma(x.hi, y.hi, -p);
   e = MIXPREC__DADD(e, MIXPREC__DADD(MIXPREC__DMUL(x.hi, y.lo), MIXPREC__DMUL(x.lo, y.hi)));
@@ -101,7 +101,7 @@ MIXPREC__HOST_DEVICE mixprec__dd mixprec__dd_mul(mixprec__dd x, mixprec__dd y) {
 }
 
 /* 1.0 - pow(beta, t) in double, as `1.0 - pow(beta, step)` on the CPU. */
-MIXPREC__HOST_DEVICE double mixprec__one_minus_pow(double beta, double t) {
+MIXPREC__HD double mixprec__one_minus_pow(double beta, double t) {
   if (t >= 0.0 && t <= 4294967296.0 && t == floor(t) && beta >= 0.0 && beta < 1.0) {
     const uint64_t n = (uint64_t)t;
     mixprec__dd acc = {1.0, 0.0};
@@ -483,7 +483,7 @@ static int mixprec__opt_ptr_cmp(const void *x, const void *y) {
 
 /* The distinct non-NULL step pointers of the list, sorted, in a malloc'd
  * array (*out; NULL when there are none). Returns OUT_OF_MEMORY on failure. */
-static inline mixprec_status mixprec__opt_distinct_steps(const mixprec_opt_tensor *list,
+MIXPREC__INLINE mixprec_status mixprec__opt_distinct_steps(const mixprec_opt_tensor *list,
                                                          int64_t n, float ***out,
                                                          int64_t *n_out) {
   *out = NULL;
@@ -507,7 +507,7 @@ static inline mixprec_status mixprec__opt_distinct_steps(const mixprec_opt_tenso
 }
 
 /* Enqueues the advance of the distinct counts, after every update launch. */
-static inline mixprec_status mixprec__opt_advance(float **steps, int64_t n_steps,
+MIXPREC__INLINE mixprec_status mixprec__opt_advance(float **steps, int64_t n_steps,
                                                   const float *found_inf, cudaStream_t s) {
   for (int64_t first = 0; first < n_steps; first += MIXPREC__OPT_STEP_CAP) {
     mixprec__step_args a;

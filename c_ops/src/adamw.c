@@ -40,7 +40,7 @@ typedef mixprec__adamw_consts adamw_consts;
 /* Elements [begin, end) of one tensor, all in torch's vectorised body
  * (tail == 0) or all in its scalar tail (tail == 1). Inlined twice with a
  * constant `tail`. */
-MIXPREC__INLINE void adamw_range(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
+MIXPREC__FORCE_INLINE void adamw_range(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
                                  const adamw_scalars *s, const adamw_consts *k, const int tail) {
   const int half = t->param_dtype != MIXPREC_F32;
   const int sr = mixprec__opt_is_sr(t);

@@ -12,7 +12,7 @@
 /* One vector of the update: elements [i, i + 8); stores m, v (and the
  * amsgrad max) and returns the new FP32 param. pd, gd, amsgrad and sr
  * (master-free BF16: read the param itself) are constants at each call. */
-MIXPREC__INLINE __m256 update8(const mixprec_opt_tensor *t, int64_t i, const float *P,
+MIXPREC__FORCE_INLINE __m256 update8(const mixprec_opt_tensor *t, int64_t i, const float *P,
                                const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k,
                                const mixprec_dtype gd, const int amsgrad, const int sr) {
   __m256 g = mixprec__opt_load8(t->grad, gd, i);
@@ -44,7 +44,7 @@ MIXPREC__INLINE __m256 update8(const mixprec_opt_tensor *t, int64_t i, const flo
 }
 
 /* One dtype combination (constants at each call). */
-MIXPREC__INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin, int64_t end,
+MIXPREC__FORCE_INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin, int64_t end,
                              const mixprec__adamw_scalars *s_in, const mixprec__adamw_consts *k_in,
                              const mixprec_dtype pd, const mixprec_dtype gd, const int amsgrad,
                              const int sr) {

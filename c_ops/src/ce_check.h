@@ -7,11 +7,12 @@
 
 #include <stdint.h>
 
+#include "compiler.h"
 #include "mixprec/mixprec.h"
 
 /* Sizes, options and pointers; *positions receives outer * inner (0 when
  * there is nothing to do, and then logits/target are not checked). */
-static inline mixprec_status mixprec__ce_check(const void *logits, mixprec_dtype dtype,
+MIXPREC__INLINE mixprec_status mixprec__ce_check(const void *logits, mixprec_dtype dtype,
                                                const int64_t *target,
                                                const mixprec_cross_entropy_params *p,
                                                int64_t *positions) {

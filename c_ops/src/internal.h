@@ -6,50 +6,45 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "compiler.h"
 #include "mixprec/mixprec.h"
 
-#if defined(__GNUC__)
-#  define MIXPREC__INLINE static inline __attribute__((always_inline))
-#else
-#  define MIXPREC__INLINE static inline
-#endif
-
-MIXPREC__INLINE uint32_t mixprec__f32_bits(float f) {
+MIXPREC__FORCE_INLINE uint32_t mixprec__f32_bits(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof u);
   return u;
 }
 
-MIXPREC__INLINE float mixprec__f32_from_bits(uint32_t u) {
+MIXPREC__FORCE_INLINE float mixprec__f32_from_bits(uint32_t u) {
   float f;
   memcpy(&f, &u, sizeof f);
   return f;
 }
 
 /* Non-finite tests on bits: immune to -ffast-math folding isnan away. */
-MIXPREC__INLINE int mixprec__f32_bits_nonfinite(uint32_t u) {
+MIXPREC__FORCE_INLINE int mixprec__f32_bits_nonfinite(uint32_t u) {
   return (u & 0x7f800000u) == 0x7f800000u;
 }
-MIXPREC__INLINE int mixprec__f16_bits_nonfinite(uint16_t h) {
+MIXPREC__FORCE_INLINE int mixprec__f16_bits_nonfinite(uint16_t h) {
   return (h & 0x7c00u) == 0x7c00u;
 }
-MIXPREC__INLINE int mixprec__bf16_bits_nonfinite(uint16_t h) {
+MIXPREC__FORCE_INLINE int mixprec__bf16_bits_nonfinite(uint16_t h) {
   return (h & 0x7f80u) == 0x7f80u;
 }
 
-MIXPREC__INLINE float mixprec__bf16_to_f32(uint16_t h) {
+MIXPREC__FORCE_INLINE float mixprec__bf16_to_f32(uint16_t h) {
   return mixprec__f32_from_bits((uint32_t)h << 16);
 }
 
 /* Round to nearest even on the integer bits; a NaN is quieted, sign kept. */
-MIXPREC__INLINE uint16_t mixprec__f32_to_bf16(float f) {
+MIXPREC__FORCE_INLINE uint16_t mixprec__f32_to_bf16(float f) {
   uint32_t u = mixprec__f32_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
 }
 
-MIXPREC__INLINE float mixprec__f16_to_f32(uint16_t h) {
+MIXPREC__FORCE_INLINE float mixprec__f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t mant = h & 0x3ffu;
@@ -73,7 +68,7 @@ MIXPREC__INLINE float mixprec__f16_to_f32(uint16_t h) {
   return mixprec__f32_from_bits(out);
 }
 
-MIXPREC__INLINE uint16_t mixprec__f32_to_f16(float f) {
+MIXPREC__FORCE_INLINE uint16_t mixprec__f32_to_f16(float f) {
   uint32_t u = mixprec__f32_bits(f);
   uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
   u &= 0x7fffffffu;
@@ -96,7 +91,7 @@ MIXPREC__INLINE uint16_t mixprec__f32_to_f16(float f) {
 }
 
 /* Element i of a float32 / float16 / bfloat16 buffer, widened to float. */
-MIXPREC__INLINE float mixprec__load_f32(const void *data, mixprec_dtype dtype, int64_t i) {
+MIXPREC__FORCE_INLINE float mixprec__load_f32(const void *data, mixprec_dtype dtype, int64_t i) {
   switch (dtype) {
     case MIXPREC_F16: return mixprec__f16_to_f32(((const uint16_t *)data)[i]);
     case MIXPREC_BF16: return mixprec__bf16_to_f32(((const uint16_t *)data)[i]);
@@ -105,7 +100,7 @@ MIXPREC__INLINE float mixprec__load_f32(const void *data, mixprec_dtype dtype, i
 }
 
 /* Stores v as element i of such a buffer, rounded to nearest even. */
-MIXPREC__INLINE void mixprec__store_f32(void *data, mixprec_dtype dtype, int64_t i, float v) {
+MIXPREC__FORCE_INLINE void mixprec__store_f32(void *data, mixprec_dtype dtype, int64_t i, float v) {
   switch (dtype) {
     case MIXPREC_F16: ((uint16_t *)data)[i] = mixprec__f32_to_f16(v); break;
     case MIXPREC_BF16: ((uint16_t *)data)[i] = mixprec__f32_to_bf16(v); break;
@@ -196,7 +191,7 @@ void mixprec__unscale_tail(void *data, mixprec_dtype dtype, int64_t begin,
                            mixprec__norm_acc *acc);
 
 /* acc->d lanes -> one double, in the canonical order. */
-MIXPREC__INLINE double mixprec__sum_lanes(const mixprec__norm_acc *acc) {
+MIXPREC__FORCE_INLINE double mixprec__sum_lanes(const mixprec__norm_acc *acc) {
   double s = 0.0;
   for (int i = 0; i < MIXPREC__NORM_LANES; i++) s += acc->d[i];
   return s;
@@ -206,7 +201,7 @@ MIXPREC__INLINE double mixprec__sum_lanes(const mixprec__norm_acc *acc) {
  * tensor t's first global chunk. Returns the tensor owning chunk c: the last
  * t with first[t] <= c (tensors without chunks share their successor's first
  * index and are skipped by taking the last match). */
-MIXPREC__INLINE int64_t mixprec__chunk_owner(const int64_t *first, int64_t n, int64_t c) {
+MIXPREC__FORCE_INLINE int64_t mixprec__chunk_owner(const int64_t *first, int64_t n, int64_t c) {
   int64_t lo = 0, hi = n - 1;
   while (lo < hi) {
     int64_t mid = lo + (hi - lo + 1) / 2;

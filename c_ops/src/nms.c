@@ -46,8 +46,8 @@ int64_t mixprec__nms_sweep_avx2(const float *x1, const float *y1, const float *x
 #endif
 
 /* std::max(a, b) and std::min(a, b) of torchvision's kernel, NaN cases included. */
-MIXPREC__INLINE float tv_max(float a, float b) { return a < b ? b : a; }
-MIXPREC__INLINE float tv_min(float a, float b) { return b < a ? b : a; }
+MIXPREC__FORCE_INLINE float tv_max(float a, float b) { return a < b ? b : a; }
+MIXPREC__FORCE_INLINE float tv_min(float a, float b) { return b < a ? b : a; }
 
 static int64_t sweep_scalar(const float *x1, const float *y1, const float *x2,
                             const float *y2, const float *area, int32_t *dead,
@@ -92,7 +92,7 @@ static float float_floor(double t) {
 
 /* Sort key: larger key = earlier in the output. NaN above +inf (torch.sort's
  * order), -0 equal to +0. The radix sort sorts ~key ascending. */
-MIXPREC__INLINE uint32_t score_key(float s) {
+MIXPREC__FORCE_INLINE uint32_t score_key(float s) {
   uint32_t u = mixprec__f32_bits(s);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0xffffffffu;
   if ((u & 0x7fffffffu) == 0) u = 0;
@@ -171,7 +171,7 @@ static void greedy(const nms_soa *s, int64_t begin, int64_t end, float thr, int6
 #define XSORT_MIN 1024
 
 /* Orderable bits of a finite float (ascending). */
-MIXPREC__INLINE uint32_t x_key(float f) {
+MIXPREC__FORCE_INLINE uint32_t x_key(float f) {
   uint32_t u = mixprec__f32_bits(f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
@@ -250,7 +250,7 @@ static void class_nms(const nms_soa *s, int64_t begin, int64_t end, float thr, i
   greedy(s, begin, end, thr, max_keep, sweep, flags);
 }
 
-MIXPREC__INLINE int64_t load_class(const void *classes, mixprec_index_dtype dt, int64_t i) {
+MIXPREC__FORCE_INLINE int64_t load_class(const void *classes, mixprec_index_dtype dt, int64_t i) {
   return dt == MIXPREC_I32 ? (int64_t)((const int32_t *)classes)[i]
                            : ((const int64_t *)classes)[i];
 }

@@ -14,8 +14,8 @@ int64_t mixprec__nms_sweep_avx2(const float *x1, const float *y1, const float *x
                                 const float *y2, const float *area, int32_t *dead,
                                 int64_t begin, int64_t end, const float b[5], float thr);
 
-MIXPREC__INLINE float tv_max(float a, float b) { return a < b ? b : a; }
-MIXPREC__INLINE float tv_min(float a, float b) { return b < a ? b : a; }
+MIXPREC__FORCE_INLINE float tv_max(float a, float b) { return a < b ? b : a; }
+MIXPREC__FORCE_INLINE float tv_min(float a, float b) { return b < a ? b : a; }
 
 int64_t mixprec__nms_sweep_avx2(const float *x1, const float *y1, const float *x2,
                                 const float *y2, const float *area, int32_t *dead,

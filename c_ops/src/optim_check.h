@@ -7,22 +7,21 @@
 
 #include <math.h>
 
+#include "compiler.h"
 #include "mixprec/mixprec.h"
 
-#define MIXPREC__CHECK_INLINE static inline
-
-MIXPREC__CHECK_INLINE int mixprec__opt_dtype_ok(mixprec_dtype d) {
+MIXPREC__INLINE int mixprec__opt_dtype_ok(mixprec_dtype d) {
   return d == MIXPREC_F32 || d == MIXPREC_F16 || d == MIXPREC_BF16;
 }
 
 /* A hyper-parameter must be finite and at least lo. */
-MIXPREC__CHECK_INLINE int mixprec__opt_finite_ge(double x, double lo) {
+MIXPREC__INLINE int mixprec__opt_finite_ge(double x, double lo) {
   return isfinite(x) && x >= lo;
 }
 
 /* Checks one descriptor's pointers, size and dtypes. The optimizer-specific
  * state pointers are checked by the caller. */
-MIXPREC__CHECK_INLINE mixprec_status mixprec__opt_check_tensor(const mixprec_opt_tensor *t) {
+MIXPREC__INLINE mixprec_status mixprec__opt_check_tensor(const mixprec_opt_tensor *t) {
   if (t->numel < 0) return MIXPREC_ERR_BAD_SIZE;
   if (!mixprec__opt_dtype_ok(t->param_dtype) || !mixprec__opt_dtype_ok(t->grad_dtype))
     return MIXPREC_ERR_BAD_DTYPE;
@@ -37,13 +36,13 @@ MIXPREC__CHECK_INLINE mixprec_status mixprec__opt_check_tensor(const mixprec_opt
 }
 
 /* Nonzero for a master-free BF16 tensor (stochastic rounding). */
-MIXPREC__CHECK_INLINE int mixprec__opt_is_sr(const mixprec_opt_tensor *t) {
+MIXPREC__INLINE int mixprec__opt_is_sr(const mixprec_opt_tensor *t) {
   return t->param_dtype == MIXPREC_BF16 && !t->master;
 }
 
 /* The argument checks of mixprec_adamw_step / mixprec_sgd_step, shared with
  * their CUDA twins (kernels/optim.cuh) so both return the same status. */
-MIXPREC__CHECK_INLINE mixprec_status mixprec__adamw_check(const mixprec_opt_tensor *list, int64_t n,
+MIXPREC__INLINE mixprec_status mixprec__adamw_check(const mixprec_opt_tensor *list, int64_t n,
                                                      const mixprec_adamw_params *p) {
   if (!p) return MIXPREC_ERR_NULL_POINTER;
   if (n < 0) return MIXPREC_ERR_BAD_SIZE;
@@ -66,7 +65,7 @@ MIXPREC__CHECK_INLINE mixprec_status mixprec__adamw_check(const mixprec_opt_tens
   return MIXPREC_OK;
 }
 
-MIXPREC__CHECK_INLINE mixprec_status mixprec__sgd_check(const mixprec_opt_tensor *list, int64_t n,
+MIXPREC__INLINE mixprec_status mixprec__sgd_check(const mixprec_opt_tensor *list, int64_t n,
                                                    const mixprec_sgd_params *p) {
   if (!p) return MIXPREC_ERR_NULL_POINTER;
   if (n < 0) return MIXPREC_ERR_BAD_SIZE;

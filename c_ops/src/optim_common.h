@@ -40,7 +40,7 @@
 #endif
 
 /* First element of a tensor that torch's scalar tail loop handles. */
-MIXPREC__INLINE int64_t mixprec__opt_tail_start(int64_t numel) {
+MIXPREC__FORCE_INLINE int64_t mixprec__opt_tail_start(int64_t numel) {
   return numel - numel % MIXPREC__OPT_TORCH_VEC;
 }
 
@@ -48,7 +48,7 @@ MIXPREC__INLINE int64_t mixprec__opt_tail_start(int64_t numel) {
 
 
 /* Stores a low-precision param element, rounded to nearest even. */
-MIXPREC__INLINE void mixprec__opt_store_half(void *data, mixprec_dtype dtype, int64_t i,
+MIXPREC__FORCE_INLINE void mixprec__opt_store_half(void *data, mixprec_dtype dtype, int64_t i,
                                              float v) {
   if (dtype == MIXPREC_F16)
     ((uint16_t *)data)[i] = mixprec__f32_to_f16(v);
@@ -57,13 +57,13 @@ MIXPREC__INLINE void mixprec__opt_store_half(void *data, mixprec_dtype dtype, in
 }
 
 /* Stores a master-free BF16 param element, stochastically rounded. */
-MIXPREC__INLINE void mixprec__opt_store_bf16_sr(void *data, int64_t i, uint32_t key, float v) {
+MIXPREC__FORCE_INLINE void mixprec__opt_store_bf16_sr(void *data, int64_t i, uint32_t key, float v) {
   ((uint16_t *)data)[i] = mixprec__f32_to_bf16_sr(v, mixprec__sr_bits(key, i));
 }
 
 /* The flattened chunk list: first[t] is tensor t's first chunk, first[n] the
  * chunk count. Returns NULL when out of memory. */
-MIXPREC__INLINE int64_t *mixprec__opt_chunks(const mixprec_opt_tensor *list, int64_t n,
+MIXPREC__FORCE_INLINE int64_t *mixprec__opt_chunks(const mixprec_opt_tensor *list, int64_t n,
                                              int64_t *n_chunks, int64_t *total) {
   int64_t *first = (int64_t *)malloc(sizeof(int64_t) * (size_t)(n + 1));
   if (!first) return NULL;
@@ -81,7 +81,7 @@ MIXPREC__INLINE int64_t *mixprec__opt_chunks(const mixprec_opt_tensor *list, int
 
 /* Chunk c of the flattened list (see mixprec__opt_chunks): returns its
  * tensor and sets [*begin, *end), the chunk's elements of that tensor. */
-MIXPREC__INLINE int64_t mixprec__opt_chunk_range(const mixprec_opt_tensor *list,
+MIXPREC__FORCE_INLINE int64_t mixprec__opt_chunk_range(const mixprec_opt_tensor *list,
                                                  const int64_t *first, int64_t n, int64_t c,
                                                  int64_t *begin, int64_t *end) {
   const int64_t t = mixprec__chunk_owner(first, n, c);
@@ -91,7 +91,7 @@ MIXPREC__INLINE int64_t mixprec__opt_chunk_range(const mixprec_opt_tensor *list,
 }
 
 /* Nonzero when the step must be skipped: *found_inf is nonzero or NaN. */
-MIXPREC__INLINE int mixprec__opt_skip(const float *found_inf) {
+MIXPREC__FORCE_INLINE int mixprec__opt_skip(const float *found_inf) {
   return found_inf && !(*found_inf == 0.0f);
 }
 
@@ -154,7 +154,7 @@ int64_t mixprec__sgd_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64
 /* Elements [i, i + 8) widened to float; bit-identical to
  * mixprec__load_f32 (F16C quiets a NaN and keeps its payload, as
  * mixprec__f16_to_f32 does). */
-MIXPREC__INLINE __m256 mixprec__opt_load8(const void *data, mixprec_dtype dtype, int64_t i) {
+MIXPREC__FORCE_INLINE __m256 mixprec__opt_load8(const void *data, mixprec_dtype dtype, int64_t i) {
   switch (dtype) {
     case MIXPREC_F16:
       return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)data + i)));
@@ -172,7 +172,7 @@ MIXPREC__INLINE __m256 mixprec__opt_load8(const void *data, mixprec_dtype dtype,
  * mixprec__f32_to_bf16 once shifted down. Written with as few shift and
  * shuffle instructions as possible (Zen 3 runs those on two of its four
  * vector pipes): the rounding bit is tested with a compare, not a shift. */
-MIXPREC__INLINE __m256i mixprec__opt_bf16_rne_hi8(__m256 v) {
+MIXPREC__FORCE_INLINE __m256i mixprec__opt_bf16_rne_hi8(__m256 v) {
   const __m256i u = _mm256_castps_si256(v);
   const __m256i bit16 = _mm256_set1_epi32(0x10000);
   const __m256i odd = _mm256_cmpeq_epi32(_mm256_and_si256(u, bit16), bit16); /* -1 or 0 */
@@ -187,7 +187,7 @@ MIXPREC__INLINE __m256i mixprec__opt_bf16_rne_hi8(__m256 v) {
  * sign and top payload bits and is quieted, as mixprec__f32_to_f16 does),
  * BF16 by the integer round-to-nearest-even, with a NaN (whose rounding
  * could carry into the exponent) replaced by its quieted top half. */
-MIXPREC__INLINE void mixprec__opt_store8_half(void *data, mixprec_dtype dtype, int64_t i,
+MIXPREC__FORCE_INLINE void mixprec__opt_store8_half(void *data, mixprec_dtype dtype, int64_t i,
                                               __m256 v) {
   __m128i h;
   if (dtype == MIXPREC_F16) {
@@ -208,7 +208,7 @@ MIXPREC__INLINE void mixprec__opt_store8_half(void *data, mixprec_dtype dtype, i
  * per param it would otherwise move); the caller ends with _mm_sfence().
  * (out + begin is always 2-byte aligned; a param that is not 16-byte aligned
  * at begin never reaches 32 and takes plain stores.) */
-MIXPREC__INLINE void mixprec__opt_store_half_range(void *data, mixprec_dtype dtype, const float *src,
+MIXPREC__FORCE_INLINE void mixprec__opt_store_half_range(void *data, mixprec_dtype dtype, const float *src,
                                                    int64_t begin, int64_t end, int stream) {
   uint16_t *out = (uint16_t *)data;
   int64_t i = begin;
@@ -246,7 +246,7 @@ MIXPREC__INLINE void mixprec__opt_store_half_range(void *data, mixprec_dtype dty
 /* Stores elements [i, i + 8) of a master-free BF16 param, stochastically
  * rounded with the bits of element i + lane: bit-identical to
  * mixprec__f32_to_bf16_sr(v, mixprec__sr_bits(key, i + lane)). */
-MIXPREC__INLINE void mixprec__opt_store8_bf16_sr(void *data, int64_t i, uint32_t key, __m256 v) {
+MIXPREC__FORCE_INLINE void mixprec__opt_store8_bf16_sr(void *data, int64_t i, uint32_t key, __m256 v) {
   const uint64_t u = (uint64_t)i;
   const uint32_t base = key + (uint32_t)u * 0x9e3779b1u + (uint32_t)(u >> 32) * 0x85ebca77u;
   /* Lane j's word is base + j * 0x9e3779b1 because lo32(i) + j does not
@@ -303,7 +303,7 @@ MIXPREC__INLINE void mixprec__opt_store8_bf16_sr(void *data, int64_t i, uint32_t
   } while (0)
 
 /* -x for every lane: flips the sign bit, NaNs included, like C's unary -. */
-MIXPREC__INLINE __m256 mixprec__opt_neg8(__m256 x) {
+MIXPREC__FORCE_INLINE __m256 mixprec__opt_neg8(__m256 x) {
   return _mm256_xor_ps(x, _mm256_set1_ps(-0.0f));
 }
 #endif

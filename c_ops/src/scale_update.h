@@ -5,13 +5,8 @@
 
 #include <stdint.h>
 
+#include "compiler.h"
 #include "mixprec/mixprec.h"
-
-#ifdef __CUDACC__
-#  define MIXPREC__HD static inline __host__ __device__
-#else
-#  define MIXPREC__HD static inline
-#endif
 
 /* Host-side argument check, the same for both backends. */
 MIXPREC__HD mixprec_status mixprec__check_scale_update(

@@ -31,7 +31,7 @@ typedef mixprec__sgd_consts sgd_consts;
 
 /* Elements [begin, end) of one tensor, all in torch's vectorised body
  * (tail == 0) or all in its scalar tail (tail == 1). */
-MIXPREC__INLINE void sgd_range(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
+MIXPREC__FORCE_INLINE void sgd_range(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
                                int first, uint32_t sr_key, const sgd_consts *k, const int tail) {
   const int half = t->param_dtype != MIXPREC_F32;
   const int sr = mixprec__opt_is_sr(t);

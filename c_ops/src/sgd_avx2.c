@@ -11,7 +11,7 @@
 /* One vector of the update: elements [i, i + 8); stores the momentum
  * buffer and returns the new FP32 param. gd and sr (master-free BF16: read
  * the param itself) are constants at each call. */
-MIXPREC__INLINE __m256 update8(const mixprec_opt_tensor *t, int64_t i, const float *P, int first,
+MIXPREC__FORCE_INLINE __m256 update8(const mixprec_opt_tensor *t, int64_t i, const float *P, int first,
                                const mixprec__sgd_consts *k, const mixprec_dtype gd, const int sr) {
   __m256 g = mixprec__opt_load8(t->grad, gd, i);
   if (k->has_scale) g = _mm256_div_ps(g, _mm256_set1_ps(k->scale));
@@ -33,7 +33,7 @@ MIXPREC__INLINE __m256 update8(const mixprec_opt_tensor *t, int64_t i, const flo
 }
 
 /* One dtype combination (constants at each call). */
-MIXPREC__INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin, int64_t end, int first,
+MIXPREC__FORCE_INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin, int64_t end, int first,
                              uint32_t sr_key, const mixprec__sgd_consts *k_in,
                              const mixprec_dtype pd, const mixprec_dtype gd, const int sr) {
   /* Local copies, kept in registers (see adamw_avx2.c). */

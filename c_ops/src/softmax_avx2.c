@@ -14,11 +14,9 @@
 
 #include "softmax_internal.h"
 
-#define FORCE static inline __attribute__((always_inline))
-
 /* ---- loads, stores, exp -------------------------------------------------- */
 
-FORCE __m256 load8(const void *p, mixprec_dtype d, int64_t i) {
+MIXPREC__FORCE_INLINE __m256 load8(const void *p, mixprec_dtype d, int64_t i) {
   switch (d) {
     case MIXPREC_F16:
       return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
@@ -32,7 +30,7 @@ FORCE __m256 load8(const void *p, mixprec_dtype d, int64_t i) {
 }
 
 /* The first k (< 8) elements at p + i, the other lanes `fill`. */
-FORCE __m256 load_part(const void *p, mixprec_dtype d, int64_t i, int64_t k, float fill) {
+MIXPREC__FORCE_INLINE __m256 load_part(const void *p, mixprec_dtype d, int64_t i, int64_t k, float fill) {
   float t[8];
   for (int l = 0; l < 8; l++) t[l] = fill;
   for (int64_t l = 0; l < k; l++) {
@@ -47,7 +45,7 @@ FORCE __m256 load_part(const void *p, mixprec_dtype d, int64_t i, int64_t k, flo
 
 /* Round to nearest even to BF16 (NaN quieted), in the low halves of 32-bit
  * lanes, then packed to 8 uint16. */
-FORCE __m128i to_bf16(__m256 v) {
+MIXPREC__FORCE_INLINE __m128i to_bf16(__m256 v) {
   const __m256i u = _mm256_castps_si256(v);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
   __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
@@ -59,7 +57,7 @@ FORCE __m128i to_bf16(__m256 v) {
   return _mm256_castsi256_si128(packed);
 }
 
-FORCE void store8(void *p, mixprec_dtype d, int64_t i, __m256 v) {
+MIXPREC__FORCE_INLINE void store8(void *p, mixprec_dtype d, int64_t i, __m256 v) {
   switch (d) {
     case MIXPREC_F16:
       _mm_storeu_si128((__m128i *)((uint16_t *)p + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
@@ -73,7 +71,7 @@ FORCE void store8(void *p, mixprec_dtype d, int64_t i, __m256 v) {
   }
 }
 
-FORCE void store_part(void *p, mixprec_dtype d, int64_t i, int64_t k, __m256 v) {
+MIXPREC__FORCE_INLINE void store_part(void *p, mixprec_dtype d, int64_t i, int64_t k, __m256 v) {
   uint16_t h[8];
   float f[8];
   switch (d) {
@@ -95,7 +93,7 @@ FORCE void store_part(void *p, mixprec_dtype d, int64_t i, int64_t k, __m256 v) 
 /* exp(x), Cephes' expf polynomial with FMA: within 2 ulp of exp for
  * x in [-87.3, 88.7]; 0 below about -87.6 (exp(-inf) = 0 exactly, so -inf
  * masks), inf above 88.72, NaN stays NaN. */
-FORCE __m256 exp8(__m256 x) {
+MIXPREC__FORCE_INLINE __m256 exp8(__m256 x) {
   const __m256 nan_mask = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
   const __m256 big = _mm256_cmp_ps(x, _mm256_set1_ps(88.72283935546875f), _CMP_GT_OQ);
   __m256 v = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f)),
@@ -123,14 +121,14 @@ FORCE __m256 exp8(__m256 x) {
 }
 
 /* Lane sums and maxima in one fixed order. */
-FORCE float hsum(__m256 v) {
+MIXPREC__FORCE_INLINE float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
 
-FORCE float hmax(__m256 v) {
+MIXPREC__FORCE_INLINE float hmax(__m256 v) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));
   s = _mm_max_ss(s, _mm_movehdup_ps(s));
@@ -139,11 +137,11 @@ FORCE float hmax(__m256 v) {
 
 /* A NaN input never wins the max (max_ps returns its second operand when
  * one is NaN); it reaches the result through the sum instead. */
-FORCE __m256 vmax(__m256 acc, __m256 v) { return _mm256_max_ps(v, acc); }
+MIXPREC__FORCE_INLINE __m256 vmax(__m256 acc, __m256 v) { return _mm256_max_ps(v, acc); }
 
 /* ---- rows ---------------------------------------------------------------- */
 
-FORCE float row_max(const void *x, mixprec_dtype xd, int64_t n) {
+MIXPREC__FORCE_INLINE float row_max(const void *x, mixprec_dtype xd, int64_t n) {
   __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -158,7 +156,7 @@ FORCE float row_max(const void *x, mixprec_dtype xd, int64_t n) {
 }
 
 /* sum(exp(x - m)); stores each exp into e when e is not NULL. */
-FORCE float row_sumexp(const void *x, mixprec_dtype xd, int64_t n, float m, float *e) {
+MIXPREC__FORCE_INLINE float row_sumexp(const void *x, mixprec_dtype xd, int64_t n, float m, float *e) {
   const __m256 vm = _mm256_set1_ps(m);
   __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
   int64_t i = 0;
@@ -191,7 +189,7 @@ FORCE float row_sumexp(const void *x, mixprec_dtype xd, int64_t n, float m, floa
   return hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
 }
 
-FORCE void row_fwd(const void *x, const mixprec_dtype xd, void *y, mixprec_dtype yd,
+MIXPREC__FORCE_INLINE void row_fwd(const void *x, const mixprec_dtype xd, void *y, mixprec_dtype yd,
                    int64_t n, int log, float *scratch) {
   const float m = row_max(x, xd, n);
   const float s = row_sumexp(x, xd, n, m, log ? NULL : scratch);
@@ -214,13 +212,13 @@ FORCE void row_fwd(const void *x, const mixprec_dtype xd, void *y, mixprec_dtype
 /* ---- strided slices ------------------------------------------------------ */
 
 /* Group g (8 columns, or the last k < 8) of row c of a slice. */
-FORCE __m256 col_load(const void *x, mixprec_dtype d, int64_t c, int64_t stride, int g,
+MIXPREC__FORCE_INLINE __m256 col_load(const void *x, mixprec_dtype d, int64_t c, int64_t stride, int g,
                       int64_t width, float fill) {
   const int64_t j = 8 * (int64_t)g, i = c * stride + j;
   return width - j >= 8 ? load8(x, d, i) : load_part(x, d, i, width - j, fill);
 }
 
-FORCE void col_store(void *y, mixprec_dtype d, int64_t c, int64_t stride, int g, int64_t width,
+MIXPREC__FORCE_INLINE void col_store(void *y, mixprec_dtype d, int64_t c, int64_t stride, int g, int64_t width,
                      __m256 v) {
   const int64_t j = 8 * (int64_t)g, i = c * stride + j;
   if (width - j >= 8)
@@ -229,7 +227,7 @@ FORCE void col_store(void *y, mixprec_dtype d, int64_t c, int64_t stride, int g,
     store_part(y, d, i, width - j, v);
 }
 
-FORCE void cols_stats(const void *x, mixprec_dtype xd, int64_t n, int64_t stride, int64_t width,
+MIXPREC__FORCE_INLINE void cols_stats(const void *x, mixprec_dtype xd, int64_t n, int64_t stride, int64_t width,
                       int groups, const float *weight, __m256 m[4], __m256 s[4], __m256 *wx) {
   for (int g = 0; g < groups; g++) m[g] = _mm256_set1_ps(-INFINITY);
   for (int64_t c = 0; c < n; c++)
@@ -249,14 +247,14 @@ FORCE void cols_stats(const void *x, mixprec_dtype xd, int64_t n, int64_t stride
   }
 }
 
-FORCE __m256 log8(__m256 v) {
+MIXPREC__FORCE_INLINE __m256 log8(__m256 v) {
   float t[8];
   _mm256_storeu_ps(t, v);
   for (int l = 0; l < 8; l++) t[l] = logf(t[l]);
   return _mm256_loadu_ps(t);
 }
 
-FORCE void cols_fwd(const void *x, const mixprec_dtype xd, void *y, mixprec_dtype yd, int64_t n,
+MIXPREC__FORCE_INLINE void cols_fwd(const void *x, const mixprec_dtype xd, void *y, mixprec_dtype yd, int64_t n,
                     int64_t stride, int64_t width, int log) {
   const int groups = (int)((width + 7) / 8);
   __m256 m[4], s[4], f[4];
@@ -273,7 +271,7 @@ FORCE void cols_fwd(const void *x, const mixprec_dtype xd, void *y, mixprec_dtyp
 
 /* ---- backward ------------------------------------------------------------ */
 
-FORCE void row_bwd(const void *dy, const void *y, const mixprec_dtype yd, void *dx,
+MIXPREC__FORCE_INLINE void row_bwd(const void *dy, const void *y, const mixprec_dtype yd, void *dx,
                    mixprec_dtype dxd, int64_t n, int log) {
   __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
   int64_t i = 0;
@@ -310,7 +308,7 @@ FORCE void row_bwd(const void *dy, const void *y, const mixprec_dtype yd, void *
   }
 }
 
-FORCE void cols_bwd(const void *dy, const void *y, const mixprec_dtype yd, void *dx,
+MIXPREC__FORCE_INLINE void cols_bwd(const void *dy, const void *y, const mixprec_dtype yd, void *dx,
                     mixprec_dtype dxd, int64_t n, int64_t stride, int64_t width, int log) {
   const int groups = (int)((width + 7) / 8);
   __m256 s[4];
@@ -332,7 +330,7 @@ FORCE void cols_bwd(const void *dy, const void *y, const mixprec_dtype yd, void 
 
 /* ---- cross-entropy pieces ------------------------------------------------ */
 
-FORCE void row_ce_stats(const void *x, const mixprec_dtype xd, int64_t n, const float *weight,
+MIXPREC__FORCE_INLINE void row_ce_stats(const void *x, const mixprec_dtype xd, int64_t n, const float *weight,
                         float *mx, float *se, float *wx) {
   const float m = row_max(x, xd, n);
   *mx = m;
@@ -371,7 +369,7 @@ FORCE void row_ce_stats(const void *x, const mixprec_dtype xd, int64_t n, const 
   *wx = hsum(_mm256_add_ps(w0, w1));
 }
 
-FORCE void row_ce_grad(const void *x, const mixprec_dtype xd, void *dx, int64_t n, float mx,
+MIXPREC__FORCE_INLINE void row_ce_grad(const void *x, const mixprec_dtype xd, void *dx, int64_t n, float mx,
                        float lg, float a, float b, const float *weight, int64_t t, float bt) {
   const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256 vm = _mm256_set1_ps(mx), vl = _mm256_set1_ps(lg), va = _mm256_set1_ps(a),
@@ -394,7 +392,7 @@ FORCE void row_ce_grad(const void *x, const mixprec_dtype xd, void *dx, int64_t 
   }
 }
 
-FORCE void cols_ce_stats(const void *x, const mixprec_dtype xd, int64_t n, int64_t stride,
+MIXPREC__FORCE_INLINE void cols_ce_stats(const void *x, const mixprec_dtype xd, int64_t n, int64_t stride,
                          int64_t width, const float *weight, float *mx, float *se, float *wx) {
   const int groups = (int)((width + 7) / 8);
   __m256 m[4], s[4], w[4];
@@ -413,7 +411,7 @@ FORCE void cols_ce_stats(const void *x, const mixprec_dtype xd, int64_t n, int64
   }
 }
 
-FORCE void cols_ce_grad(const void *x, const mixprec_dtype xd, void *dx, int64_t n,
+MIXPREC__FORCE_INLINE void cols_ce_grad(const void *x, const mixprec_dtype xd, void *dx, int64_t n,
                         int64_t stride, int64_t width, const float *mx, const float *lg,
                         const float *a, const float *b, const float *weight, const int32_t *tc,
                         const float *bt) {

@@ -24,7 +24,7 @@
 
 /* Nonzero when the AVX2 slice kernels are to be used (AVX-512 CPUs, where
  * chosen, run them too). */
-MIXPREC__INLINE int mixprec__sm_use_avx2(void) {
+MIXPREC__FORCE_INLINE int mixprec__sm_use_avx2(void) {
 #if defined(MIXPREC_X86)
   return mixprec__active_isa() != MIXPREC_ISA_SCALAR;
 #else
@@ -34,12 +34,12 @@ MIXPREC__INLINE int mixprec__sm_use_avx2(void) {
 
 /* Slices of the (outer, n, inner) array: rows when inner == 1, else blocks
  * of MIXPREC__SM_WIDTH columns. */
-MIXPREC__INLINE int64_t mixprec__sm_slice_count(int64_t outer, int64_t inner) {
+MIXPREC__FORCE_INLINE int64_t mixprec__sm_slice_count(int64_t outer, int64_t inner) {
   return inner == 1 ? outer : outer * ((inner + MIXPREC__SM_WIDTH - 1) / MIXPREC__SM_WIDTH);
 }
 
 /* Slices per hand-out for numel elements in `slices` slices. */
-MIXPREC__INLINE int mixprec__sm_chunk_slices(int64_t numel, int64_t slices) {
+MIXPREC__FORCE_INLINE int mixprec__sm_chunk_slices(int64_t numel, int64_t slices) {
   const int64_t per = numel / (slices > 0 ? slices : 1);
   const int64_t c = MIXPREC__SM_CHUNK_ELEMS / (per > 0 ? per : 1);
   return c < 1 ? 1 : c > 4096 ? 4096 : (int)c;
@@ -48,7 +48,7 @@ MIXPREC__INLINE int mixprec__sm_chunk_slices(int64_t numel, int64_t slices) {
 /* Slice t: returns the element offset of its first value and sets *width;
  * *pos (when not NULL) receives its first position, i.e. its first column
  * counted over (outer, inner). */
-MIXPREC__INLINE int64_t mixprec__sm_slice_at(int64_t t, int64_t n, int64_t inner,
+MIXPREC__FORCE_INLINE int64_t mixprec__sm_slice_at(int64_t t, int64_t n, int64_t inner,
                                              int64_t *width, int64_t *pos) {
   if (inner == 1) {
     *width = 1;

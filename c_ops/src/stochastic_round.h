@@ -29,13 +29,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#ifdef __CUDACC__
-#  define MIXPREC__SR_HD static inline __host__ __device__
-#else
-#  define MIXPREC__SR_HD static inline
-#endif
+#include "compiler.h"
 
-MIXPREC__SR_HD uint32_t mixprec__mix32(uint32_t x) {
+MIXPREC__HD uint32_t mixprec__mix32(uint32_t x) {
   x ^= x >> 16;
   x *= 0x7feb352du;
   x ^= x >> 15;
@@ -44,14 +40,14 @@ MIXPREC__SR_HD uint32_t mixprec__mix32(uint32_t x) {
   return x;
 }
 
-MIXPREC__SR_HD uint32_t mixprec__sr_float_bits(float f) {
+MIXPREC__HD uint32_t mixprec__sr_float_bits(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof u);
   return u;
 }
 
 /* The key of one tensor at one step (see above). */
-MIXPREC__SR_HD uint32_t mixprec__sr_key(uint64_t seed, uint64_t tensor, float new_step) {
+MIXPREC__HD uint32_t mixprec__sr_key(uint64_t seed, uint64_t tensor, float new_step) {
   uint32_t h = mixprec__mix32((uint32_t)seed ^ 0x9e3779b9u);
   h = mixprec__mix32(h ^ (uint32_t)(seed >> 32));
   h = mixprec__mix32(h ^ (uint32_t)tensor);
@@ -60,13 +56,13 @@ MIXPREC__SR_HD uint32_t mixprec__sr_key(uint64_t seed, uint64_t tensor, float ne
 }
 
 /* The 32 random bits of element i. */
-MIXPREC__SR_HD uint32_t mixprec__sr_bits(uint32_t key, int64_t i) {
+MIXPREC__HD uint32_t mixprec__sr_bits(uint32_t key, int64_t i) {
   const uint64_t u = (uint64_t)i;
   return mixprec__mix32(key + (uint32_t)u * 0x9e3779b1u + (uint32_t)(u >> 32) * 0x85ebca77u);
 }
 
 /* x rounded stochastically to BF16 with the random word r. */
-MIXPREC__SR_HD uint16_t mixprec__f32_to_bf16_sr(float x, uint32_t r) {
+MIXPREC__HD uint16_t mixprec__f32_to_bf16_sr(float x, uint32_t r) {
   const uint32_t u = mixprec__sr_float_bits(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
   return (uint16_t)((u + (r >> 16)) >> 16);

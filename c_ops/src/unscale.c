@@ -11,7 +11,7 @@
 /* Below this many elements in all, a parallel region costs more than it saves. */
 #define PARALLEL_MIN ((int64_t)1 << 17)
 
-MIXPREC__INLINE float load_f32(const void *data, mixprec_dtype dtype,
+MIXPREC__FORCE_INLINE float load_f32(const void *data, mixprec_dtype dtype,
                                int64_t i, int *nonfinite) {
   switch (dtype) {
     case MIXPREC_F16: {
@@ -33,7 +33,7 @@ MIXPREC__INLINE float load_f32(const void *data, mixprec_dtype dtype,
 }
 
 /* Stores v rounded to dtype and returns the stored value widened back. */
-MIXPREC__INLINE float store_f32(void *data, mixprec_dtype dtype, int64_t i,
+MIXPREC__FORCE_INLINE float store_f32(void *data, mixprec_dtype dtype, int64_t i,
                                 float v) {
   switch (dtype) {
     case MIXPREC_F16: {
@@ -53,7 +53,7 @@ MIXPREC__INLINE float store_f32(void *data, mixprec_dtype dtype, int64_t i,
 }
 
 /* v rounded to dtype and widened back: what store_f32 would return. */
-MIXPREC__INLINE float round_f32(mixprec_dtype dtype, float v) {
+MIXPREC__FORCE_INLINE float round_f32(mixprec_dtype dtype, float v) {
   switch (dtype) {
     case MIXPREC_F16:
       return mixprec__f16_to_f32(mixprec__f32_to_f16(v));

@@ -17,20 +17,20 @@ typedef struct {
   __m256d d[4];
 } norm_state;
 
-static inline void norm_init(norm_state *s) {
+MIXPREC__INLINE void norm_init(norm_state *s) {
   s->lo = s->hi = _mm256_setzero_ps();
   for (int k = 0; k < 4; k++) s->d[k] = _mm256_setzero_pd();
 }
 
 /* Square and add (two roundings, like the scalar `f += v * v`). */
-static inline void norm_add(norm_state *s, __m256 a, __m256 b) {
+MIXPREC__INLINE void norm_add(norm_state *s, __m256 a, __m256 b) {
   s->lo = _mm256_add_ps(s->lo, _mm256_mul_ps(a, a));
   s->hi = _mm256_add_ps(s->hi, _mm256_mul_ps(b, b));
 }
 
 /* Writes the float lanes to acc->f in lane order and the doubles to acc->d.
  * `interleaved`: lo = lanes 0-3 | 8-11, hi = lanes 4-7 | 12-15. */
-static inline void norm_store(const norm_state *s, mixprec__norm_acc *acc, int interleaved) {
+MIXPREC__INLINE void norm_store(const norm_state *s, mixprec__norm_acc *acc, int interleaved) {
   if (interleaved) {
     _mm_storeu_ps(acc->f + 0, _mm256_castps256_ps128(s->lo));
     _mm_storeu_ps(acc->f + 8, _mm256_extractf128_ps(s->lo, 1));
@@ -43,13 +43,13 @@ static inline void norm_store(const norm_state *s, mixprec__norm_acc *acc, int i
   for (int k = 0; k < 4; k++) _mm256_storeu_pd(acc->d + 4 * k, s->d[k]);
 }
 
-static inline void norm_load_d(norm_state *s, const mixprec__norm_acc *acc) {
+MIXPREC__INLINE void norm_load_d(norm_state *s, const mixprec__norm_acc *acc) {
   for (int k = 0; k < 4; k++) s->d[k] = _mm256_loadu_pd(acc->d + 4 * k);
 }
 
 /* End of a 128-element block [begin, begin + 128): float sums into doubles,
  * or, if one is not finite (rare), the scalar flush that redoes it. */
-static inline void norm_flush(norm_state *s, mixprec__norm_acc *acc, const void *data,
+MIXPREC__INLINE void norm_flush(norm_state *s, mixprec__norm_acc *acc, const void *data,
                               mixprec_dtype dtype, int64_t begin, int interleaved,
                               int write, float inv_scale) {
   const __m256 zero = _mm256_setzero_ps();
@@ -76,7 +76,7 @@ static inline void norm_flush(norm_state *s, mixprec__norm_acc *acc, const void 
   s->lo = s->hi = zero;
 }
 
-static inline __m256i nonfinite_f32(__m256 x) {
+MIXPREC__INLINE __m256i nonfinite_f32(__m256 x) {
   const __m256i exp = _mm256_set1_epi32(0x7f800000);
   return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(x), exp), exp);
 }
@@ -86,7 +86,7 @@ static inline __m256i nonfinite_f32(__m256 x) {
  * widened BF16 NaN (low 16 bits zero) or the default NaN, and neither can
  * carry into the exponent; only a NaN scale could, and unscale.c sends that
  * to the scalar path. */
-static inline __m256i round_bf16(__m256 x) {
+MIXPREC__INLINE __m256i round_bf16(__m256 x) {
   __m256i u = _mm256_castps_si256(x);
   __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
   return _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
@@ -94,7 +94,7 @@ static inline __m256i round_bf16(__m256 x) {
 
 /* Scalar continuation after the last full vector: unscale (write) or only
  * read. */
-static inline void tail(void *p, mixprec_dtype dtype, int64_t i, int64_t n, float inv_scale,
+MIXPREC__INLINE void tail(void *p, mixprec_dtype dtype, int64_t i, int64_t n, float inv_scale,
                         int *nonfinite, mixprec__norm_acc *acc, int write) {
   if (write)
     mixprec__unscale_tail(p, dtype, i, n, inv_scale, nonfinite, acc);
@@ -105,7 +105,7 @@ static inline void tail(void *p, mixprec_dtype dtype, int64_t i, int64_t n, floa
 /* The three dtype loops share one body per dtype, stamped with and without
  * the norm, and with and without the stores (write = 0: mixprec_grad_norm,
  * acc never NULL), so the hot loop carries no test of `acc` or `write`. */
-static inline __attribute__((always_inline)) void chunk_f32(float *p, int64_t n, float inv_scale,
+MIXPREC__FORCE_INLINE void chunk_f32(float *p, int64_t n, float inv_scale,
                                                             int *nonfinite, mixprec__norm_acc *acc,
                                                             const int write) {
   const __m256 s = _mm256_set1_ps(inv_scale);
@@ -132,7 +132,7 @@ static inline __attribute__((always_inline)) void chunk_f32(float *p, int64_t n,
   tail(p, MIXPREC_F32, i, n, inv_scale, nonfinite, acc, write);
 }
 
-static inline __attribute__((always_inline)) void chunk_f16(uint16_t *p, int64_t n, float inv_scale,
+MIXPREC__FORCE_INLINE void chunk_f16(uint16_t *p, int64_t n, float inv_scale,
                                                             int *nonfinite, mixprec__norm_acc *acc,
                                                             const int write) {
   const __m256 s = _mm256_set1_ps(inv_scale);
@@ -164,7 +164,7 @@ static inline __attribute__((always_inline)) void chunk_f16(uint16_t *p, int64_t
  * lo = elements 0-3 | 8-11, hi = elements 4-7 | 12-15. packus_epi32 then
  * restores the memory order with no cross-lane permute, and the norm keeps
  * the lane mapping in mind (norm_state `interleaved`). */
-static inline __attribute__((always_inline)) void chunk_bf16(uint16_t *p, int64_t n, float inv_scale,
+MIXPREC__FORCE_INLINE void chunk_bf16(uint16_t *p, int64_t n, float inv_scale,
                                                              int *nonfinite, mixprec__norm_acc *acc,
                                                              const int write) {
   const __m256 s = _mm256_set1_ps(inv_scale);

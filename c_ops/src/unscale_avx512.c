@@ -13,23 +13,23 @@ typedef struct {
   __m512d d[2];   /* lanes 0-7, 8-15 */
 } norm_state;
 
-static inline void norm_init(norm_state *s) {
+MIXPREC__INLINE void norm_init(norm_state *s) {
   s->f = _mm512_setzero_ps();
   s->d[0] = s->d[1] = _mm512_setzero_pd();
 }
 
 /* 16 consecutive elements, lane order. Two roundings, like `f += v * v`. */
-static inline void norm_add(norm_state *s, __m512 y) {
+MIXPREC__INLINE void norm_add(norm_state *s, __m512 y) {
   s->f = _mm512_add_ps(s->f, _mm512_mul_ps(y, y));
 }
 
-static inline void norm_store(const norm_state *s, mixprec__norm_acc *acc) {
+MIXPREC__INLINE void norm_store(const norm_state *s, mixprec__norm_acc *acc) {
   _mm512_storeu_ps(acc->f, s->f);
   _mm512_storeu_pd(acc->d, s->d[0]);
   _mm512_storeu_pd(acc->d + 8, s->d[1]);
 }
 
-static inline void norm_flush(norm_state *s, mixprec__norm_acc *acc, const void *data,
+MIXPREC__INLINE void norm_flush(norm_state *s, mixprec__norm_acc *acc, const void *data,
                               mixprec_dtype dtype, int64_t begin) {
   /* x - x == 0 exactly when x is finite. */
   __mmask16 ok = _mm512_cmp_ps_mask(_mm512_sub_ps(s->f, s->f), _mm512_setzero_ps(), _CMP_EQ_OQ);
@@ -48,18 +48,18 @@ static inline void norm_flush(norm_state *s, mixprec__norm_acc *acc, const void 
 }
 
 /* See unscale_avx2.c: no NaN test needed unless the scale is a NaN. */
-static inline __m256i round_bf16(__m512 x) {
+MIXPREC__INLINE __m256i round_bf16(__m512 x) {
   __m512i u = _mm512_castps_si512(x);
   __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
   return _mm512_cvtepi32_epi16(r);
 }
 
-static inline __m512 bf16_to_f32_16(__m256i h) {
+MIXPREC__INLINE __m512 bf16_to_f32_16(__m256i h) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-static inline __attribute__((always_inline)) void chunk_f32(float *p, int64_t n, float inv_scale,
+MIXPREC__FORCE_INLINE void chunk_f32(float *p, int64_t n, float inv_scale,
                                                             int *nonfinite, mixprec__norm_acc *acc) {
   const __m512 s = _mm512_set1_ps(inv_scale);
   const __m512i exp = _mm512_set1_epi32(0x7f800000);
@@ -83,7 +83,7 @@ static inline __attribute__((always_inline)) void chunk_f32(float *p, int64_t n,
   mixprec__unscale_tail(p, MIXPREC_F32, i, n, inv_scale, nonfinite, acc);
 }
 
-static inline __attribute__((always_inline)) void chunk_f16(uint16_t *p, int64_t n, float inv_scale,
+MIXPREC__FORCE_INLINE void chunk_f16(uint16_t *p, int64_t n, float inv_scale,
                                                             int *nonfinite, mixprec__norm_acc *acc) {
   const __m512 s = _mm512_set1_ps(inv_scale);
   const __m512i exp = _mm512_set1_epi16(0x7c00);
@@ -111,7 +111,7 @@ static inline __attribute__((always_inline)) void chunk_f16(uint16_t *p, int64_t
   mixprec__unscale_tail(p, MIXPREC_F16, i, n, inv_scale, nonfinite, acc);
 }
 
-static inline __attribute__((always_inline)) void chunk_bf16(uint16_t *p, int64_t n, float inv_scale,
+MIXPREC__FORCE_INLINE void chunk_bf16(uint16_t *p, int64_t n, float inv_scale,
                                                              int *nonfinite, mixprec__norm_acc *acc) {
   const __m512 s = _mm512_set1_ps(inv_scale);
   const __m512i exp = _mm512_set1_epi16(0x7f80);
