@@ -19,7 +19,9 @@ __version__ = "0.1.0"
 
 load()
 
-from . import _meta  # noqa: E402,F401  (needs the ops defined)
+# Each family module registers its ops' fake kernels and autograd (needs the
+# ops defined, so after load()).
+from . import _amp, _cross_entropy, _nms, _optim, _softmax  # noqa: E402,F401
 from . import amp  # noqa: E402
 from . import ops  # noqa: E402
 from . import optim  # noqa: E402

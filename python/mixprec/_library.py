@@ -18,6 +18,9 @@ _REPO_BUILD = _PKG_DIR.parent.parent / "build"
 
 _loaded: dict[str, bool] = {}
 
+#: The dtypes every mixprec kernel takes (gradients, parameters, logits, boxes).
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
 
 def _search_dirs() -> list[Path]:
     dirs = []
@@ -81,3 +84,11 @@ def load() -> None:
 def cuda_ops_loaded() -> bool:
     """True when mixprec's CUDA kernels are registered with torch."""
     return bool(_loaded.get("cuda"))
+
+
+def handles(device: torch.device) -> bool:
+    """True when mixprec's kernels run on ``device`` (the CPU always, CUDA
+    when its library is loaded)."""
+    if device.type == "cpu":
+        return True
+    return device.type == "cuda" and cuda_ops_loaded()

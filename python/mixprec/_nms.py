@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import torch
 
-_FLOAT = (torch.float32, torch.float16, torch.bfloat16)
+from ._library import FLOAT_DTYPES as _FLOAT
+from ._library import handles as _handles
 
 
 def _check(op, boxes, scores, idxs, iou_threshold, score_threshold):
@@ -163,14 +164,8 @@ def _supported(boxes, scores):
     return (
         boxes.dtype in _FLOAT
         and scores.dtype in _FLOAT
-        and (boxes.device.type == "cpu" or (boxes.device.type == "cuda" and _cuda_ok()))
+        and _handles(boxes.device)
     )
-
-
-def _cuda_ok():
-    from ._library import cuda_ops_loaded
-
-    return cuda_ops_loaded()
 
 
 class TorchvisionPatch:

@@ -1,7 +1,7 @@
-"""softmax, log_softmax and cross_entropy with FP32 accumulation on
-FP16/BF16 (and FP32) inputs: public functions, fake kernels, autograd and
-the autocast policy of ``torch.ops.mixprec.{softmax, log_softmax,
-cross_entropy}`` and their backward ops.
+"""softmax and log_softmax with FP32 accumulation on FP16/BF16 (and FP32)
+inputs: public functions, fake kernels, autograd and the autocast policy of
+``torch.ops.mixprec.{softmax, log_softmax}`` and their backward ops
+(cross-entropy, which shares their kernels, is in ``_cross_entropy.py``).
 
 The kernels read the half-precision input once per pass and compute every
 max, exponential and sum in float32; no float32 copy of the input is made
@@ -16,17 +16,16 @@ float32 while autocast is enabled for the input's device; the loss of
 ``cross_entropy`` is always float32.
 
 Double backward is not supported: the backward ops have no derivative of
-their own. ``weight`` receives no gradient.
+their own.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["softmax", "log_softmax", "cross_entropy"]
+from ._library import FLOAT_DTYPES as _FLOAT
 
-_FLOAT = (torch.float32, torch.float16, torch.bfloat16)
-_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+__all__ = ["softmax", "log_softmax"]
 
 
 # ---- fake kernels ------------------------------------------------------------
@@ -79,32 +78,6 @@ def _log_softmax_backward_fake(grad_output, output, dim, input_dtype):
     return _softmax_backward_fake_impl("log_softmax_backward", grad_output, output, dim, input_dtype)
 
 
-def _ce_target_shape(op, x, target):
-    torch._check(x.dim() >= 1, lambda: f"mixprec::{op}: self must have shape (C), (N, C) or (N, C, d1, ...)")
-    want = () if x.dim() == 1 else (x.shape[0], *x.shape[2:])
-    torch._check(target.dtype == torch.int64, lambda: f"mixprec::{op}: target must be int64 class indices")
-    torch._check(tuple(target.shape) == tuple(want), lambda: f"mixprec::{op}: target has the wrong shape")
-    return want
-
-
-@torch.library.register_fake("mixprec::cross_entropy")
-def _cross_entropy_fake(x, target, weight, reduction, ignore_index, label_smoothing):
-    _check_float("cross_entropy", "self", x)
-    shape = _ce_target_shape("cross_entropy", x, target)
-    loss = x.new_empty(shape if reduction == 0 else (), dtype=torch.float32)
-    stats = x.new_empty((2, *shape), dtype=torch.float32)
-    wsum = x.new_empty((), dtype=torch.float32)
-    return loss, stats, wsum
-
-
-@torch.library.register_fake("mixprec::cross_entropy_backward")
-def _cross_entropy_backward_fake(grad_loss, x, target, weight, stats, weight_sum, reduction, ignore_index,
-                                 label_smoothing):
-    _check_float("cross_entropy_backward", "self", x)
-    _ce_target_shape("cross_entropy_backward", x, target)
-    return x.new_empty(x.shape)
-
-
 # ---- autograd ----------------------------------------------------------------
 
 
@@ -135,36 +108,11 @@ def _no_double_backward(op):
     torch.library.register_autograd(f"mixprec::{op}", backward, setup_context=setup)
 
 
-for _op in ("softmax_backward", "log_softmax_backward", "cross_entropy_backward"):
+for _op in ("softmax_backward", "log_softmax_backward"):
     _no_double_backward(_op)
 
 torch.library.register_autograd("mixprec::softmax", _softmax_backward, setup_context=_softmax_setup)
 torch.library.register_autograd("mixprec::log_softmax", _log_softmax_backward, setup_context=_softmax_setup)
-
-
-def _ce_setup(ctx, inputs, output):
-    x, target, weight, reduction, ignore_index, label_smoothing = inputs
-    _loss, stats, wsum = output
-    # Saved: the logits as given (no copy), the int64 targets, and two floats
-    # per position (max, log-sum): nothing the size of an FP32 copy of the
-    # logits.
-    ctx.save_for_backward(x, target, weight, stats, wsum)
-    ctx.args = (reduction, ignore_index, label_smoothing)
-    ctx.mark_non_differentiable(stats, wsum)
-
-
-def _ce_backward(ctx, grad_loss, _grad_stats, _grad_wsum):
-    x, target, weight, stats, wsum = ctx.saved_tensors
-    if grad_loss is None:
-        return None, None, None, None, None, None
-    reduction, ignore_index, label_smoothing = ctx.args
-    dx = torch.ops.mixprec.cross_entropy_backward(
-        grad_loss.float(), x, target, weight, stats, wsum, reduction, ignore_index, label_smoothing
-    )
-    return dx, None, None, None, None, None
-
-
-torch.library.register_autograd("mixprec::cross_entropy", _ce_backward, setup_context=_ce_setup)
 
 
 # ---- public functions ----------------------------------------------------------
@@ -190,37 +138,3 @@ def log_softmax(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> 
     """``torch.log_softmax(x.float(), dim)`` without the float32 copy of
     ``x``; output dtype as in :func:`softmax`. Differentiable (once)."""
     return torch.ops.mixprec.log_softmax(x, dim, _default_dtype(x, dtype))
-
-
-def cross_entropy(
-    input: torch.Tensor,
-    target: torch.Tensor,
-    weight: torch.Tensor | None = None,
-    ignore_index: int = -100,
-    reduction: str = "mean",
-    label_smoothing: float = 0.0,
-) -> torch.Tensor:
-    """``torch.nn.functional.cross_entropy(input.float(), target, ...)`` for
-    class-index targets, reading FP16/BF16 logits once without an FP32 copy.
-
-    Shapes as torch's: input (C), (N, C) or (N, C, d1, ...); target (), (N)
-    or (N, d1, ...) int64. The loss is always float32. Backward writes the
-    gradient in the logits' dtype from the logits and two saved floats per
-    position (the max and the log-sum of exponentials). ``mean`` divides by the sum of the targets'
-    weights over non-ignored positions: NaN when all are ignored, like torch.
-    A target outside ``[0, C)`` that is not ``ignore_index`` raises on the
-    CPU; on CUDA it makes that position's loss NaN (no host sync).
-    """
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"mixprec.ops.cross_entropy: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
-    if target.is_floating_point():
-        raise RuntimeError(
-            "mixprec::cross_entropy: target must be int64 class indices, got "
-            f"{target.dtype} (class-probability targets are not supported)"
-        )
-    if weight is not None and weight.dtype != torch.float32:
-        weight = weight.float()
-    loss, _stats, _wsum = torch.ops.mixprec.cross_entropy(
-        input, target, weight, _REDUCTIONS[reduction], int(ignore_index), float(label_smoothing)
-    )
-    return loss

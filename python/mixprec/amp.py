@@ -26,36 +26,21 @@ from collections import defaultdict
 from typing import Any
 
 import torch
-from torch.amp.grad_scaler import OptState, _MultiDeviceReplicator, _refresh_per_optimizer_state
+from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
-from . import _library
+from . import _amp_clip, _amp_grads
+from ._library import handles
 
 __all__ = ["GradScaler", "OptState", "backward_and_step"]
 
-_MIXPREC_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _mixprec_handles(device: torch.device) -> bool:
-    if device.type == "cpu":
-        return True
-    return device.type == "cuda" and _library.cuda_ops_loaded()
-
-
-def _is_dense(t: torch.Tensor) -> bool:
-    """Non-overlapping and dense in some dimension order (what the fused
-    kernel can walk as one flat array)."""
-    if t.is_contiguous():
-        return True
-    dims = sorted(
-        (i for i in range(t.dim()) if t.size(i) != 1),
-        key=lambda i: (t.stride(i), t.size(i)),
-    )
-    expected = 1
-    for i in dims:
-        if t.stride(i) != expected:
-            return False
-        expected *= t.size(i)
-    return True
+# The scaler's methods keep Python state between calls (which optimizer was
+# unscaled, stepped; the per-device found_inf tensors). torch.compile loses
+# mutations of that state across the graph breaks inside these methods (an
+# unscale_ traced by dynamo left no record, so step() divided by the scale a
+# second time), so they always run eagerly, as torch's own GradScaler does
+# (dynamo skips torch.amp): one graph break per call, the ops inside
+# unchanged.
+_eager = torch._dynamo.disable
 
 
 class GradScaler(torch.amp.GradScaler):
@@ -150,60 +135,19 @@ class GradScaler(torch.amp.GradScaler):
         want_norm: bool = False,
         read_only: bool = False,
     ):
-        """Unscales every grad of ``optimizer``: one fused call per device for
-        all float32/float16/bfloat16 dense grads; torch's op for the rest
-        (float64, sparse, overlapping views). Returns the per-device found_inf
-        dict and, if ``want_norm``, the total L2 norm per device.
-        ``read_only``: only the non-finite check (inv_scale must be 1), which
-        the fused grads get from the read-only ``grad_norm`` op."""
-        per_device_inv_scale = _MultiDeviceReplicator(inv_scale)
-        per_device_found_inf = _MultiDeviceReplicator(found_inf)
-        fused: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
-        other: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = defaultdict(lambda: defaultdict(list))
-        norms: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
-        with torch.no_grad():
-            for group in optimizer.param_groups:
-                for param in group["params"]:
-                    if param.grad is None:
-                        continue
-                    grad = param.grad
-                    if grad.is_sparse:
-                        if grad.dtype is torch.float16:
-                            param.grad = grad = grad.coalesce()
-                        other[grad.device][grad.dtype].append(grad._values())
-                    elif grad.dtype in _MIXPREC_DTYPES and _mixprec_handles(grad.device) and _is_dense(grad):
-                        fused[grad.device].append(grad)
-                    else:
-                        other[grad.device][grad.dtype].append(grad)
-            for device, grads in fused.items():
-                fi, inv = per_device_found_inf.get(device), per_device_inv_scale.get(device)
-                if read_only:
-                    torch.ops.mixprec.grad_norm(grads, fi, inv)
-                elif want_norm:
-                    _, total = torch.ops.mixprec.unscale_norm_(grads, fi, inv)
-                    norms[device].append(total)
-                else:
-                    torch.ops.mixprec.unscale_(grads, fi, inv)
-            for device, per_dtype in other.items():
-                fi, inv = per_device_found_inf.get(device), per_device_inv_scale.get(device)
-                for grads in per_dtype.values():
-                    if grads[0].dtype is torch.bfloat16 or grads[0].dtype is torch.float16:
-                        # torch's op may lack these dtypes on this device:
-                        # unscale an FP32 copy and write it back rounded.
-                        wide = [g.float() for g in grads]
-                        torch._amp_foreach_non_finite_check_and_unscale_(wide, fi, inv)
-                        for g, w in zip(grads, wide):
-                            g.copy_(w)
-                    else:
-                        torch._amp_foreach_non_finite_check_and_unscale_(grads, fi, inv)
-                    if want_norm:
-                        per = [torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads]
-                        norms[device].append(torch.linalg.vector_norm(torch.stack(per)))
-        return per_device_found_inf._per_device_tensors, norms
+        """torch's hook (its ``_unscale_grads_`` returns the per-device
+        found_inf dict); mixprec's returns the per-device norms too."""
+        return _amp_grads.unscale_grads(
+            optimizer, inv_scale, found_inf, allow_fp16=allow_fp16, want_norm=want_norm, read_only=read_only
+        )
 
+    @_eager
     def unscale_(self, optimizer: torch.optim.Optimizer, *, return_norm: bool = False) -> torch.Tensor | None:
         """Divides ("unscales") the optimizer's gradients by the scale, as
-        torch's ``unscale_``, for FP32, FP16 and BF16 gradients.
+        torch's ``unscale_``, for FP32 and BF16 gradients, and for FP16
+        gradients when the optimizer keeps FP32 state (mixprec's optimizers;
+        any other raises torch's ``ValueError: Attempting to unscale FP16
+        gradients.``).
 
         With ``return_norm=True`` returns the total L2 norm of the unscaled
         gradients (0-dim float32 tensor on the scale's device, inf/NaN when a
@@ -212,7 +156,7 @@ class GradScaler(torch.amp.GradScaler):
             if not return_norm:
                 return None
             grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-            return _plain_total_norm(grads)
+            return _amp_grads.plain_total_norm(grads)
         self._check_scale_growth_tracker("unscale_")
         optimizer_state = self._per_optimizer_states[id(optimizer)]
         if optimizer_state["stage"] is OptState.UNSCALED:
@@ -222,13 +166,15 @@ class GradScaler(torch.amp.GradScaler):
         assert self._scale is not None
         inv_scale = self._scale.double().reciprocal().float()
         found_inf = torch.full((), 0.0, dtype=torch.float32, device=self._scale.device)
-        found, norms = self._unscale_grads_(optimizer, inv_scale, found_inf, True, want_norm=return_norm)
+        allow_fp16 = _amp_grads.accepts_fp16_grads(optimizer)
+        found, norms = self._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16, want_norm=return_norm)
         optimizer_state["found_inf_per_device"] = found
         optimizer_state["stage"] = OptState.UNSCALED
         if not return_norm:
             return None
-        return _combine_norms(norms, self._scale.device)
+        return _amp_grads.combine_norms(norms, self._scale.device)
 
+    @_eager
     def clip_grad_norm_(
         self,
         optimizer: torch.optim.Optimizer,
@@ -256,12 +202,8 @@ class GradScaler(torch.amp.GradScaler):
             return self._clip_folded(optimizer, float(max_norm), error_if_nonfinite)
         total = self.unscale_(optimizer, return_norm=True)
         assert total is not None
-        if error_if_nonfinite and bool(torch.logical_not(torch.isfinite(total))):
-            raise RuntimeError(
-                "mixprec.amp.GradScaler.clip_grad_norm_: the total norm of gradients is non-finite, "
-                "so it cannot be clipped. Set error_if_nonfinite=False to skip the step instead."
-            )
-        _scale_grads_by_clip_coef(optimizer, total, max_norm)
+        _amp_clip.check_finite(total, error_if_nonfinite)
+        _amp_clip.scale_grads(optimizer, total, max_norm)
         return total
 
     def _can_fold(self, optimizer: torch.optim.Optimizer) -> bool:
@@ -270,18 +212,11 @@ class GradScaler(torch.amp.GradScaler):
         op takes (dense FP32/FP16/BF16 on a device mixprec handles)."""
         from .optim import _FusedMasterWeightOptimizer
 
-        if not isinstance(optimizer, _FusedMasterWeightOptimizer):
-            return False
-        if self._per_optimizer_states[id(optimizer)]["stage"] is not OptState.READY:
-            return False
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                g = p.grad
-                if g is None:
-                    continue
-                if g.is_sparse or g.dtype not in _MIXPREC_DTYPES or not _mixprec_handles(g.device) or not _is_dense(g):
-                    return False
-        return True
+        return (
+            isinstance(optimizer, _FusedMasterWeightOptimizer)
+            and self._per_optimizer_states[id(optimizer)]["stage"] is OptState.READY
+            and _amp_grads.all_fusable(optimizer)
+        )
 
     def _clip_folded(self, optimizer: torch.optim.Optimizer, max_norm: float, error_if_nonfinite: bool) -> torch.Tensor:
         self._check_scale_growth_tracker("clip_grad_norm_")
@@ -289,35 +224,18 @@ class GradScaler(torch.amp.GradScaler):
         assert self._scale is not None
         inv_scale = self._scale.double().reciprocal().float()
         found_inf = torch.full((), 0.0, dtype=torch.float32, device=self._scale.device)
-        per_device_inv_scale = _MultiDeviceReplicator(inv_scale)
-        per_device_found_inf = _MultiDeviceReplicator(found_inf)
-        grads: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    grads[p.grad.device].append(p.grad)
-        norms: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
-        with torch.no_grad():
-            for device, gs in grads.items():
-                _, total = torch.ops.mixprec.grad_norm(
-                    gs, per_device_found_inf.get(device), per_device_inv_scale.get(device)
-                )
-                norms[device].append(total)
-        total = _combine_norms(norms, self._scale.device)
-        if error_if_nonfinite and bool(torch.logical_not(torch.isfinite(total))):
-            raise RuntimeError(
-                "mixprec.amp.GradScaler.clip_grad_norm_: the total norm of gradients is non-finite, "
-                "so it cannot be clipped. Set error_if_nonfinite=False to skip the step instead."
-            )
-        clip_coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        found, norms = _amp_grads.grad_norms_read_only(optimizer, inv_scale, found_inf)
+        total = _amp_grads.combine_norms(norms, self._scale.device)
+        _amp_clip.check_finite(total, error_if_nonfinite)
         # step() hands this to the optimizer as its grad_scale (the UNSCALED
         # stage passes optimizer.grad_scale through unchanged).
-        optimizer.grad_scale = self._scale / clip_coef  # type: ignore[attr-defined]
-        optimizer_state["found_inf_per_device"] = per_device_found_inf._per_device_tensors
+        optimizer.grad_scale = _amp_clip.folded_grad_scale(self._scale, total, max_norm)  # type: ignore[attr-defined]
+        optimizer_state["found_inf_per_device"] = found
         optimizer_state["stage"] = OptState.UNSCALED
         return total
 
     # -------------------------------------------------------------- step ----
+    @_eager
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> float | None:
         """As torch's: unscales if needed, then steps unless a gradient was
         inf/NaN. Optimizers with ``_step_supports_amp_scaling`` get
@@ -383,6 +301,7 @@ class GradScaler(torch.amp.GradScaler):
         return found
 
     # ------------------------------------------------------------ update ----
+    @_eager
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         """As torch's ``update``: backs off on overflow, grows after
         ``growth_interval`` clean steps (plus hysteresis and bounds if set),
@@ -417,7 +336,7 @@ class GradScaler(torch.amp.GradScaler):
             for extra in found_infs[1:]:
                 found_inf_combined = found_inf_combined + extra
             assert self._hysteresis_tracker is not None and self._skipped_steps is not None
-            if _mixprec_handles(_scale.device):
+            if handles(_scale.device):
                 torch.ops.mixprec.update_scale_ex_(
                     _scale,
                     _growth_tracker,
@@ -504,6 +423,7 @@ class GradScaler(torch.amp.GradScaler):
         return state
 
 
+@_eager
 def backward_and_step(
     loss: torch.Tensor,
     optimizer: torch.optim.Optimizer,
@@ -539,36 +459,3 @@ def backward_and_step(
     scaler.update()
     optimizer.zero_grad(set_to_none=set_to_none)
     return norm
-
-
-def _combine_norms(norms: dict[torch.device, list[torch.Tensor]], dev: torch.device) -> torch.Tensor:
-    """The L2 norm of several partial L2 norms (devices, fallback groups),
-    in float64 so no square overflows, on ``dev``, without a host sync."""
-    parts = [n.to(dev, non_blocking=True).double() for group in norms.values() for n in group]
-    if not parts:
-        return torch.zeros((), dtype=torch.float32, device=dev)
-    if len(parts) == 1:
-        return parts[0].float()
-    return torch.linalg.vector_norm(torch.stack(parts)).float()
-
-
-def _plain_total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    if not grads:
-        return torch.zeros(())
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
-
-
-def _scale_grads_by_clip_coef(optimizer: torch.optim.Optimizer, total: torch.Tensor, max_norm: float) -> None:
-    """The multiply step of torch.nn.utils.clip_grad_norm_, with torch's own
-    coefficient formula, per device."""
-    clip_coef = float(max_norm) / (total + 1e-6)
-    clip_coef_clamped = torch.clamp(clip_coef, max=1.0)
-    per_device: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.grad is not None:
-                per_device[p.grad.device].append(p.grad)
-    with torch.no_grad():
-        for device, grads in per_device.items():
-            torch._foreach_mul_(grads, clip_coef_clamped.to(device))
-

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _softmax
+from . import _cross_entropy, _softmax
 
 __all__ = ["CrossEntropyLoss", "Softmax", "LogSoftmax"]
 
@@ -35,7 +35,7 @@ class CrossEntropyLoss(torch.nn.Module):
         self.label_smoothing = label_smoothing
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return _softmax.cross_entropy(
+        return _cross_entropy.cross_entropy(
             input,
             target,
             weight=self.weight,

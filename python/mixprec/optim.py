@@ -26,13 +26,14 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-_SEED_MASK = (1 << 63) - 1
-
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ._library import FLOAT_DTYPES as _PARAM_DTYPES
 
 __all__ = ["AdamW", "SGD"]
 
-_PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_SEED_MASK = (1 << 63) - 1
 _FP32_STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "master")
 
 
@@ -41,6 +42,9 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
     hand-over, state_dict loading that keeps FP32 state FP32."""
 
     _step_supports_amp_scaling = True
+    # FP32 master weights and state: float16 gradients are safe here (see
+    # mixprec.amp.GradScaler.unscale_).
+    _accepts_fp16_grads = True
 
     def _check_group_mode(self, group: dict[str, Any]) -> None:
         if group.get("master_weights", True):
@@ -62,15 +66,48 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
         self._check_group_mode(group)
         if group.get("seed") is None and not group.get("master_weights", True):
             group["seed"] = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
+            self._drawn_seed_groups().append(group)
+
+    def _drawn_seed_groups(self) -> list[dict[str, Any]]:
+        """Groups whose seed was drawn here (not given by the user) and not
+        yet made the same on every rank."""
+        if "_mixprec_drawn_seeds" not in self.__dict__:
+            self._mixprec_drawn_seeds: list[dict[str, Any]] = []
+        return self._mixprec_drawn_seeds
+
+    def _share_drawn_seeds(self) -> None:
+        """Data-parallel replicas must round alike, but recipes seed torch's
+        generator per rank (``manual_seed(seed + rank)``), so a drawn seed
+        differs between ranks: at the first step under an initialised
+        torch.distributed, rank 0's drawn seeds are broadcast to every rank
+        (one small collective, once; every rank steps, as in DDP). A seed the
+        user gave is theirs: never overwritten, so a per-rank seed is had by
+        passing one."""
+        pending = self._drawn_seed_groups()
+        if not pending:
+            return
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            backend = str(dist.get_backend())
+            dev = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+            seeds = torch.tensor([g["seed"] for g in pending], dtype=torch.int64, device=dev)
+            dist.broadcast(seeds, src=0)
+            for g, v in zip(pending, seeds.tolist()):
+                g["seed"] = int(v)
+        pending.clear()
 
     @staticmethod
-    def _sr_seed(group: dict[str, Any], group_index: int, device: torch.device) -> int:
+    def _sr_seed(group: dict[str, Any], group_index: int, first_param: int) -> int:
         """The seed handed to the kernel: the group's seed mixed with the
-        group's index and the device's, so two groups (or devices) stepping in
-        lockstep do not round alike."""
+        group's index and the index (in the group) of the first param of this
+        device's list, so two groups (or devices) stepping in lockstep do not
+        round alike. Nothing rank- or device-specific goes in: replicas that
+        see the same gradients stay bit-identical."""
         seed = group.get("seed") or 0
-        dev = device.index if device.index is not None else -1
-        return (int(seed) + 0x9E3779B97F4A7C15 * (group_index + 1) + 0xC2B2AE3D27D4EB4F * (dev + 2)) & _SEED_MASK
+        return (
+            int(seed) + 0x9E3779B97F4A7C15 * (group_index + 1) + 0xC2B2AE3D27D4EB4F * (first_param + 1)
+        ) & _SEED_MASK
 
     def _check_param(self, p: torch.Tensor) -> None:
         if p.dtype not in _PARAM_DTYPES:
@@ -123,15 +160,69 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
             return 0.0, lr.to(device, torch.float32, non_blocking=True).reshape(())
         return float(lr), None
 
-    def _by_device(self, group: dict[str, Any]) -> dict[torch.device, list[torch.Tensor]]:
-        out: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
-        for p in group["params"]:
+    def _by_device(self, group: dict[str, Any]) -> dict[torch.device, tuple[int, list[torch.Tensor]]]:
+        """The group's params with a grad, per device, with the group index
+        of each device's first one."""
+        out: dict[torch.device, tuple[int, list[torch.Tensor]]] = {}
+        for i, p in enumerate(group["params"]):
             if p.grad is None:
                 continue
             self._check_param(p)
-            out[p.device].append(p)
+            out.setdefault(p.device, (i, []))[1].append(p)
         return out
 
+    # ---- outside writes -------------------------------------------------------
+    # A param with a master is the master rounded, as long as only this
+    # optimizer writes it. Anyone else's in-place write (zero_, copy_ of loaded
+    # weights, a pruning mask, an EMA swap-in, re-initialisation) bumps the
+    # param's version counter, which the optimizer's own op does not: at the
+    # next step the master takes the param's new value wherever the two
+    # disagree (elements the write left alone keep their FP32 bits). Cost in
+    # the common case: one integer compare per param on the host; no device
+    # work and no host sync. Writes through ``p.data`` bypass the version
+    # counter (torch's documented meaning of .data): call
+    # :meth:`sync_master_weights` after those.
+
+    def _versions(self) -> WeakIdKeyDictionary:
+        if "_mixprec_versions" not in self.__dict__:
+            self._mixprec_versions = WeakIdKeyDictionary()
+        return self._mixprec_versions
+
+    @staticmethod
+    def _follow_param(p: torch.Tensor, master: torch.Tensor) -> None:
+        torch.where(master.to(p.dtype) == p, master, p.float(), out=master)
+
+    @torch.no_grad()
+    def sync_master_weights(self) -> None:
+        """Makes every FP32 master follow its parameter wherever the
+        parameter no longer equals the rounded master: for writes the
+        version counter cannot see (through ``p.data``)."""
+        versions = self._versions()
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state.get(p)
+                if st and "master" in st:
+                    self._follow_param(p, st["master"])
+                    versions[p] = p._version
+
+    def _follow_outside_writes(self, params: list[torch.Tensor], states: list[dict[str, Any]]) -> None:
+        versions = self._versions()
+        for p, st in zip(params, states):
+            if "master" not in st:
+                continue
+            seen = versions.get(p)
+            if seen is not None and seen != p._version:
+                self._follow_param(p, st["master"])
+
+    def _record_versions(self, params: list[torch.Tensor]) -> None:
+        versions = self._versions()
+        for p in params:
+            versions[p] = p._version
+
+    # Eager under torch.compile: the step is one fused op per device already,
+    # and its bookkeeping (lazy state, the params' version counters) is
+    # Python state that must not be traced into a graph.
+    @torch._dynamo.disable
     @torch.no_grad()
     def step(self, closure=None):
         """One fused step per param group and device (grads, masters and
@@ -140,10 +231,12 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._share_drawn_seeds()
         for gi, group in enumerate(self.param_groups):
             master_weights = group.get("master_weights", True)
-            for device, params in self._by_device(group).items():
+            for device, (first, params) in self._by_device(group).items():
                 states = [self._base_state(p, master_weights) for p in params]
+                self._follow_outside_writes(params, states)
                 grads = [self._grad_of(p) for p in params]
                 masters = [self._master_of(p, st) for p, st in zip(params, states)]
                 steps = [st["step"] for st in states]
@@ -151,8 +244,9 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
                 grad_scale, found_inf = self._scaler_tensors(device)
                 self._step_device(
                     group, params, states, grads, masters, steps, lr, lr_tensor, grad_scale, found_inf,
-                    self._sr_seed(group, gi, device),
+                    self._sr_seed(group, gi, first),
                 )
+                self._record_versions(params)
         return loss
 
     def _step_device(self, group, params, states, grads, masters, steps, lr, lr_tensor, grad_scale, found_inf,
@@ -190,6 +284,10 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
                     if isinstance(step, torch.Tensor)
                     else torch.tensor(float(step), dtype=torch.float32, device=p.device)
                 )
+        # A loaded master is the truth about its param from here on (and the
+        # seeds are the checkpoint's, shared by every rank that loads it).
+        self._record_versions(list(index_to_param.values()))
+        self._drawn_seed_groups().clear()
         self._after_load()
 
     def _after_load(self) -> None:

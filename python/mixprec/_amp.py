@@ -1,0 +1,175 @@
+"""Loss-scaling ops: ``unscale_`` (fused unscale + inf/NaN check, optionally
+with the gradient L2 norms from the same pass), its read-only twin
+``grad_norm``, and ``update_scale_`` (dynamic loss-scale update on the
+device): the public functions over ``torch.ops.mixprec`` and their fake
+kernels. ``GradScaler`` (``amp.py``) is built on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ._library import FLOAT_DTYPES as _FLOAT
+
+__all__ = ["unscale_", "grad_norm", "update_scale_"]
+
+
+# ---- fake kernels ------------------------------------------------------------
+
+
+def _check_unscale(op, grads, found_inf, inv_scale):
+    """The device and dtype checks of the real kernels, so a traced or
+    meta-dispatched call fails the same way an eager one does."""
+    for name, t in (("found_inf", found_inf), ("inv_scale", inv_scale)):
+        torch._check(t.dtype == torch.float32, lambda: f"mixprec::{op}: {name} must be float32, got {t.dtype}")
+        torch._check(t.numel() == 1, lambda: f"mixprec::{op}: {name} must have exactly one element")
+        torch._check(
+            t.device == found_inf.device,
+            lambda: f"mixprec::{op}: {name} is on {t.device} but must be on {found_inf.device}",
+        )
+    torch._check(len(grads) > 0, lambda: f"mixprec::{op}: grads must be a non-empty list of tensors")
+    for i, g in enumerate(grads):
+        torch._check(
+            g.dtype in _FLOAT,
+            lambda: f"mixprec::{op}: grads[{i}] must be float32, float16 or bfloat16, got {g.dtype}",
+        )
+        torch._check(
+            g.device == found_inf.device,
+            lambda: f"mixprec::{op}: grads[{i}] is on {g.device} but found_inf is on {found_inf.device}",
+        )
+
+
+@torch.library.register_fake("mixprec::unscale_")
+def _unscale_fake(grads, found_inf, inv_scale):
+    _check_unscale("unscale_", grads, found_inf, inv_scale)
+    return None
+
+
+def _norm_outputs(op, grads, found_inf, inv_scale):
+    _check_unscale(op, grads, found_inf, inv_scale)
+    per_tensor = found_inf.new_empty((len(grads),), dtype=torch.float32)
+    total = found_inf.new_empty((), dtype=torch.float32)
+    return per_tensor, total
+
+
+@torch.library.register_fake("mixprec::unscale_norm_")
+def _unscale_norm_fake(grads, found_inf, inv_scale):
+    return _norm_outputs("unscale_norm_", grads, found_inf, inv_scale)
+
+
+@torch.library.register_fake("mixprec::grad_norm")
+def _grad_norm_fake(grads, found_inf, inv_scale):
+    return _norm_outputs("grad_norm", grads, found_inf, inv_scale)
+
+
+@torch.library.register_fake("mixprec::update_scale_")
+def _update_scale_fake(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval):
+    return None
+
+
+@torch.library.register_fake("mixprec::update_scale_ex_")
+def _update_scale_ex_fake(
+    scale,
+    growth_tracker,
+    hysteresis_tracker,
+    skipped_steps,
+    found_inf,
+    growth_factor,
+    backoff_factor,
+    growth_interval,
+    hysteresis,
+    min_scale,
+    max_scale,
+):
+    return None
+
+
+# ---- public functions ----------------------------------------------------------
+
+
+def unscale_(
+    grads: Sequence[torch.Tensor],
+    found_inf: torch.Tensor,
+    inv_scale: torch.Tensor,
+    *,
+    return_norm: bool = False,
+):
+    """Multiplies every tensor of ``grads`` by ``inv_scale`` in place (FP32
+    math, rounded back to each tensor's dtype) and sets ``found_inf`` to 1 if
+    any element was inf or NaN, like
+    ``torch._amp_foreach_non_finite_check_and_unscale_``, for float32, float16
+    and bfloat16 tensors (mixed dtypes allowed in one list).
+
+    With ``return_norm=True`` also returns ``(per_tensor_norms, total_norm)``
+    of the unscaled gradients from the same pass: the L2 norm of each tensor
+    (float32, shape ``[len(grads)]``) and of all of them (float32, 0-dim, what
+    ``torch.nn.utils.clip_grad_norm_`` computes), ready for clipping.
+    """
+    grads = list(grads)
+    if not return_norm:
+        torch.ops.mixprec.unscale_(grads, found_inf, inv_scale)
+        return None
+    return torch.ops.mixprec.unscale_norm_(grads, found_inf, inv_scale)
+
+
+def grad_norm(
+    grads: Sequence[torch.Tensor],
+    found_inf: torch.Tensor,
+    inv_scale: torch.Tensor,
+):
+    """The read-only twin of ``unscale_(..., return_norm=True)``: returns
+    ``(per_tensor_norms, total_norm)`` of the gradients times ``inv_scale``
+    (equal bit for bit to what ``unscale_`` would return) and sets
+    ``found_inf`` on inf/NaN, but leaves the gradients as they are. Used to
+    fold unscaling and clipping into the optimizer step
+    (``GradScaler.clip_grad_norm_(..., fold=True)``)."""
+    return torch.ops.mixprec.grad_norm(list(grads), found_inf, inv_scale)
+
+
+def update_scale_(
+    scale: torch.Tensor,
+    growth_tracker: torch.Tensor,
+    found_inf: torch.Tensor,
+    growth_factor: float = 2.0,
+    backoff_factor: float = 0.5,
+    growth_interval: int = 2000,
+    *,
+    hysteresis_tracker: torch.Tensor | None = None,
+    skipped_steps: torch.Tensor | None = None,
+    hysteresis: int = 1,
+    min_scale: float = 0.0,
+    max_scale: float = float("inf"),
+) -> None:
+    """Dynamic loss-scale update in place, on the scale's device, without a
+    host sync. With the defaults it is ``torch._amp_update_scale_``. Extras:
+    ``hysteresis`` (back off only after that many overflowing steps in a row;
+    needs an int32 ``hysteresis_tracker`` initialised to ``hysteresis``),
+    ``min_scale`` / ``max_scale`` bounds, and an int64 ``skipped_steps``
+    counter incremented on every overflowing step."""
+    if hysteresis_tracker is None and skipped_steps is None and hysteresis == 1 \
+            and min_scale == 0.0 and max_scale == float("inf"):
+        torch.ops.mixprec.update_scale_(
+            scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval
+        )
+        return
+    if hysteresis_tracker is None:
+        if hysteresis != 1:
+            raise RuntimeError("mixprec.ops.update_scale_: hysteresis > 1 needs a hysteresis_tracker")
+        hysteresis_tracker = torch.ones((), dtype=torch.int32, device=scale.device)
+    if skipped_steps is None:
+        skipped_steps = torch.zeros((), dtype=torch.int64, device=scale.device)
+    torch.ops.mixprec.update_scale_ex_(
+        scale,
+        growth_tracker,
+        hysteresis_tracker,
+        skipped_steps,
+        found_inf,
+        growth_factor,
+        backoff_factor,
+        growth_interval,
+        hysteresis,
+        min_scale,
+        max_scale,
+    )

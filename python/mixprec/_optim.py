@@ -1,0 +1,45 @@
+"""Fake kernels of the fused optimizer ops ``torch.ops.mixprec.adamw_step_`` /
+``sgd_step_``: the checks the real kernels make on list lengths, dtypes,
+devices and shapes, so a traced call fails the way an eager one does. The
+optimizer classes over these ops are in ``optim.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._library import FLOAT_DTYPES as _FLOAT
+
+
+def _check_opt(op, params, grads, masters, steps, states):
+    n = len(params)
+    torch._check(n > 0, lambda: f"mixprec::{op}: params must be a non-empty list of tensors")
+    for name, lst in (("grads", grads), ("masters", masters), ("steps", steps)):
+        torch._check(len(lst) == n, lambda: f"mixprec::{op}: {name} has {len(lst)} tensors but params has {n}")
+    for name, lst in states:
+        torch._check(len(lst) in (0, n), lambda: f"mixprec::{op}: {name} has {len(lst)} tensors but params has {n}")
+    dev = params[0].device
+    for i, p in enumerate(params):
+        torch._check(p.dtype in _FLOAT, lambda: f"mixprec::{op}: params[{i}] must be float32, float16 or bfloat16")
+        torch._check(p.device == dev, lambda: f"mixprec::{op}: params[{i}] is on {p.device} but params[0] is on {dev}")
+        torch._check(grads[i].shape == p.shape, lambda: f"mixprec::{op}: grads[{i}] must have the shape of params[{i}]")
+        torch._check(
+            p.dtype != torch.float16 or masters[i].numel() > 0 or p.numel() == 0,
+            lambda: f"mixprec::{op}: masters[{i}] is empty but params[{i}] is float16: only bfloat16 params "
+            "can go without an FP32 master (stochastic rounding)",
+        )
+
+
+@torch.library.register_fake("mixprec::adamw_step_")
+def _adamw_step_fake(params, grads, masters, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2,
+                     weight_decay, eps, amsgrad, maximize, lr_tensor, grad_scale, found_inf, sr_seed=0):
+    _check_opt("adamw_step_", params, grads, masters, steps,
+               (("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs), ("max_exp_avg_sqs", max_exp_avg_sqs)))
+    return None
+
+
+@torch.library.register_fake("mixprec::sgd_step_")
+def _sgd_step_fake(params, grads, masters, momentum_buffers, steps, lr, momentum, dampening, weight_decay,
+                   nesterov, maximize, lr_tensor, grad_scale, found_inf, sr_seed=0):
+    _check_opt("sgd_step_", params, grads, masters, steps, (("momentum_buffers", momentum_buffers),))
+    return None
