@@ -189,6 +189,7 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
         return self._mixprec_versions
 
     @staticmethod
+    @torch.no_grad()
     def _follow_param(p: torch.Tensor, master: torch.Tensor) -> None:
         torch.where(master.to(p.dtype) == p, master, p.float(), out=master)
 
