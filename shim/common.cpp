@@ -123,7 +123,7 @@ static void check_scalar(const char* op, const char* arg, const Tensor& t,
                   describe(where(t)), " but scale is on ", describe(dev));
 }
 
-ScaleUpdateArgs scale_update_args(const char* op, const Tensor& scale,
+UpdateScaleArgs update_scale_args(const char* op, const Tensor& scale,
                                   const Tensor& growth_tracker,
                                   const Tensor* hysteresis_tracker,
                                   const Tensor* skipped_steps,
@@ -131,7 +131,7 @@ ScaleUpdateArgs scale_update_args(const char* op, const Tensor& scale,
                                   double backoff_factor, int64_t growth_interval,
                                   int64_t hysteresis, double min_scale,
                                   double max_scale) {
-  ScaleUpdateArgs a;
+  UpdateScaleArgs a;
   a.device = where(scale);
   check_scalar(op, "scale", scale, ScalarType::Float, a.device);
   check_scalar(op, "growth_tracker", growth_tracker, ScalarType::Int, a.device);

@@ -54,19 +54,19 @@ struct UnscaleArgs {
 UnscaleArgs unscale_args(const char* op, const std::vector<Tensor>& grads,
                          const Tensor& found_inf, const Tensor& inv_scale);
 
-struct ScaleUpdateArgs {
+struct UpdateScaleArgs {
   float* scale;
   int32_t* growth_tracker;
   int32_t* hysteresis_tracker;  // may be null
   int64_t* skipped_steps;       // may be null
   const float* found_inf;
-  mixprec_scale_update_params params;
+  mixprec_update_scale_params params;
   Where device;
 };
 
 // Validates the arguments of mixprec::update_scale_ / update_scale_ex_;
 // hysteresis_tracker / skipped_steps are null tensors for update_scale_.
-ScaleUpdateArgs scale_update_args(const char* op, const Tensor& scale,
+UpdateScaleArgs update_scale_args(const char* op, const Tensor& scale,
                                   const Tensor& growth_tracker,
                                   const Tensor* hysteresis_tracker,
                                   const Tensor* skipped_steps,
@@ -99,21 +99,21 @@ OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
 
 // The two update ops, for a backend whose runner enqueues the C call:
 // update_scale_ is update_scale_ex_ without hysteresis, bounds or counter.
-template <void (*Run)(const char* op, const ScaleUpdateArgs&)>
+template <void (*Run)(const char* op, const UpdateScaleArgs&)>
 void update_scale_op(Tensor scale, Tensor growth_tracker, Tensor found_inf,
                      double growth_factor, double backoff_factor, int64_t growth_interval) {
   Run("update_scale_",
-      scale_update_args("update_scale_", scale, growth_tracker, nullptr, nullptr, found_inf,
+      update_scale_args("update_scale_", scale, growth_tracker, nullptr, nullptr, found_inf,
                         growth_factor, backoff_factor, growth_interval, 1, 0.0, INFINITY));
 }
 
-template <void (*Run)(const char* op, const ScaleUpdateArgs&)>
+template <void (*Run)(const char* op, const UpdateScaleArgs&)>
 void update_scale_ex_op(Tensor scale, Tensor growth_tracker, Tensor hysteresis_tracker,
                         Tensor skipped_steps, Tensor found_inf, double growth_factor,
                         double backoff_factor, int64_t growth_interval, int64_t hysteresis,
                         double min_scale, double max_scale) {
   Run("update_scale_ex_",
-      scale_update_args("update_scale_ex_", scale, growth_tracker, &hysteresis_tracker,
+      update_scale_args("update_scale_ex_", scale, growth_tracker, &hysteresis_tracker,
                         &skipped_steps, found_inf, growth_factor, backoff_factor,
                         growth_interval, hysteresis, min_scale, max_scale));
 }

@@ -44,7 +44,7 @@ std::tuple<Tensor, Tensor> grad_norm_cpu(std::vector<Tensor> grads, Tensor found
   return norm_cpu<mixprec_grad_norm>("grad_norm", grads, found_inf, inv_scale);
 }
 
-void run_update_cpu(const char* op, const ScaleUpdateArgs& a) {
+void run_update_cpu(const char* op, const UpdateScaleArgs& a) {
   check_status(mixprec_update_scale(a.scale, a.growth_tracker, a.hysteresis_tracker,
                                     a.skipped_steps, a.found_inf, &a.params),
                op);

@@ -58,7 +58,7 @@ std::tuple<Tensor, Tensor> grad_norm_cuda(std::vector<Tensor> grads, Tensor foun
   return norm_cuda<mixprec_cuda_grad_norm>("grad_norm", grads, found_inf, inv_scale);
 }
 
-void run_update_cuda(const char* op, const ScaleUpdateArgs& a) {
+void run_update_cuda(const char* op, const UpdateScaleArgs& a) {
   check_cuda_device(op, a.device);
   torch::stable::accelerator::DeviceGuard guard(a.device.index);
   check_status(mixprec_cuda_update_scale(a.scale, a.growth_tracker, a.hysteresis_tracker,

@@ -677,7 +677,7 @@ class CudaUpdateScale : public ::testing::Test {
 
   /* Steps CPU and GPU through the same found_inf values, comparing the
    * whole state after every step. */
-  void RunSequence(const mixprec_scale_update_params &p, ScaleState init,
+  void RunSequence(const mixprec_update_scale_params &p, ScaleState init,
                    const std::vector<float> &found, bool with_hysteresis, bool with_skipped) {
     ScaleState cpu = init;
     ScaleState *d = (ScaleState *)dev_;
@@ -713,7 +713,7 @@ class CudaUpdateScale : public ::testing::Test {
 };
 
 TEST_F(CudaUpdateScale, TorchDefaultsMatchCpu) {
-  mixprec_scale_update_params p = mixprec_scale_update_params_default();
+  mixprec_update_scale_params p = mixprec_update_scale_params_default();
   p.growth_interval = 3;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const std::vector<float> found = {0, 0, 0, 0, 0, 1, 0, 0, nan, 0, 0, 0, 0, 0, 0,
@@ -723,7 +723,7 @@ TEST_F(CudaUpdateScale, TorchDefaultsMatchCpu) {
 }
 
 TEST_F(CudaUpdateScale, HysteresisAndBoundsMatchCpu) {
-  mixprec_scale_update_params p = mixprec_scale_update_params_default();
+  mixprec_update_scale_params p = mixprec_update_scale_params_default();
   p.growth_factor = 4.0f;
   p.backoff_factor = 0.25f;
   p.growth_interval = 2;
@@ -745,7 +745,7 @@ TEST_F(CudaUpdateScale, HysteresisAndBoundsMatchCpu) {
 }
 
 TEST_F(CudaUpdateScale, GrowthThatOverflowsKeepsTheScale) {
-  mixprec_scale_update_params p = mixprec_scale_update_params_default();
+  mixprec_update_scale_params p = mixprec_update_scale_params_default();
   p.growth_interval = 1;
   RunSequence(p, {3.0e38f, 0, 1, 0}, {0, 0, 1, 0, 0}, false, true);
   RunSequence(p, {INFINITY, 0, 1, 0}, {0, 1, 0}, false, true);
@@ -759,8 +759,8 @@ TEST_F(CudaUpdateScale, BadArgumentsWriteNothing) {
   ASSERT_EQ(cudaSuccess, cudaMemcpy(d, &init, sizeof init, cudaMemcpyHostToDevice));
   ASSERT_EQ(cudaSuccess, cudaMemcpy(d_found, &one, sizeof one, cudaMemcpyHostToDevice));
   ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
-  const mixprec_scale_update_params good = mixprec_scale_update_params_default();
-  auto call = [&](const mixprec_scale_update_params *p, bool hyst) {
+  const mixprec_update_scale_params good = mixprec_update_scale_params_default();
+  auto call = [&](const mixprec_update_scale_params *p, bool hyst) {
     return mixprec_cuda_update_scale(&d->scale, &d->growth, hyst ? &d->hysteresis : nullptr,
                                      &d->skipped, d_found, p, stream_);
   };
@@ -771,7 +771,7 @@ TEST_F(CudaUpdateScale, BadArgumentsWriteNothing) {
   EXPECT_EQ(MIXPREC_ERR_NULL_POINTER,
             mixprec_cuda_update_scale(&d->scale, &d->growth, nullptr, nullptr, nullptr, &good,
                                       stream_));
-  mixprec_scale_update_params p = good;
+  mixprec_update_scale_params p = good;
   p.hysteresis = 2;
   EXPECT_EQ(MIXPREC_ERR_NULL_POINTER, call(&p, false));
   const float bad_factors[] = {0.0f, -1.0f, INFINITY, std::numeric_limits<float>::quiet_NaN()};

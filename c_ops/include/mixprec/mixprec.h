@@ -216,7 +216,7 @@ MIXPREC_API mixprec_status mixprec_grad_norm(const mixprec_tensor *tensors,
 /* Parameters of the dynamic loss-scale update. With hysteresis = 1,
  * min_scale = 0 and max_scale = inf it is exactly torch's
  * _amp_update_scale_. */
-typedef struct mixprec_scale_update_params {
+typedef struct mixprec_update_scale_params {
   /* Factors are double because torch multiplies the float scale by a double
    * factor and rounds the product to float; doing the same keeps factors such
    * as 0.9 bit-compatible. */
@@ -227,12 +227,17 @@ typedef struct mixprec_scale_update_params {
                               steps without a clean step between them */
   float min_scale;         /* backoff never goes below this (0: no bound) */
   float max_scale;         /* growth never goes above this (inf: no bound) */
-} mixprec_scale_update_params;
+} mixprec_update_scale_params;
 
-/*! mixprec_scale_update_params_default() :
+/*! mixprec_update_scale_params_default() :
  *  @return : torch's defaults: growth 2.0, backoff 0.5, interval 2000,
  *            hysteresis 1, min_scale 0, max_scale inf. */
-MIXPREC_API mixprec_scale_update_params mixprec_scale_update_params_default(void);
+MIXPREC_API mixprec_update_scale_params mixprec_update_scale_params_default(void);
+
+/* The names of the two above in mixprec 0.1.0 (mixprec_scale_update_*), kept
+ * so that code and binaries written against it still build and link. */
+typedef mixprec_update_scale_params mixprec_scale_update_params;
+MIXPREC_API mixprec_update_scale_params mixprec_scale_update_params_default(void);
 
 /*! mixprec_update_scale() :
  *  One dynamic loss-scale update, in place, from the step's found_inf (any
@@ -251,7 +256,7 @@ MIXPREC_API mixprec_scale_update_params mixprec_scale_update_params_default(void
 MIXPREC_API mixprec_status mixprec_update_scale(
     float *scale, int32_t *growth_tracker, int32_t *hysteresis_tracker,
     int64_t *skipped_steps, const float *found_inf,
-    const mixprec_scale_update_params *params);
+    const mixprec_update_scale_params *params);
 
 /* ------------------------------------------------------------------------ */
 /* CUDA entry points (defined in libmixprec_cuda only)                       */
@@ -305,7 +310,7 @@ MIXPREC_API mixprec_status mixprec_cuda_grad_norm(const mixprec_tensor *tensors,
 MIXPREC_API mixprec_status mixprec_cuda_update_scale(
     float *scale, int32_t *growth_tracker, int32_t *hysteresis_tracker,
     int64_t *skipped_steps, const float *found_inf,
-    const mixprec_scale_update_params *params, void *stream);
+    const mixprec_update_scale_params *params, void *stream);
 
 /* ------------------------------------------------------------------------ */
 /* Optimizers                                                                */

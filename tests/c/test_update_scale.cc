@@ -49,7 +49,7 @@ struct State {
   int32_t hyst;
   int64_t skipped;
 };
-void contract_update(State &s, float found_inf, const mixprec_scale_update_params &p) {
+void contract_update(State &s, float found_inf, const mixprec_update_scale_params &p) {
   const bool overflow = found_inf != 0.0f || std::isnan(found_inf);
   if (overflow) {
     s.growth = 0;
@@ -80,16 +80,16 @@ float draw_found_inf(std::mt19937 &rng, double p_overflow) {
   return good[rng() % 4];
 }
 
-mixprec_scale_update_params torch_params(double growth, double backoff, int64_t interval) {
-  mixprec_scale_update_params p = mixprec_scale_update_params_default();
+mixprec_update_scale_params torch_params(double growth, double backoff, int64_t interval) {
+  mixprec_update_scale_params p = mixprec_update_scale_params_default();
   p.growth_factor = growth;
   p.backoff_factor = backoff;
   p.growth_interval = interval;
   return p;
 }
 
-TEST(ScaleUpdate, DefaultParamsAreTorchs) {
-  const mixprec_scale_update_params p = mixprec_scale_update_params_default();
+TEST(UpdateScale, DefaultParamsAreTorchs) {
+  const mixprec_update_scale_params p = mixprec_update_scale_params_default();
   EXPECT_EQ(p.growth_factor, 2.0);
   EXPECT_EQ(p.backoff_factor, 0.5);
   EXPECT_EQ(p.growth_interval, 2000);
@@ -110,14 +110,14 @@ struct TorchCase {
   bool expect_underflow;       // the trajectory must back off into subnormals and zero
 };
 
-class ScaleUpdateTorchParity : public ::testing::TestWithParam<TorchCase> {};
+class UpdateScaleTorchParity : public ::testing::TestWithParam<TorchCase> {};
 
 // A long random trajectory through mixprec_update_scale equals torch's rule
 // bit for bit at every step, in all pointer variants the contract allows
 // with hysteresis 1: hysteresis_tracker NULL or not, skipped_steps NULL or not.
-TEST_P(ScaleUpdateTorchParity, RandomTrajectoryBitExact) {
+TEST_P(UpdateScaleTorchParity, RandomTrajectoryBitExact) {
   const TorchCase &c = GetParam();
-  const mixprec_scale_update_params p = torch_params(c.growth, c.backoff, c.interval);
+  const mixprec_update_scale_params p = torch_params(c.growth, c.backoff, c.interval);
   for (int variant = 0; variant < 3; variant++) {
     std::mt19937 rng(mpt::kSeed + 100 + uint32_t(c.interval) + uint32_t(c.p_overflow * 1000));
     float ref_scale = c.init_scale, scale = c.init_scale;
@@ -157,7 +157,7 @@ TEST_P(ScaleUpdateTorchParity, RandomTrajectoryBitExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Factors, ScaleUpdateTorchParity,
+    Factors, UpdateScaleTorchParity,
     ::testing::Values(
         // torch defaults, growing every 2000 clean steps.
         TorchCase{"default", 2.0, 0.5, 2000, 0.0004, 65536.0f, false, false},
@@ -174,7 +174,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Growth whose float product is not finite keeps the scale (and still resets
 // the growth tracker); one that rounds down to FLT_MAX is taken.
-TEST(ScaleUpdate, GrowthThatWouldOverflowKeepsScale) {
+TEST(UpdateScale, GrowthThatWouldOverflowKeepsScale) {
   const float zero = 0.0f;
   struct Case { float scale; double growth; float want; };
   const Case cases[] = {
@@ -185,7 +185,7 @@ TEST(ScaleUpdate, GrowthThatWouldOverflowKeepsScale) {
       {FLT_MAX, 1.0000000001, FLT_MAX}, // double product above FLT_MAX rounds to it
   };
   for (const Case &c : cases) {
-    const mixprec_scale_update_params p = torch_params(c.growth, 0.5, 1);
+    const mixprec_update_scale_params p = torch_params(c.growth, 0.5, 1);
     float scale = c.scale;
     int32_t growth = 0;
     ASSERT_EQ(mixprec_update_scale(&scale, &growth, nullptr, nullptr, &zero, &p), MIXPREC_OK);
@@ -195,8 +195,8 @@ TEST(ScaleUpdate, GrowthThatWouldOverflowKeepsScale) {
 }
 
 // Any nonzero found_inf is an overflow (NaN too), +0 and -0 are clean.
-TEST(ScaleUpdate, WhatCountsAsOverflow) {
-  const mixprec_scale_update_params p = torch_params(2.0, 0.5, 100);
+TEST(UpdateScale, WhatCountsAsOverflow) {
+  const mixprec_update_scale_params p = torch_params(2.0, 0.5, 100);
   for (float fi : {1.0f, 2.0f, -1.0f, kNaN, -kNaN, kInf, -kInf, std::ldexp(1.0f, -149)}) {
     float scale = 64.0f;
     int32_t growth = 7;
@@ -222,8 +222,8 @@ TEST(ScaleUpdate, WhatCountsAsOverflow) {
 // Hysteresis 3: the scale backs off only on the 3rd overflow with no clean
 // step between; a clean step re-arms the tracker; once exhausted every
 // further overflow backs off.
-TEST(ScaleUpdate, HysteresisThree) {
-  mixprec_scale_update_params p = torch_params(2.0, 0.5, 1000);
+TEST(UpdateScale, HysteresisThree) {
+  mixprec_update_scale_params p = torch_params(2.0, 0.5, 1000);
   p.hysteresis = 3;
   float scale = 1024.0f;
   int32_t growth = 0, hyst = 3;
@@ -252,8 +252,8 @@ TEST(ScaleUpdate, HysteresisThree) {
 // min_scale bounds backoff (max(scale*backoff, min)), max_scale bounds
 // growth (min(scale*growth, max)); both are applied only when that branch
 // fires.
-TEST(ScaleUpdate, MinAndMaxClamp) {
-  mixprec_scale_update_params p = torch_params(2.0, 0.5, 1);
+TEST(UpdateScale, MinAndMaxClamp) {
+  mixprec_update_scale_params p = torch_params(2.0, 0.5, 1);
   p.min_scale = 1.0f;
   p.max_scale = 100.0f;
   const float bad = 1.0f, good = 0.0f;
@@ -297,13 +297,13 @@ struct ContractCase {
   double p_overflow;
 };
 
-class ScaleUpdateContract : public ::testing::TestWithParam<ContractCase> {};
+class UpdateScaleContract : public ::testing::TestWithParam<ContractCase> {};
 
 // Random trajectories with hysteresis and bounds equal the header's rule
 // step by step: scale bits, both trackers and skipped_steps.
-TEST_P(ScaleUpdateContract, RandomTrajectoryMatchesRule) {
+TEST_P(UpdateScaleContract, RandomTrajectoryMatchesRule) {
   const ContractCase &c = GetParam();
-  mixprec_scale_update_params p = mixprec_scale_update_params_default();
+  mixprec_update_scale_params p = mixprec_update_scale_params_default();
   p.hysteresis = c.hysteresis;
   p.min_scale = c.min_scale;
   p.max_scale = c.max_scale;
@@ -332,7 +332,7 @@ TEST_P(ScaleUpdateContract, RandomTrajectoryMatchesRule) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    HysteresisAndBounds, ScaleUpdateContract,
+    HysteresisAndBounds, UpdateScaleContract,
     ::testing::Values(
         ContractCase{"h1_unbounded", 1, 0.0f, kInf, 2.0, 0.5, 3, 0.2},
         ContractCase{"h2_unbounded", 2, 0.0f, kInf, 2.0, 0.5, 3, 0.3},
@@ -346,8 +346,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Each invalid argument returns its documented status and writes nothing:
 // scale, both trackers and skipped_steps are poisoned and compared.
-TEST(ScaleUpdate, InvalidArgumentsWriteNothing) {
-  using Mut = std::function<void(mixprec_scale_update_params &)>;
+TEST(UpdateScale, InvalidArgumentsWriteNothing) {
+  using Mut = std::function<void(mixprec_update_scale_params &)>;
   struct Case { const char *name; Mut mut; };
   const double dnan = std::numeric_limits<double>::quiet_NaN();
   const double dinf = std::numeric_limits<double>::infinity();
@@ -374,7 +374,7 @@ TEST(ScaleUpdate, InvalidArgumentsWriteNothing) {
   for (int fi_kind = 0; fi_kind < 2; fi_kind++) {  // both branches of the rule
     const float fi = fi_kind ? 1.0f : 0.0f;
     for (const Case &c : bad_params) {
-      mixprec_scale_update_params p = torch_params(2.0, 0.5, 1);
+      mixprec_update_scale_params p = torch_params(2.0, 0.5, 1);
       p.hysteresis = 2;
       c.mut(p);
       float scale = 3.0f;
@@ -390,8 +390,8 @@ TEST(ScaleUpdate, InvalidArgumentsWriteNothing) {
   }
 
   // NULL pointers.
-  const mixprec_scale_update_params p1 = torch_params(2.0, 0.5, 1);
-  mixprec_scale_update_params p3 = p1;
+  const mixprec_update_scale_params p1 = torch_params(2.0, 0.5, 1);
+  mixprec_update_scale_params p3 = p1;
   p3.hysteresis = 3;
   const float one = 1.0f;
   float scale = 3.0f;
@@ -412,7 +412,7 @@ TEST(ScaleUpdate, InvalidArgumentsWriteNothing) {
 // Unusual but valid parameters are accepted (the contract only rejects
 // non-finite or non-positive factors): growth < 1, backoff > 1, a large
 // finite factor, min == max, min 0 with max 0.
-TEST(ScaleUpdate, UnusualValidParamsAccepted) {
+TEST(UpdateScale, UnusualValidParamsAccepted) {
   const float good = 0.0f, bad = 1.0f;
   struct Case { double growth, backoff; float min_s, max_s; const float *fi; float want; };
   const Case cases[] = {
@@ -423,7 +423,7 @@ TEST(ScaleUpdate, UnusualValidParamsAccepted) {
       {2.0, 0.5, 0.0f, 0.0f, &good, 0.0f},
   };
   for (const Case &c : cases) {
-    mixprec_scale_update_params p = torch_params(c.growth, c.backoff, 1);
+    mixprec_update_scale_params p = torch_params(c.growth, c.backoff, 1);
     p.min_scale = c.min_s;
     p.max_scale = c.max_s;
     float scale = 4.0f;

@@ -1,7 +1,7 @@
 /* The loss-scale update rule, shared verbatim by the CPU entry point and the
  * CUDA kernel (compiled as host+device code there). */
-#ifndef MIXPREC_SCALE_UPDATE_H
-#define MIXPREC_SCALE_UPDATE_H
+#ifndef MIXPREC_UPDATE_SCALE_H
+#define MIXPREC_UPDATE_SCALE_H
 
 #include <stdint.h>
 
@@ -9,10 +9,10 @@
 #include "mixprec/mixprec.h"
 
 /* Host-side argument check, the same for both backends. */
-MIXPREC__HD mixprec_status mixprec__check_scale_update(
+MIXPREC__HD mixprec_status mixprec__check_update_scale(
     const float *scale, const int32_t *growth_tracker,
     const int32_t *hysteresis_tracker, const float *found_inf,
-    const mixprec_scale_update_params *p) {
+    const mixprec_update_scale_params *p) {
   if (!scale || !growth_tracker || !found_inf || !p) return MIXPREC_ERR_NULL_POINTER;
   if (p->hysteresis < 1 || p->growth_interval < 1 || p->growth_interval > INT32_MAX)
     return MIXPREC_ERR_BAD_ARGUMENT;
@@ -35,7 +35,7 @@ MIXPREC__HD int mixprec__is_finite_f(float f) {
 /* One update; see mixprec_update_scale() in mixprec.h. With hysteresis 1,
  * min 0 and max inf this is exactly torch's _amp_update_scale_ (same double
  * products rounded to float). */
-MIXPREC__HD void mixprec__scale_update_step(
+MIXPREC__HD void mixprec__update_scale_step(
     float *scale, int32_t *growth_tracker, int32_t *hysteresis_tracker,
     int64_t *skipped_steps, float found_inf, double growth_factor,
     double backoff_factor, int64_t growth_interval, int64_t hysteresis,
@@ -68,4 +68,4 @@ MIXPREC__HD void mixprec__scale_update_step(
   }
 }
 
-#endif /* MIXPREC_SCALE_UPDATE_H */
+#endif /* MIXPREC_UPDATE_SCALE_H */
