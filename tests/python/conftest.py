@@ -12,6 +12,9 @@ except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
     import mixprec  # noqa: F401
 
+from _reference import cpu_lib
+from _reference import requires_cuda  # noqa: F401  (its home is _reference; kept importable from here)
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA device and libmixprec_cuda.so")
@@ -24,7 +27,14 @@ def gen(request):
     return torch.Generator().manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
-requires_cuda = pytest.mark.skipif(
-    not (torch.cuda.is_available() and mixprec.cuda_ops_loaded()),
-    reason="needs a CUDA device and libmixprec_cuda.so",
-)
+@pytest.fixture(params=["scalar", "avx2"])
+def isa(request):
+    """Runs the test once on each CPU path of libmixprec.so (skipped where the
+    CPU lacks it), then puts the library back on its own choice."""
+    lib = cpu_lib()
+    code = {"scalar": 1, "avx2": 2}[request.param]
+    if not lib.mixprec_cpu_isa_supported(code):
+        pytest.skip(f"this CPU has no {request.param} path")
+    assert lib.mixprec_set_cpu_isa(code) == 0
+    yield request.param
+    lib.mixprec_set_cpu_isa(0)

@@ -4,29 +4,13 @@ paths; weight / ignore_index / label_smoothing / reductions, special rows,
 all-ignored batches, one class, odd class counts; peak memory against the
 upcast path; autocast; opcheck; bad inputs."""
 
-import ctypes
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import mixprec
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-EPS = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
-TINY = {torch.float32: 1e-30, torch.float16: 2.0**-24, torch.bfloat16: 1e-38}
-
-
-@pytest.fixture(params=["scalar", "avx2"])
-def isa(request):
-    lib = ctypes.CDLL(mixprec.library_path())
-    code = {"scalar": 1, "avx2": 2}[request.param]
-    if not lib.mixprec_cpu_isa_supported(code):
-        pytest.skip(f"this CPU has no {request.param} path")
-    assert lib.mixprec_set_cpu_isa(code) == 0
-    yield request.param
-    lib.mixprec_set_cpu_isa(0)
-
+from _reference import DTYPES, EPS, TINY, cpu_lib
 
 def make(shape, dtype, gen, ignore_frac=0.2, scale=4.0):
     x = (torch.randn(shape, generator=gen) * scale).to(dtype)
@@ -154,7 +138,7 @@ def test_ignore_index_inside_class_range(isa, gen):
 
 
 def test_threads_do_not_change_results(gen):
-    lib = ctypes.CDLL(mixprec.library_path())
+    lib = cpu_lib()
     x, t = make((4, 21, 40, 41), torch.bfloat16, gen)
     outs = []
     for n in (1, 2):

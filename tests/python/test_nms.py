@@ -13,7 +13,8 @@ from torch.library import opcheck
 import mixprec
 from mixprec.ops import batched_nms, nms, nms_padded
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+from _reference import DTYPES
+
 KINDS = ["random", "clustered", "duplicates", "ties", "degenerate"]
 
 

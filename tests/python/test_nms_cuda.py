@@ -7,12 +7,11 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from conftest import requires_cuda
 from mixprec.ops import batched_nms, nms, nms_padded
 
-pytestmark = [pytest.mark.cuda, requires_cuda]
+from _reference import DTYPES, requires_cuda
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+pytestmark = [pytest.mark.cuda, requires_cuda]
 
 
 def make(n, gen, clustered, dtype=torch.float32, ties=False):

@@ -20,6 +20,8 @@ import torch
 
 import mixprec
 
+from _reference import bits
+
 STEPS = 50
 SIZES = [1, 7, 15, 17, 4097, 100003]
 F32, F16, BF16 = 0, 1, 2
@@ -96,13 +98,9 @@ def _ptr(t):
     return None if t is None else t.data_ptr()
 
 
-def _bits(t):
-    return t.view({torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}[t.dtype])
-
-
 def assert_bitwise(got, want, what):
     assert got.dtype == want.dtype and got.shape == want.shape
-    bad = (_bits(got) != _bits(want)).nonzero().flatten()
+    bad = (bits(got) != bits(want)).nonzero().flatten()
     assert bad.numel() == 0, (
         f"{what}: {bad.numel()}/{got.numel()} elements differ, first at {bad[:5].tolist()}: "
         f"{got[bad[:5]].tolist()} vs torch {want[bad[:5]].tolist()}"

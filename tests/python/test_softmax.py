@@ -3,36 +3,17 @@ the input upcast to FP32 (float64 references), on both CPU paths (scalar and
 AVX2), with special rows (huge logits, all-equal, -inf masks), odd row
 lengths, strided (inner > 1) layouts, autocast, opcheck and bad inputs."""
 
-import ctypes
-
 import pytest
 import torch
 
 import mixprec
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-# Relative spacing of each output dtype (1 ulp at most this times |value|).
-EPS = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
-TINY = {torch.float32: 1e-30, torch.float16: 2.0**-24, torch.bfloat16: 1e-38}
+from _reference import DTYPES, EPS, TINY, cpu_lib
+
 OPS = {
     "softmax": (mixprec.ops.softmax, torch.softmax),
     "log_softmax": (mixprec.ops.log_softmax, torch.log_softmax),
 }
-
-
-def _isa_lib():
-    return ctypes.CDLL(mixprec.library_path())
-
-
-@pytest.fixture(params=["scalar", "avx2"])
-def isa(request):
-    lib = _isa_lib()
-    code = {"scalar": 1, "avx2": 2}[request.param]
-    if not lib.mixprec_cpu_isa_supported(code):
-        pytest.skip(f"this CPU has no {request.param} path")
-    assert lib.mixprec_set_cpu_isa(code) == 0
-    yield request.param
-    lib.mixprec_set_cpu_isa(0)
 
 
 def randn(shape, dtype, gen, scale=4.0):
@@ -215,7 +196,7 @@ def test_threads_do_not_change_results(gen):
     x = randn((64, 4099), torch.bfloat16, gen)
     xs = randn((4, 21, 40, 41), torch.float16, gen)
     prev = torch.get_num_threads()
-    lib = _isa_lib()
+    lib = cpu_lib()
     outs = []
     for n in (1, 2):
         lib.mixprec_set_num_threads(n)

@@ -6,38 +6,9 @@ from torch.library import opcheck
 
 import mixprec
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+from _reference import DTYPES, assert_same, rand_grads, torch_unscale
+
 SIZES = [1, 7, 16, 17, 4097, 65537, 200003]
-
-
-def _bits(t):
-    return t.view({torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}[t.dtype])
-
-
-def assert_same(a, b):
-    """Bitwise equal, except that any NaN equals any NaN (torch's own paths
-    differ in NaN payloads)."""
-    assert a.dtype == b.dtype and a.shape == b.shape
-    nan = torch.isnan(a)
-    assert torch.equal(nan, torch.isnan(b))
-    assert torch.equal(_bits(a)[~nan], _bits(b)[~nan])
-
-
-def rand_grads(gen, dtype, sizes, scale=1000.0):
-    out = []
-    for n in sizes:
-        x = torch.randn(n, generator=gen) * scale
-        # A third of each tensor tiny, to exercise subnormal results.
-        x[: n // 3] *= 1e-9
-        out.append(x.to(dtype))
-    return out
-
-
-def torch_unscale(grads, inv):
-    ref = [g.clone() for g in grads]
-    fi = torch.zeros(1)
-    torch._amp_foreach_non_finite_check_and_unscale_(ref, fi, torch.tensor([inv]))
-    return ref, fi
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

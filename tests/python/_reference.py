@@ -1,0 +1,89 @@
+"""What the Python tests share: the dtypes, their spacings, bitwise and
+tolerance comparisons, random gradients, pure-torch references, the CPU
+library handle and the CUDA skip condition. Shared pytest fixtures (gen, isa)
+are in conftest.py."""
+
+import ctypes
+
+import pytest
+import torch
+
+import mixprec
+
+# ---- dtypes ----------------------------------------------------------------------
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Relative spacing of each dtype (1 ulp at most this times |value|).
+EPS = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+# The smallest magnitudes each dtype resolves (an absolute tolerance floor).
+TINY = {torch.float32: 1e-30, torch.float16: 2.0**-24, torch.bfloat16: 1e-38}
+
+
+# ---- devices ---------------------------------------------------------------------
+
+requires_cuda = pytest.mark.skipif(
+    not (torch.cuda.is_available() and mixprec.cuda_ops_loaded()),
+    reason="needs a CUDA device and libmixprec_cuda.so",
+)
+
+
+def cpu_lib():
+    """libmixprec.so through ctypes: its CPU ISA and thread controls."""
+    return ctypes.CDLL(mixprec.library_path())
+
+
+# ---- comparisons -----------------------------------------------------------------
+
+
+def bits(t):
+    """The tensor's bits, as a same-width integer view."""
+    return t.view({torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}[t.dtype])
+
+
+def assert_same(a, b):
+    """Bitwise equal, except that any NaN equals any NaN (torch's own paths
+    differ in NaN payloads)."""
+    assert a.dtype == b.dtype and a.shape == b.shape
+    nan = torch.isnan(a)
+    assert torch.equal(nan, torch.isnan(b))
+    assert torch.equal(bits(a)[~nan], bits(b)[~nan])
+
+
+def assert_near(out, ref, dtype, rtol=3e-5, atol=1e-6):
+    """out (any device) within rtol + 2 ulps of dtype (+ atol) of ref, with
+    the same NaNs and the same infinities."""
+    ref = ref.double().cpu()
+    out = out.double().cpu()
+    assert torch.equal(torch.isnan(out), torch.isnan(ref))
+    fin = torch.isfinite(ref)
+    assert torch.equal(out[~fin & ~torch.isnan(ref)], ref[~fin & ~torch.isnan(ref)])
+    tol = (rtol + 2 * EPS[dtype]) * ref.abs() + atol
+    err = (out - ref).abs()
+    assert (err[fin] <= tol[fin]).all(), f"max err {err[fin].max().item():.3g}"
+
+
+# ---- data and references ---------------------------------------------------------
+
+
+def rand_grads(gen, dtype, sizes, scale=1000.0):
+    """One 1-D gradient of `dtype` per size, drawn from `gen`."""
+    out = []
+    for n in sizes:
+        x = torch.randn(n, generator=gen) * scale
+        # A third of each tensor tiny, to exercise subnormal results.
+        x[: n // 3] *= 1e-9
+        out.append(x.to(dtype))
+    return out
+
+
+def torch_unscale(grads, inv):
+    """torch's own unscale (CPU) on copies of grads: (unscaled, found_inf)."""
+    ref = [g.clone() for g in grads]
+    fi = torch.zeros(1)
+    torch._amp_foreach_non_finite_check_and_unscale_(ref, fi, torch.tensor([inv]))
+    return ref, fi
+
+
+def norm64(tensors):
+    """The 2-norm of all the tensors together, in float64."""
+    return torch.sqrt(sum(t.double().square().sum() for t in tensors))
