@@ -27,7 +27,6 @@ from collections import defaultdict
 from typing import Any
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ._library import FLOAT_DTYPES as _PARAM_DTYPES
 
@@ -183,9 +182,14 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
     # counter (torch's documented meaning of .data): call
     # :meth:`sync_master_weights` after those.
 
-    def _versions(self) -> WeakIdKeyDictionary:
+    def _versions(self) -> dict[int, int]:
+        """id(param) -> its version counter after this optimizer's last
+        write. Plain ids (a weak-keyed map cost ~3 us per param and step):
+        a param in the optimizer is alive (param_groups holds it), so its id
+        is its own; a stale id can only make a master follow a param it
+        already equals."""
         if "_mixprec_versions" not in self.__dict__:
-            self._mixprec_versions = WeakIdKeyDictionary()
+            self._mixprec_versions: dict[int, int] = {}
         return self._mixprec_versions
 
     @staticmethod
@@ -204,21 +208,19 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
                 st = self.state.get(p)
                 if st and "master" in st:
                     self._follow_param(p, st["master"])
-                    versions[p] = p._version
+                    versions[id(p)] = p._version
 
     def _follow_outside_writes(self, params: list[torch.Tensor], states: list[dict[str, Any]]) -> None:
         versions = self._versions()
         for p, st in zip(params, states):
-            if "master" not in st:
-                continue
-            seen = versions.get(p)
-            if seen is not None and seen != p._version:
+            v = p._version
+            if versions.get(id(p), v) != v and "master" in st:
                 self._follow_param(p, st["master"])
 
     def _record_versions(self, params: list[torch.Tensor]) -> None:
         versions = self._versions()
         for p in params:
-            versions[p] = p._version
+            versions[id(p)] = p._version
 
     # Eager under torch.compile: the step is one fused op per device already,
     # and its bookkeeping (lazy state, the params' version counters) is
