@@ -195,7 +195,7 @@ static int64_t mixprec__opt_pack(const mixprec_opt_tensor *list, int64_t first, 
     a->p32[i] = half ? t->master : (float *)t->param; /* NULL when sr */
     a->half[i] = half ? t->param : NULL;
     a->grad[i] = t->grad;
-    a->s0[i] = use_s0 ? t->exp_avg : NULL;
+    a->s0[i] = use_s0 ? t->exp_avg : NULL; /* SGD: momentum_buffer, the same slot */
     a->s1[i] = use_s1 ? t->exp_avg_sq : NULL;
     a->s2[i] = use_s2 ? t->max_exp_avg_sq : NULL;
     a->step[i] = t->step;

@@ -82,7 +82,7 @@ MIXPREC__INLINE mixprec_status mixprec__sgd_check(const mixprec_opt_tensor *list
     const mixprec_opt_tensor *t = &list[i];
     mixprec_status st = mixprec__opt_check_tensor(t);
     if (st != MIXPREC_OK) return st;
-    if (t->numel > 0 && p->momentum != 0.0 && !t->exp_avg) return MIXPREC_ERR_NULL_POINTER;
+    if (t->numel > 0 && p->momentum != 0.0 && !t->momentum_buffer) return MIXPREC_ERR_NULL_POINTER;
     if (t->numel > 0 && mixprec__opt_is_sr(t) && !t->step) return MIXPREC_ERR_NULL_POINTER;
   }
   return MIXPREC_OK;

@@ -36,7 +36,7 @@ MIXPREC__FORCE_INLINE void sgd_range(const mixprec_opt_tensor *t, int64_t begin,
   const int half = t->param_dtype != MIXPREC_F32;
   const int sr = mixprec__opt_is_sr(t);
   float *P = half ? t->master : (float *)t->param;
-  float *B = t->exp_avg;
+  float *B = t->momentum_buffer;
   for (int64_t i = begin; i < end; i++) {
     float g = mixprec__load_f32(t->grad, t->grad_dtype, i);
     if (k->has_scale) g = g / k->scale;

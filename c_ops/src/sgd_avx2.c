@@ -25,8 +25,8 @@ MIXPREC__FORCE_INLINE __m256 update8(const mixprec_opt_tensor *t, int64_t i, con
       buf = g;
     else
       buf = _mm256_fmadd_ps(_mm256_set1_ps(k->damp1), g,
-                            _mm256_mul_ps(_mm256_loadu_ps(t->exp_avg + i), momentum));
-    _mm256_storeu_ps(t->exp_avg + i, buf);
+                            _mm256_mul_ps(_mm256_loadu_ps(t->momentum_buffer + i), momentum));
+    _mm256_storeu_ps(t->momentum_buffer + i, buf);
     g = k->nesterov ? _mm256_fmadd_ps(buf, momentum, g) : buf;
   }
   return _mm256_fmadd_ps(mixprec__opt_neg8(g), _mm256_set1_ps(k->lr), p);

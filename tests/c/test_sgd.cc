@@ -45,7 +45,7 @@ struct Param {
     t.param = param.data();
     t.grad = grad.data();
     t.master = master.empty() ? nullptr : master.data();
-    t.exp_avg = buf.empty() ? nullptr : buf.data();
+    t.momentum_buffer = buf.empty() ? nullptr : buf.data();
     t.step = with_step ? &step : nullptr;
     t.numel = numel();
     t.param_dtype = param.dtype();
@@ -315,7 +315,7 @@ TEST(SGD, InvalidArgumentsWriteNothing) {
          l[0].step = nullptr;
        }},
       {"momentum buffer NULL", MIXPREC_ERR_NULL_POINTER,
-       [](auto &l, auto &, int64_t &) { l[1].exp_avg = nullptr; }},
+       [](auto &l, auto &, int64_t &) { l[1].momentum_buffer = nullptr; }},
       {"lr < 0", MIXPREC_ERR_BAD_ARGUMENT, [](auto &, auto &h, int64_t &) { h.lr = -0.1; }},
       {"lr NaN", MIXPREC_ERR_BAD_ARGUMENT, [=](auto &, auto &h, int64_t &) { h.lr = kNaNd; }},
       {"momentum < 0", MIXPREC_ERR_BAD_ARGUMENT, [](auto &, auto &h, int64_t &) { h.momentum = -0.9; }},
@@ -368,7 +368,7 @@ TEST(SGD, InvalidArgumentsWriteNothing) {
   std::mt19937 rng2(mpt::kSeed + 131);
   Param q(5, MIXPREC_BF16, MIXPREC_BF16, rng2);
   mixprec_opt_tensor t = q.desc(false);
-  t.exp_avg = nullptr;
+  t.momentum_buffer = nullptr;
   EXPECT_EQ(mixprec_sgd_step(&t, 1, &h), MIXPREC_OK);
 }
 

@@ -1,0 +1,216 @@
+/* mixprec C API: fused optimizer steps (the optim family). Included by
+ * mixprec/mixprec.h.
+ *
+ * One call steps a whole list of parameters: torch.optim.AdamW / SGD
+ * (fused=True) extended to FP16/BF16 params with FP32 master weights (or, for
+ * BF16, stochastic rounding without a master), with the unscale and the
+ * skip-on-inf of torch.amp.GradScaler folded in, on the CPU and
+ * (libmixprec_cuda) on the GPU.
+ */
+#ifndef MIXPREC_OPTIM_H
+#define MIXPREC_OPTIM_H
+
+#include "mixprec/mixprec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One parameter of a fused optimizer step: `numel` contiguous elements in
+ * each buffer. All buffers of one tensor, and of different tensors, must not
+ * overlap (except `step`, which tensors may share: see below). With numel 0
+ * every pointer but `step` may be NULL.
+ *
+ * param          : the model parameter, F32, F16 or BF16, updated in place.
+ * grad           : its gradient, F32, F16 or BF16 (may differ from param's);
+ *                  only read (torch's fused kernels write the unscaled
+ *                  gradient back; mixprec does not).
+ * master         : the FP32 master copy. Required when param_dtype is F16;
+ *                  optional for BF16: the update is computed on it and param
+ *                  receives it rounded to nearest even (param's old value is
+ *                  not read). Must be NULL when param_dtype is F32 (param is
+ *                  then its own master).
+ *                  A BF16 param with master NULL is updated WITHOUT a master
+ *                  copy (saving 4 bytes per element): its value is widened
+ *                  exactly to FP32, updated by the same formulas, and written
+ *                  back with STOCHASTIC rounding (unbiased: an update far
+ *                  below BF16 resolution still moves the param on average,
+ *                  where nearest-even rounding would lose it every step). The
+ *                  random bits hash (p->sr_seed, the tensor's index in `list`,
+ *                  its step count after the step, the element index): results
+ *                  are reproducible and do not depend on threads, ISA or
+ *                  device; c_ops/src/stochastic_round.h has the definition.
+ *                  Such a tensor needs a step count (SGD too).
+ * exp_avg        : AdamW: first moment (FP32, required).
+ * momentum_buffer: SGD: the momentum buffer (FP32), required when
+ *                  momentum != 0, else ignored. It shares exp_avg's slot (an
+ *                  anonymous union): one layout serves both optimizers.
+ * exp_avg_sq     : AdamW: second moment (FP32, required). SGD: ignored.
+ * max_exp_avg_sq : AdamW with amsgrad: running max of exp_avg_sq (FP32,
+ *                  required). Otherwise ignored.
+ * step           : this parameter's step count, ONE float (torch keeps a
+ *                  per-parameter float32 step tensor). AdamW: required. SGD:
+ *                  optional (see mixprec_sgd_step). On a step that is not
+ *                  skipped it becomes *step + 1 (a float add). Every step is
+ *                  read before any is written, so tensors sharing one step
+ *                  pointer all use the same count and it is advanced once.
+ */
+typedef struct mixprec_opt_tensor {
+  void *param;
+  const void *grad;
+  float *master;
+  union {
+    float *exp_avg;         /* AdamW */
+    float *momentum_buffer; /* SGD */
+  };
+  float *exp_avg_sq;
+  float *max_exp_avg_sq;
+  float *step;
+  int64_t numel;
+  mixprec_dtype param_dtype;
+  mixprec_dtype grad_dtype;
+} mixprec_opt_tensor;
+
+/* Hyper-parameters of torch.optim.AdamW (defaults: lr 1e-3, betas (0.9,
+ * 0.999), eps 1e-8, weight_decay 1e-2, amsgrad 0, maximize 0).
+ * The three pointers are optional (NULL: absent); each points to ONE float,
+ * read when the step runs (on the device for the CUDA entry point), so an LR
+ * scheduler or GradScaler can change them without a host sync or, under a
+ * CUDA graph, without recapture:
+ *   lr_tensor  : when not NULL, *lr_tensor is the learning rate and `lr` is
+ *                ignored (neither used nor checked). Its value is not checked.
+ *   grad_scale : grads are divided by *grad_scale in FP32 (torch's
+ *                optimizer.grad_scale, i.e. the loss scale, not its inverse).
+ *   found_inf  : when *found_inf != 0 (NaN counts as nonzero) the whole step
+ *                is skipped: nothing at all is written, step counts
+ *                included, and the status is MIXPREC_OK.
+ * sr_seed: the seed of the stochastic rounding of master-free BF16 params
+ * (see mixprec_opt_tensor.master); unused by every other tensor. */
+typedef struct mixprec_adamw_params {
+  double lr;           /* >= 0, finite (unless lr_tensor) */
+  double beta1, beta2; /* each in [0, 1) */
+  double eps;          /* >= 0, finite */
+  double weight_decay; /* >= 0, finite */
+  int amsgrad;         /* nonzero: use max_exp_avg_sq */
+  int maximize;        /* nonzero: ascend (the gradient is negated) */
+  const float *lr_tensor;
+  const float *grad_scale;
+  const float *found_inf;
+  uint64_t sr_seed;
+} mixprec_adamw_params;
+
+/* Hyper-parameters of torch.optim.SGD (defaults: lr 1e-3, momentum 0,
+ * dampening 0, weight_decay 0, nesterov 0, maximize 0); lr_tensor,
+ * grad_scale, found_inf and sr_seed as in mixprec_adamw_params.
+ * first_step: see mixprec_sgd_step (used only by tensors whose step is
+ * NULL). */
+typedef struct mixprec_sgd_params {
+  double lr;           /* >= 0, finite (unless lr_tensor) */
+  double momentum;     /* >= 0, finite */
+  double dampening;    /* finite; must be 0 with nesterov */
+  double weight_decay; /* >= 0, finite */
+  int nesterov;        /* nonzero: Nesterov momentum (needs momentum > 0) */
+  int maximize;
+  const float *lr_tensor;
+  const float *grad_scale;
+  const float *found_inf;
+  int first_step;      /* nonzero: momentum buffers hold no value yet */
+  uint64_t sr_seed;
+} mixprec_sgd_params;
+
+/*! mixprec_adamw_params_default(), mixprec_sgd_params_default() :
+ *  @return : torch's defaults (listed above), all pointers NULL, sr_seed 0. */
+MIXPREC_API mixprec_adamw_params mixprec_adamw_params_default(void);
+MIXPREC_API mixprec_sgd_params mixprec_sgd_params_default(void);
+
+/*! mixprec_adamw_step() :
+ *  One fused AdamW step over a list of parameters; the equivalent of
+ *  torch.optim.AdamW(fused=True).step() on FP32 params, extended to FP16/BF16
+ *  params with FP32 master weights (p below is the master, or the F32 param).
+ *  Per tensor, with t = *step + 1 (float) and lr from lr_tensor or lr, these
+ *  are computed in double and rounded to float once, as torch's fused CPU
+ *  kernel does: decay = 1 - lr*weight_decay, step_size = lr / (1 - beta1^t),
+ *  bc2_sqrt = sqrt(1 - beta2^t), w = 1 - beta1, c2 = 1 - beta2, beta2, eps.
+ *  Then per element, in float (fma: one rounding), as torch's AVX2 build
+ *  of that kernel computes it (GCC contracts its a*b + c into FMAs, and its
+ *  vectorised body and scalar tail fuse differently; the tail is each
+ *  tensor's last numel % 8 elements):
+ *    g = grad; g = g / *grad_scale (if given); g = -g (if maximize);
+ *    p = p * decay                               (only if weight_decay != 0)
+ *    m = fma(w, g - m, m) if |w| < 0.5 else fma(w - 1, g - m, g)   (lerp)
+ *    v = fma(c2 * g, g, v * beta2)        (tail: fma(v, beta2, (c2 * g) * g))
+ *    vmax = max(vmax, v)                  (amsgrad only; NaN as torch's)
+ *    denom = sqrt(amsgrad ? vmax : v) / bc2_sqrt + eps
+ *    p = p - (step_size * m) / denom
+ *    param = p rounded to param_dtype (nearest even) when param is F16/BF16
+ *            with a master; stochastically (BF16 without a master: p was
+ *            read from param)
+ *  and finally *step = t. FP32 results are bitwise equal to torch's fused
+ *  CPU AdamW with ATEN_CPU_CAPABILITY avx2 (see c_ops/src/adamw.c).
+ *  Results do not depend on the thread count.
+ *  @param list : host array of n descriptors (n >= 0).
+ *  @param p    : hyper-parameters (host pointer).
+ *  @return : MIXPREC_OK (also when the step is skipped);
+ *            MIXPREC_ERR_NULL_POINTER if p, list (n > 0), a step, or a buffer
+ *              the contract requires (with numel > 0) is NULL (an F16
+ *              param's master included);
+ *            MIXPREC_ERR_BAD_SIZE for n < 0 or a negative numel;
+ *            MIXPREC_ERR_BAD_DTYPE for an unknown param or grad dtype;
+ *            MIXPREC_ERR_BAD_ARGUMENT for a hyper-parameter out of range (a
+ *              NaN or inf included), or a master given for an F32 param;
+ *            MIXPREC_ERR_OUT_OF_MEMORY if scratch space could not be had.
+ *            Everything is checked before anything is written: on an error
+ *            nothing has been written. */
+MIXPREC_API mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list,
+                                              int64_t n,
+                                              const mixprec_adamw_params *p);
+
+/*! mixprec_sgd_step() :
+ *  One fused SGD step, the equivalent of torch.optim.SGD(fused=True).step()
+ *  on FP32 params, extended as mixprec_adamw_step() is. With
+ *  lr, momentum, weight_decay and 1 - dampening (computed in double) each
+ *  rounded to float once, per element in float:
+ *    g = grad; g = g / *grad_scale (if given); g = -g (if maximize);
+ *    g = fma(p, weight_decay, g)                 (only if weight_decay != 0)
+ *    if momentum != 0:
+ *      buf = g                        on the tensor's first step, else
+ *      buf = fma(1 - dampening, g, buf * momentum)
+ *            (in the last numel % 8 elements: fma(buf, momentum, g * (1 - dampening)))
+ *      g = nesterov ? fma(buf, momentum, g) : buf
+ *    p = fma(-g, lr, p);  param = p rounded to param_dtype when F16/BF16.
+ *  (fma: one rounding, as torch's AVX2 build computes it: bitwise equal to
+ *  torch's fused CPU SGD there; see c_ops/src/sgd.c.)
+ *  "First step" (torch: the momentum_buffer is still None): for a tensor
+ *  whose step is not NULL, it is *step == 0, read when the step runs (so a
+ *  captured CUDA graph initialises the buffers on its first replay), and
+ *  *step is advanced by 1; for a tensor whose step is NULL it is
+ *  p->first_step. A skipped step (found_inf) advances nothing, so the next
+ *  call still sees the first step; callers using p->first_step must keep it
+ *  set until a step is not skipped.
+ *  @return : as mixprec_adamw_step(); BAD_ARGUMENT also for nesterov with
+ *            momentum <= 0 or dampening != 0; NULL_POINTER also for a
+ *            master-free BF16 param without a step count. */
+MIXPREC_API mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list,
+                                            int64_t n,
+                                            const mixprec_sgd_params *p);
+
+/*! mixprec_cuda_adamw_step(), mixprec_cuda_sgd_step() (libmixprec_cuda) :
+ *  As the CPU entry points, with the same formulas and statuses. `list` and
+ *  `p` stay host pointers; every buffer in the descriptors, step included,
+ *  and p->lr_tensor, p->grad_scale and p->found_inf are device pointers on
+ *  the current device. Enqueued on `stream` (a cudaStream_t) with no host
+ *  synchronisation: a skipped step is decided on the device, so it is
+ *  capturable in a CUDA graph. Results must equal the CPU's bit for bit
+ *  (sqrt and division correctly rounded, the lerp with fmaf). */
+MIXPREC_API mixprec_status mixprec_cuda_adamw_step(
+    const mixprec_opt_tensor *list, int64_t n, const mixprec_adamw_params *p,
+    void *stream);
+MIXPREC_API mixprec_status mixprec_cuda_sgd_step(
+    const mixprec_opt_tensor *list, int64_t n, const mixprec_sgd_params *p,
+    void *stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MIXPREC_OPTIM_H */
