@@ -20,12 +20,12 @@
  * elements of each tensor, see c_ops/src/adamw.c). */
 #include "optim.cuh"
 
-/* Per-call constants, rounded on the host exactly as adamw.c rounds them. */
+/* Per-call constants: h as adamw.c has it (optim_consts.h), the doubles the
+ * per-tensor constants are computed from on the device. */
 struct mixprec__adamw_k {
   double beta1, beta2, weight_decay, lr; /* lr: used when lr_tensor is NULL */
   const float *lr_tensor, *grad_scale, *found_inf;
-  float w, w_m1, beta2f, c2, eps;
-  int w_small, decay_on, amsgrad, maximize;
+  mixprec__adamw_hyper h;
   uint64_t sr_seed;
 };
 
@@ -70,15 +70,15 @@ __global__ void __launch_bounds__(MIXPREC__OPT_CU_THREADS)
   __shared__ float scalars[3]; /* decay, step_size, bc2_sqrt */
 
   mixprec__adamw_op op;
-  op.w = k.w;
-  op.w_m1 = k.w_m1;
-  op.beta2 = k.beta2f;
-  op.c2 = k.c2;
-  op.eps = k.eps;
-  op.w_small = k.w_small != 0;
-  op.decay_on = k.decay_on != 0;
-  op.amsgrad = k.amsgrad != 0;
-  op.maximize = k.maximize != 0;
+  op.w = k.h.w;
+  op.w_m1 = k.h.w_m1;
+  op.beta2 = k.h.beta2;
+  op.c2 = k.h.c2;
+  op.eps = k.h.eps;
+  op.w_small = k.h.w_small != 0;
+  op.decay_on = k.h.decay_on != 0;
+  op.amsgrad = k.h.amsgrad != 0;
+  op.maximize = k.h.maximize != 0;
   op.has_scale = k.grad_scale != NULL;
   op.scale = k.grad_scale ? *k.grad_scale : 1.0f;
 
@@ -93,9 +93,8 @@ __global__ void __launch_bounds__(MIXPREC__OPT_CU_THREADS)
       const double step = (double)tf;
       const double bc1 = mixprec__one_minus_pow(k.beta1, step);
       const double bc2 = mixprec__one_minus_pow(k.beta2, step);
-      scalars[0] = __double2float_rn(__dadd_rn(1.0, -__dmul_rn(lr, k.weight_decay)));
-      scalars[1] = __double2float_rn(__ddiv_rn(lr, bc1));
-      scalars[2] = __double2float_rn(__dsqrt_rn(bc2));
+      mixprec__adamw_tensor_consts(lr, k.weight_decay, bc1, bc2, &scalars[0], &scalars[1],
+                                   &scalars[2]);
     }
     __syncthreads();
     op.decay = scalars[0];
@@ -114,7 +113,7 @@ static mixprec_status mixprec__adamw_group(const mixprec_opt_tensor *list, int64
                                            int count, const mixprec__adamw_k &k,
                                            cudaStream_t stream) {
   mixprec__opt_args<CAP> a;
-  const int64_t n_chunks = mixprec__opt_pack<CAP>(list, first, count, 1, 1, k.amsgrad, &a);
+  const int64_t n_chunks = mixprec__opt_pack<CAP>(list, first, count, 1, 1, k.h.amsgrad, &a);
   if (n_chunks == 0) return MIXPREC_OK;
   const unsigned grid =
       (unsigned)(n_chunks < MIXPREC__MAX_GRID ? n_chunks : MIXPREC__MAX_GRID);
@@ -145,16 +144,7 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_adamw_step(const mixprec_opt_
   k.lr_tensor = p->lr_tensor;
   k.grad_scale = p->grad_scale;
   k.found_inf = p->found_inf;
-  const double w = 1.0 - p->beta1;
-  k.w = (float)w;
-  k.w_m1 = k.w - 1.0f;
-  k.w_small = fabsf(k.w) < 0.5f;
-  k.beta2f = (float)p->beta2;
-  k.c2 = (float)(1.0 - p->beta2);
-  k.eps = (float)p->eps;
-  k.decay_on = p->weight_decay != 0.0;
-  k.amsgrad = p->amsgrad != 0;
-  k.maximize = p->maximize != 0;
+  k.h = mixprec__adamw_hyper_of(p);
   k.sr_seed = p->sr_seed;
 
   cudaStream_t s = (cudaStream_t)stream;

@@ -45,22 +45,6 @@ MIXPREC__DEVICE uint16_t mixprec__f32_to_bf16(float f) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 
-/* The list checks of mixprec_unscale and the multi-tensor ops: counts,
- * dtypes, and data pointers of non-empty tensors. */
-MIXPREC__INLINE mixprec_status mixprec__check_tensor_list(
-    const mixprec_tensor *tensors, int64_t n_tensors) {
-  if (n_tensors < 0) return MIXPREC_ERR_BAD_SIZE;
-  if (n_tensors > 0 && tensors == NULL) return MIXPREC_ERR_NULL_POINTER;
-  for (int64_t i = 0; i < n_tensors; i++) {
-    if (tensors[i].numel < 0) return MIXPREC_ERR_BAD_SIZE;
-    if (mixprec_dtype_size(tensors[i].dtype) == 0)
-      return MIXPREC_ERR_BAD_DTYPE;
-    if (tensors[i].numel > 0 && tensors[i].data == NULL)
-      return MIXPREC_ERR_NULL_POINTER;
-  }
-  return MIXPREC_OK;
-}
-
 /* A device load of an element that is not aligned to its size faults and
  * ruins the CUDA context, so such a pointer is refused up front rather than
  * trusted (the C API requires element alignment; the CPU never faults). */

@@ -3,7 +3,7 @@
  *
  * Forward: rows (inner == 1) take one warp (C <= 1024) or one block per
  * position; strided logits (N, C, d...) one thread per position. Each reads
- * its logits once with the online (max, sum) of softmax.cu (plus a second,
+ * its logits once with the online (max, sum) of softmax.cuh (plus a second,
  * cached pass for the label-smoothing sum when it is on), writes the
  * position's max and log-sum (stats) and, for reduction none, its loss;
  * each row / block leaves its loss and target-weight sums (double) in the
@@ -14,10 +14,8 @@
  * An out-of-range target cannot be reported without a host sync: its
  * position gets a NaN loss (so a reduced loss is NaN too), NaN stats and a
  * NaN gradient slice. */
-#define MIXPREC_SOFTMAX_HELPERS_ONLY
-#include "softmax.cu"
 #include "ce_check.h"
-#undef MIXPREC_SOFTMAX_HELPERS_ONLY
+#include "softmax.cuh"
 
 #define MIXPREC__CE_THREADS 256
 #define MIXPREC__CE_WARP_ROW_MAX 1024

@@ -21,6 +21,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "common.cuh"
+#include "nms_check.h"
 
 #define MIXPREC__NMS_TILE 64
 #define MIXPREC__NMS_REDUCE_THREADS 1024
@@ -281,17 +282,12 @@ mixprec_status mixprec_cuda_nms(const void *boxes, mixprec_dtype boxes_dtype, co
                                 mixprec_index_dtype classes_dtype, int64_t n,
                                 const mixprec_nms_params *p, int64_t *keep, int64_t *n_keep,
                                 void *workspace, int64_t workspace_bytes, void *stream) {
-  if (!p || !n_keep) return MIXPREC_ERR_NULL_POINTER;
-  if (n < 0 || n > INT32_MAX) return MIXPREC_ERR_BAD_SIZE;
-  if (mixprec_dtype_size(boxes_dtype) == 0 || mixprec_dtype_size(scores_dtype) == 0)
-    return MIXPREC_ERR_BAD_DTYPE;
-  if (classes_dtype != MIXPREC_I64 && classes_dtype != MIXPREC_I32) return MIXPREC_ERR_BAD_DTYPE;
-  if (n > 0 && (!boxes || !scores)) return MIXPREC_ERR_NULL_POINTER;
+  mixprec_status st = mixprec__nms_check_sizes(boxes_dtype, scores_dtype, n, p, n_keep);
+  if (st != MIXPREC_OK) return st;
+  if (!mixprec__nms_classes_dtype_ok(classes_dtype)) return MIXPREC_ERR_BAD_DTYPE;
+  st = mixprec__nms_check_data(boxes, scores, n, p, keep);
+  if (st != MIXPREC_OK) return st;
   const int64_t cap = mixprec_nms_capacity(n, p);
-  if (cap > 0 && !keep) return MIXPREC_ERR_NULL_POINTER;
-  if (!(p->iou_threshold >= 0.0)) return MIXPREC_ERR_BAD_ARGUMENT;
-  if (p->use_score_threshold && p->score_threshold != p->score_threshold)
-    return MIXPREC_ERR_BAD_ARGUMENT;
   if (misaligned(boxes, (size_t)mixprec_dtype_size(boxes_dtype)) ||
       misaligned(scores, (size_t)mixprec_dtype_size(scores_dtype)) ||
       misaligned(classes, classes_dtype == MIXPREC_I32 ? 4 : 8) || misaligned(keep, 8) ||

@@ -24,10 +24,11 @@
 
 #include "common.cuh"
 #include "optim_check.h"
+#include "optim_consts.h"
 #include "stochastic_round.h"
 
 /* ---- argument checks -----------------------------------------------------
- * The CPU's own checks (c_ops/src/optim_common.h), so both backends return
+ * The CPU's own checks (c_ops/src/optim_check.h), so both backends return
  * the same status for the same arguments; the device adds an alignment check
  * below. */
 
@@ -75,16 +76,9 @@ MIXPREC__INLINE mixprec_status mixprec__opt_check_alignment(const mixprec_opt_te
  * The same function compiles for the host, so the two agree by construction
  * if the CPU ever adopts it.
  *
- * Every operation is an explicit round-to-nearest intrinsic on the device so
- * that nvcc cannot contract a product and a sum into an FMA. */
-#ifdef __CUDA_ARCH__
-#define MIXPREC__DMUL(a, b) __dmul_rn((a), (b))
-#define MIXPREC__DADD(a, b) __dadd_rn((a), (b))
-#else
-#define MIXPREC__DMUL(a, b) ((a) * (b))
-#define MIXPREC__DADD(a, b) ((a) + (b))
-#endif
-
+ * Every operation is an explicit round-to-nearest intrinsic on the device
+ * (MIXPREC__DMUL / MIXPREC__DADD of optim_consts.h) so that nvcc cannot
+ * contract a product and a sum into an FMA. */
 struct mixprec__dd {
   double hi, lo;
 };
@@ -129,16 +123,10 @@ MIXPREC__HD double mixprec__one_minus_pow(double beta, double t) {
  * the FP32 buffers, 8-byte loads of the 16-bit ones. */
 #define MIXPREC__OPT_CU_VEC 4
 
-/* torch's vector width, MIXPREC__OPT_TORCH_VEC of c_ops/src/optim_common.h
- * (mirrored, not included: that header is C with internal.h). The last
- * numel % 8 elements of each tensor are torch's scalar tail, which fuses
- * different products than its vectorised body; the CPU reproduces that split
- * and so does the GPU (the op gets a `tail` flag). */
-#ifdef MIXPREC__OPT_TORCH_VEC
-#define MIXPREC__OPT_CU_TORCH_VEC MIXPREC__OPT_TORCH_VEC
-#else
-#define MIXPREC__OPT_CU_TORCH_VEC 8
-#endif
+/* The last numel % MIXPREC__OPT_TORCH_VEC (optim_consts.h) elements of each
+ * tensor are torch's scalar tail, which fuses different products than its
+ * vectorised body; the CPU reproduces that split and so does the GPU (the op
+ * gets a `tail` flag). */
 
 /* Group capacities: small lists take a ~5 KB argument struct; the large one
  * stays under the 32 KB kernel-parameter budget. */
@@ -174,8 +162,8 @@ struct mixprec__opt_args {
   uint8_t kind[CAP];
 };
 
-static_assert(MIXPREC__OPT_CU_CHUNK % MIXPREC__OPT_CU_TORCH_VEC == 0 &&
-                  MIXPREC__OPT_CU_TORCH_VEC % MIXPREC__OPT_CU_VEC == 0,
+static_assert(MIXPREC__OPT_CU_CHUNK % MIXPREC__OPT_TORCH_VEC == 0 &&
+                  MIXPREC__OPT_TORCH_VEC % MIXPREC__OPT_CU_VEC == 0,
               "a vector of elements must never straddle torch's body/tail split");
 static_assert(sizeof(mixprec__opt_args<MIXPREC__OPT_CAP_LARGE>) + 256 <= MIXPREC__MTA_PARAM_BUDGET,
               "optimizer kernel arguments exceed the parameter budget");
@@ -440,7 +428,7 @@ MIXPREC__DEVICE void mixprec__opt_span_dispatch(const mixprec__opt_args<CAP> &a,
   /* torch's tail starts at numel - numel % 8, here relative to the chunk and
    * clamped to [0, n] (chunk sizes are multiples of 8). */
   const int64_t numel = a.numel[t];
-  int64_t tf64 = numel - numel % MIXPREC__OPT_CU_TORCH_VEC - begin;
+  int64_t tf64 = numel - numel % MIXPREC__OPT_TORCH_VEC - begin;
   const int tf = tf64 < 0 ? 0 : tf64 > n ? n : (int)tf64;
   const bool sr = (a.kind[t] & MIXPREC__OPT_SR) != 0;
   /* The key needs the count after this step: *step + 1, as the CPU. */

@@ -12,11 +12,12 @@
  * cannot contract anything else. */
 #include "optim.cuh"
 
-/* Per-call constants, rounded on the host exactly as sgd.c rounds them. */
+/* Per-call constants: h as sgd.c has it (optim_consts.h; h.lr is used when
+ * lr_tensor is NULL). */
 struct mixprec__sgd_k {
   const float *lr_tensor, *grad_scale, *found_inf;
-  float lr, momentum, wd, damp1; /* lr: used when lr_tensor is NULL */
-  int wd_on, momentum_on, nesterov, maximize, first_step;
+  mixprec__sgd_hyper h;
+  int first_step;
   uint64_t sr_seed;
 };
 
@@ -51,14 +52,14 @@ __global__ void __launch_bounds__(MIXPREC__OPT_CU_THREADS)
   if (mixprec__opt_skip_dev(k.found_inf)) return;
   mixprec__sgd_op op;
   /* (float)(double)x == x: the CPU's lr.item<double>() rounded back. */
-  op.lr = k.lr_tensor ? *k.lr_tensor : k.lr;
-  op.momentum = k.momentum;
-  op.wd = k.wd;
-  op.damp1 = k.damp1;
-  op.wd_on = k.wd_on != 0;
-  op.momentum_on = k.momentum_on != 0;
-  op.nesterov = k.nesterov != 0;
-  op.maximize = k.maximize != 0;
+  op.lr = k.lr_tensor ? *k.lr_tensor : k.h.lr;
+  op.momentum = k.h.momentum;
+  op.wd = k.h.wd;
+  op.damp1 = k.h.damp1;
+  op.wd_on = k.h.wd_on != 0;
+  op.momentum_on = k.h.momentum_on != 0;
+  op.nesterov = k.h.nesterov != 0;
+  op.maximize = k.h.maximize != 0;
   op.has_scale = k.grad_scale != NULL;
   op.scale = k.grad_scale ? *k.grad_scale : 1.0f;
 
@@ -78,7 +79,7 @@ static mixprec_status mixprec__sgd_group(const mixprec_opt_tensor *list, int64_t
                                          int count, const mixprec__sgd_k &k,
                                          cudaStream_t stream) {
   mixprec__opt_args<CAP> a;
-  const int64_t n_chunks = mixprec__opt_pack<CAP>(list, first, count, k.momentum_on, 0, 0, &a);
+  const int64_t n_chunks = mixprec__opt_pack<CAP>(list, first, count, k.h.momentum_on, 0, 0, &a);
   if (n_chunks == 0) return MIXPREC_OK;
   const unsigned grid =
       (unsigned)(n_chunks < MIXPREC__MAX_GRID ? n_chunks : MIXPREC__MAX_GRID);
@@ -105,14 +106,7 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_sgd_step(const mixprec_opt_te
   k.lr_tensor = p->lr_tensor;
   k.grad_scale = p->grad_scale;
   k.found_inf = p->found_inf;
-  k.lr = (float)p->lr;
-  k.momentum = (float)p->momentum;
-  k.wd = (float)p->weight_decay;
-  k.damp1 = (float)(1.0 - p->dampening);
-  k.wd_on = p->weight_decay != 0.0;
-  k.momentum_on = p->momentum != 0.0;
-  k.nesterov = p->nesterov != 0;
-  k.maximize = p->maximize != 0;
+  k.h = mixprec__sgd_hyper_of(p, p->lr);
   k.sr_seed = p->sr_seed;
   k.first_step = p->first_step != 0;
 

@@ -13,179 +13,10 @@
  * threads read neighbouring columns, so each load instruction of a warp is
  * coalesced; the same online pair, then the write pass.
  * Every launch goes to the caller's stream; nothing synchronises.
- * The element helpers and the online (max, sum) reductions at the top are
- * shared with cross_entropy.cu, which includes this file with
- * MIXPREC_SOFTMAX_HELPERS_ONLY defined. */
-#ifndef MIXPREC_KERNELS_SOFTMAX_CU
-#define MIXPREC_KERNELS_SOFTMAX_CU
-
-#include "common.cuh"
-#include "mixprec/softmax.h"
-
-#define MIXPREC__SM_THREADS 256
-#define MIXPREC__SM_BIG_THREADS 1024
-#define MIXPREC__SM_WARP_ROW_MAX 1024
-
-namespace {
-
-/* ---- elements ------------------------------------------------------------ */
-
-template <int D>
-__device__ __forceinline__ float ld(const void *p, int64_t i) {
-  if constexpr (D == MIXPREC_F32)
-    return static_cast<const float *>(p)[i];
-  else if constexpr (D == MIXPREC_F16)
-    return mixprec__f16_to_f32(static_cast<const uint16_t *>(p)[i]);
-  else
-    return mixprec__bf16_to_f32(static_cast<const uint16_t *>(p)[i]);
-}
-
-template <int D>
-__device__ __forceinline__ void st(void *p, int64_t i, float v) {
-  if constexpr (D == MIXPREC_F32)
-    static_cast<float *>(p)[i] = v;
-  else if constexpr (D == MIXPREC_F16)
-    static_cast<uint16_t *>(p)[i] = mixprec__f32_to_f16(v);
-  else
-    static_cast<uint16_t *>(p)[i] = mixprec__f32_to_bf16(v);
-}
-
-/* Elements per 16-byte vector. */
-template <int D>
-struct VecWidth {
-  static constexpr int value = D == MIXPREC_F32 ? 4 : 8;
-};
-
-/* Loads the vector holding elements [i, i + width) (16-byte aligned). */
-template <int D>
-__device__ __forceinline__ void ld_vec(const void *p, int64_t i, float *out) {
-  const uint4 u = *reinterpret_cast<const uint4 *>(static_cast<const char *>(p) +
-                                                    i * (D == MIXPREC_F32 ? 4 : 2));
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-  if constexpr (D == MIXPREC_F32) {
-    for (int k = 0; k < 4; k++) out[k] = __uint_as_float(w[k]);
-  } else {
-    for (int k = 0; k < 4; k++) {
-      const uint16_t lo = (uint16_t)(w[k] & 0xffffu), hi = (uint16_t)(w[k] >> 16);
-      out[2 * k] = D == MIXPREC_F16 ? mixprec__f16_to_f32(lo) : mixprec__bf16_to_f32(lo);
-      out[2 * k + 1] = D == MIXPREC_F16 ? mixprec__f16_to_f32(hi) : mixprec__bf16_to_f32(hi);
-    }
-  }
-}
-
-template <int D>
-__device__ __forceinline__ void st_vec(void *p, int64_t i, const float *v) {
-  uint32_t w[4];
-  if constexpr (D == MIXPREC_F32) {
-    for (int k = 0; k < 4; k++) w[k] = __float_as_uint(v[k]);
-  } else {
-    for (int k = 0; k < 4; k++) {
-      const uint32_t lo = D == MIXPREC_F16 ? mixprec__f32_to_f16(v[2 * k]) : mixprec__f32_to_bf16(v[2 * k]);
-      const uint32_t hi =
-          D == MIXPREC_F16 ? mixprec__f32_to_f16(v[2 * k + 1]) : mixprec__f32_to_bf16(v[2 * k + 1]);
-      w[k] = lo | (hi << 16);
-    }
-  }
-  *reinterpret_cast<uint4 *>(static_cast<char *>(p) + i * (D == MIXPREC_F32 ? 4 : 2)) =
-      make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-__device__ __forceinline__ bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
-/* ---- online (max, sum) ------------------------------------------------------ */
-
-struct MaxSum {
-  float m, s;
-};
-
-/* Adds one value. -inf adds nothing (and never makes exp(-inf - -inf)); NaN
- * and +inf make the sum NaN, as the two-pass CPU formula does. */
-__device__ __forceinline__ void online_add(MaxSum &a, float v) {
-  if (v > a.m) {
-    a.s = v == INFINITY ? NAN : a.s * expf(a.m - v) + 1.0f;
-    a.m = v;
-  } else if (v != -INFINITY) {
-    a.s += expf(v - a.m);
-  }
-}
-
-/* Adds k values at once: one rescale for the whole vector (at most), then
- * k exponentials against the new max, instead of a compare-and-rescale per
- * element. Same special cases as online_add (a NaN never wins fmaxf but
- * makes the sum NaN; +inf makes it NaN; -inf adds nothing). */
-template <int K>
-__device__ __forceinline__ void online_add_vec(MaxSum &a, const float *v) {
-  float vm = v[0];
-  bool nan = false;
-  for (int k = 0; k < K; k++) {
-    vm = fmaxf(vm, v[k]);
-    nan |= v[k] != v[k];
-  }
-  if (vm > a.m) {
-    a.s = vm == INFINITY ? NAN : a.s * expf(a.m - vm);
-    a.m = vm;
-  }
-  if (nan) {
-    a.s = NAN;
-    return;
-  }
-  if (a.m == -INFINITY) return;
-  float s = 0.0f;
-  for (int k = 0; k < K; k++) s += expf(v[k] - a.m);
-  a.s += s;
-}
-
-__device__ __forceinline__ MaxSum online_merge(MaxSum a, MaxSum b) {
-  const float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY || m == INFINITY) return {m, a.s + b.s};
-  const float sa = a.m == -INFINITY ? 0.0f : a.s * expf(a.m - m);
-  const float sb = b.m == -INFINITY ? 0.0f : b.s * expf(b.m - m);
-  return {m, sa + sb};
-}
-
-__device__ __forceinline__ MaxSum warp_merge(MaxSum a) {
-  for (int off = 16; off > 0; off /= 2) {
-    MaxSum b{__shfl_xor_sync(0xffffffffu, a.m, off), __shfl_xor_sync(0xffffffffu, a.s, off)};
-    a = online_merge(a, b);
-  }
-  return a;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
-
-/* Whole-block merge; every thread gets the result. scratch: 2 * 32 floats. */
-__device__ __forceinline__ MaxSum block_merge(MaxSum a, float *scratch) {
-  a = warp_merge(a);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
-  if (lane == 0) {
-    scratch[warp] = a.m;
-    scratch[32 + warp] = a.s;
-  }
-  __syncthreads();
-  MaxSum r{-INFINITY, 0.0f};
-  for (int w = 0; w < nw; w++) r = online_merge(r, MaxSum{scratch[w], scratch[32 + w]});
-  __syncthreads();
-  return r;
-}
-
-__device__ __forceinline__ float block_sum(float v, float *scratch) {
-  v = warp_sum(v);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float r = 0.0f;
-  for (int w = 0; w < nw; w++) r += scratch[w];
-  __syncthreads();
-  return r;
-}
-
-}  // namespace
-
-/* cross_entropy.cu includes this file for the helpers above only. */
-#ifndef MIXPREC_SOFTMAX_HELPERS_ONLY
+ * The element helpers and the online (max, sum) reductions are in
+ * softmax.cuh, shared with cross_entropy.cu. */
+#include "softmax.cuh"
+#include "softmax_check.h"
 
 namespace {
 
@@ -402,16 +233,12 @@ mixprec_status bwd(const void *dy, const void *y, mixprec_dtype yd, void *dx, mi
   }
 }
 
-/* The checks of softmax.c, in the same order (same statuses), plus element
+/* The checks of softmax.c (softmax_check.h, then the pointers), plus element
  * alignment (a misaligned device load faults). */
 mixprec_status check(const void *a, mixprec_dtype ad, const void *b, mixprec_dtype bd, const void *c,
                      int64_t outer, int64_t n, int64_t inner, int64_t *numel) {
-  if (mixprec_dtype_size(ad) == 0 || mixprec_dtype_size(bd) == 0) return MIXPREC_ERR_BAD_DTYPE;
-  if (outer < 0 || n < 0 || inner < 0) return MIXPREC_ERR_BAD_SIZE;
-  *numel = 0;
-  if (outer == 0 || n == 0 || inner == 0) return MIXPREC_OK;
-  if (n > INT64_MAX / inner || outer > INT64_MAX / (n * inner)) return MIXPREC_ERR_BAD_SIZE;
-  *numel = outer * n * inner;
+  const mixprec_status st = mixprec__softmax_check_shape(ad, bd, outer, n, inner, numel);
+  if (st != MIXPREC_OK || *numel == 0) return st;
   if (!a || !b || !c) return MIXPREC_ERR_NULL_POINTER;
   if ((uintptr_t)a % (uintptr_t)mixprec_dtype_size(ad) || (uintptr_t)c % (uintptr_t)mixprec_dtype_size(ad) ||
       (uintptr_t)b % (uintptr_t)mixprec_dtype_size(bd))
@@ -459,6 +286,3 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_log_softmax_backward(const vo
   if (st != MIXPREC_OK || numel == 0) return st;
   return bwd<true>(dy, y, y_dtype, dx, dx_dtype, outer, n, inner, (cudaStream_t)stream);
 }
-
-#endif  /* MIXPREC_SOFTMAX_HELPERS_ONLY */
-#endif  /* MIXPREC_KERNELS_SOFTMAX_CU */

@@ -10,6 +10,7 @@
  * chunk sums in index order and a last one adds the tensors' sums in order,
  * so the norms are the same on every run (no atomics). */
 #include "common.cuh"
+#include "unscale_check.h"
 
 /* Elements per chunk (one block's share). Small enough that a list of
  * ResNet/ViT-sized gradients gives several blocks per SM, large enough that
@@ -315,10 +316,7 @@ static mixprec_status mixprec__unscale_run(
     const mixprec_tensor *tensors, int64_t n_tensors, const float *inv_scale,
     float *found_inf, float *norms, float *total_norm, void *workspace,
     int64_t workspace_bytes, bool write, void *stream) {
-  /* Checks in the order of mixprec_unscale, so both give the same status. */
-  if (n_tensors < 0) return MIXPREC_ERR_BAD_SIZE;
-  if (inv_scale == NULL || found_inf == NULL) return MIXPREC_ERR_NULL_POINTER;
-  mixprec_status st = mixprec__check_tensor_list(tensors, n_tensors);
+  mixprec_status st = mixprec__unscale_check(tensors, n_tensors, inv_scale, found_inf);
   if (st != MIXPREC_OK) return st;
   int64_t n_chunks;
   const int64_t doubles =

@@ -49,20 +49,20 @@ MIXPREC__FORCE_INLINE void adamw_range(const mixprec_opt_tensor *t, int64_t begi
   for (int64_t i = begin; i < end; i++) {
     float g = mixprec__load_f32(t->grad, t->grad_dtype, i);
     if (k->has_scale) g = g / k->scale;
-    if (k->maximize) g = -g;
+    if (k->h.maximize) g = -g;
     float p = sr ? mixprec__load_f32(t->param, MIXPREC_BF16, i) : P[i];
-    if (k->decay_on) p = p * s->decay;
+    if (k->h.decay_on) p = p * s->decay;
     float m = M[i];
     const float diff = g - m;
-    m = k->w_small ? fmaf(k->w, diff, m) : fmaf(k->w_m1, diff, g);
-    const float cg = k->c2 * g;
+    m = k->h.w_small ? fmaf(k->h.w, diff, m) : fmaf(k->h.w_m1, diff, g);
+    const float cg = k->h.c2 * g;
     float v = V[i];
     if (tail)
-      v = fmaf(v, k->beta2, cg * g);
+      v = fmaf(v, k->h.beta2, cg * g);
     else
-      v = fmaf(cg, g, v * k->beta2);
+      v = fmaf(cg, g, v * k->h.beta2);
     float vd = v;
-    if (k->amsgrad) {
+    if (k->h.amsgrad) {
       const float old = VM[i];
       if (tail) /* std::max(old, v) */
         vd = old < v ? v : old;
@@ -72,7 +72,7 @@ MIXPREC__FORCE_INLINE void adamw_range(const mixprec_opt_tensor *t, int64_t begi
         vd = (old != old || v != v) ? mixprec__f32_from_bits(0xffffffffu) : (old > v ? old : v);
       VM[i] = vd;
     }
-    const float denom = sqrtf(vd) / s->bc2_sqrt + k->eps;
+    const float denom = sqrtf(vd) / s->bc2_sqrt + k->h.eps;
     const float upd = s->step_size * m;
     p = p - upd / denom;
     M[i] = m;
@@ -150,16 +150,7 @@ mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list, int64_t n,
   /* torch reads the learning rate tensor as a double (lr.item<double>()). */
   const double lr = p->lr_tensor ? (double)*p->lr_tensor : p->lr;
   adamw_consts k;
-  const double w = 1.0 - p->beta1;
-  k.w = (float)w;
-  k.w_m1 = k.w - 1.0f;
-  k.w_small = fabsf(k.w) < 0.5f;
-  k.beta2 = (float)p->beta2;
-  k.c2 = (float)(1.0 - p->beta2);
-  k.eps = (float)p->eps;
-  k.decay_on = p->weight_decay != 0.0;
-  k.amsgrad = p->amsgrad != 0;
-  k.maximize = p->maximize != 0;
+  k.h = mixprec__adamw_hyper_of(p);
   k.has_scale = p->grad_scale != NULL;
   k.scale = p->grad_scale ? *p->grad_scale : 1.0f;
   k.stream = total >= MIXPREC__OPT_STREAM_MIN;
@@ -171,9 +162,8 @@ mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list, int64_t n,
     const double bc1 = 1.0 - pow(p->beta1, step);
     const double bc2 = 1.0 - pow(p->beta2, step);
     sc[i].new_step = t;
-    sc[i].decay = (float)(1.0 - lr * p->weight_decay);
-    sc[i].step_size = (float)(lr / bc1);
-    sc[i].bc2_sqrt = (float)sqrt(bc2);
+    mixprec__adamw_tensor_consts(lr, p->weight_decay, bc1, bc2, &sc[i].decay, &sc[i].step_size,
+                                 &sc[i].bc2_sqrt);
     sc[i].sr_key = mixprec__sr_key(p->sr_seed, (uint64_t)i, t);
   }
 

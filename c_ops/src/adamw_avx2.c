@@ -17,16 +17,16 @@ MIXPREC__FORCE_INLINE __m256 update8(const mixprec_opt_tensor *t, int64_t i, con
                                const mixprec_dtype gd, const int amsgrad, const int sr) {
   __m256 g = mixprec__opt_load8(t->grad, gd, i);
   if (k->has_scale) g = _mm256_div_ps(g, _mm256_set1_ps(k->scale));
-  if (k->maximize) g = mixprec__opt_neg8(g);
+  if (k->h.maximize) g = mixprec__opt_neg8(g);
   __m256 p = sr ? mixprec__opt_load8(t->param, MIXPREC_BF16, i) : _mm256_loadu_ps(P + i);
-  if (k->decay_on) p = _mm256_mul_ps(p, _mm256_set1_ps(s->decay));
+  if (k->h.decay_on) p = _mm256_mul_ps(p, _mm256_set1_ps(s->decay));
   __m256 m = _mm256_loadu_ps(t->exp_avg + i);
   const __m256 diff = _mm256_sub_ps(g, m);
-  m = k->w_small ? _mm256_fmadd_ps(_mm256_set1_ps(k->w), diff, m)
-                 : _mm256_fmadd_ps(_mm256_set1_ps(k->w_m1), diff, g);
-  const __m256 cg = _mm256_mul_ps(_mm256_set1_ps(k->c2), g);
+  m = k->h.w_small ? _mm256_fmadd_ps(_mm256_set1_ps(k->h.w), diff, m)
+                 : _mm256_fmadd_ps(_mm256_set1_ps(k->h.w_m1), diff, g);
+  const __m256 cg = _mm256_mul_ps(_mm256_set1_ps(k->h.c2), g);
   const __m256 v = _mm256_fmadd_ps(
-      cg, g, _mm256_mul_ps(_mm256_loadu_ps(t->exp_avg_sq + i), _mm256_set1_ps(k->beta2)));
+      cg, g, _mm256_mul_ps(_mm256_loadu_ps(t->exp_avg_sq + i), _mm256_set1_ps(k->h.beta2)));
   __m256 vd = v;
   if (amsgrad) {
     /* torch's Vectorized<float> maximum: max_ps(old, v) gives v unless
@@ -36,7 +36,7 @@ MIXPREC__FORCE_INLINE __m256 update8(const mixprec_opt_tensor *t, int64_t i, con
     _mm256_storeu_ps(t->max_exp_avg_sq + i, vd);
   }
   const __m256 denom = _mm256_add_ps(
-      _mm256_div_ps(_mm256_sqrt_ps(vd), _mm256_set1_ps(s->bc2_sqrt)), _mm256_set1_ps(k->eps));
+      _mm256_div_ps(_mm256_sqrt_ps(vd), _mm256_set1_ps(s->bc2_sqrt)), _mm256_set1_ps(k->h.eps));
   const __m256 upd = _mm256_mul_ps(_mm256_set1_ps(s->step_size), m);
   _mm256_storeu_ps(t->exp_avg + i, m);
   _mm256_storeu_ps(t->exp_avg_sq + i, v);
@@ -85,7 +85,7 @@ MIXPREC__FORCE_INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin
 
 int64_t mixprec__adamw_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
                                  const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k) {
-  if (k->amsgrad) {
+  if (k->h.amsgrad) {
     MIXPREC__ADAMW_PD(1)
   } else {
     MIXPREC__ADAMW_PD(0)

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 
 #include "internal.h"
+#include "nms_check.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -328,16 +329,9 @@ static mixprec_status check_args(const void *boxes, mixprec_dtype boxes_dtype,
                                  const void *scores, mixprec_dtype scores_dtype, int64_t n,
                                  const mixprec_nms_params *p, const int64_t *keep,
                                  const int64_t *n_keep) {
-  if (!p || !n_keep) return MIXPREC_ERR_NULL_POINTER;
-  if (n < 0 || n > INT32_MAX) return MIXPREC_ERR_BAD_SIZE;
-  if (mixprec_dtype_size(boxes_dtype) == 0 || mixprec_dtype_size(scores_dtype) == 0)
-    return MIXPREC_ERR_BAD_DTYPE;
-  if (n > 0 && (!boxes || !scores)) return MIXPREC_ERR_NULL_POINTER;
-  if (mixprec_nms_capacity(n, p) > 0 && !keep) return MIXPREC_ERR_NULL_POINTER;
-  if (!(p->iou_threshold >= 0.0)) return MIXPREC_ERR_BAD_ARGUMENT; /* NaN too */
-  if (p->use_score_threshold && p->score_threshold != p->score_threshold)
-    return MIXPREC_ERR_BAD_ARGUMENT;
-  return MIXPREC_OK;
+  const mixprec_status st = mixprec__nms_check_sizes(boxes_dtype, scores_dtype, n, p, n_keep);
+  if (st != MIXPREC_OK) return st;
+  return mixprec__nms_check_data(boxes, scores, n, p, keep);
 }
 
 static mixprec_status run(const void *boxes, mixprec_dtype boxes_dtype, const void *scores,
@@ -473,7 +467,7 @@ mixprec_status mixprec_batched_nms(const void *boxes, mixprec_dtype boxes_dtype,
   mixprec_status st = check_args(boxes, boxes_dtype, scores, scores_dtype, n, p, keep, n_keep);
   if (st != MIXPREC_OK) return st;
   if (n > 0 && !classes) return MIXPREC_ERR_NULL_POINTER;
-  if (classes_dtype != MIXPREC_I64 && classes_dtype != MIXPREC_I32) return MIXPREC_ERR_BAD_DTYPE;
+  if (!mixprec__nms_classes_dtype_ok(classes_dtype)) return MIXPREC_ERR_BAD_DTYPE;
   return run(boxes, boxes_dtype, scores, scores_dtype, classes, classes_dtype, n, p, keep,
              n_keep);
 }

@@ -9,6 +9,7 @@
 
 #include "internal.h"
 #include "optim_check.h"
+#include "optim_consts.h"
 #include "stochastic_round.h"
 
 /* Work is cut into chunks of at most this many elements of one tensor. The
@@ -27,17 +28,6 @@
 #endif
 /* Below this many elements in all, a parallel region costs more than it saves. */
 #define MIXPREC__OPT_PARALLEL_MIN ((int64_t)1 << 16)
-
-/* The vector width (in floats) of the torch CPU kernels whose results the
- * optimizers reproduce bit for bit: Vectorized<float>::size() of torch's
- * AVX2 build. torch's fused CPU optimizers run a vectorised body over the
- * first numel - numel % width elements of each tensor and a scalar loop over
- * the rest, and the two round differently (see adamw.c, sgd.c). 16 would be
- * torch's AVX-512 build. Any value gives correct results; only the bitwise
- * equality of the last few elements of a tensor depends on it. */
-#ifndef MIXPREC__OPT_TORCH_VEC
-#define MIXPREC__OPT_TORCH_VEC 8
-#endif
 
 /* First element of a tensor that torch's scalar tail loop handles. */
 MIXPREC__FORCE_INLINE int64_t mixprec__opt_tail_start(int64_t numel) {
@@ -106,14 +96,10 @@ typedef struct mixprec__adamw_scalars {
   uint32_t sr_key; /* stochastic rounding (master-free BF16 only) */
 } mixprec__adamw_scalars;
 
-/* AdamW, per step: shared by every tensor. */
+/* AdamW, per step: shared by every tensor. h as the GPU has it
+ * (optim_consts.h); the grad scale read on the host. */
 typedef struct mixprec__adamw_consts {
-  float w;       /* lerp weight 1 - beta1 */
-  float w_m1;    /* w - 1, the other branch's coefficient */
-  int w_small;   /* |w| < 0.5 */
-  float beta2, c2, eps;
-  int decay_on;  /* weight_decay != 0 */
-  int amsgrad, maximize;
+  mixprec__adamw_hyper h;
   int has_scale;
   float scale;
   int stream;    /* non-temporal stores for low-precision params (large steps) */
@@ -121,8 +107,7 @@ typedef struct mixprec__adamw_consts {
 
 /* SGD, per step. */
 typedef struct mixprec__sgd_consts {
-  float lr, momentum, wd, damp1; /* damp1 = 1 - dampening */
-  int wd_on, momentum_on, nesterov, maximize;
+  mixprec__sgd_hyper h;
   int has_scale;
   float scale;
   int stream;    /* as in mixprec__adamw_consts */

@@ -40,21 +40,21 @@ MIXPREC__FORCE_INLINE void sgd_range(const mixprec_opt_tensor *t, int64_t begin,
   for (int64_t i = begin; i < end; i++) {
     float g = mixprec__load_f32(t->grad, t->grad_dtype, i);
     if (k->has_scale) g = g / k->scale;
-    if (k->maximize) g = -g;
+    if (k->h.maximize) g = -g;
     float p = sr ? mixprec__load_f32(t->param, MIXPREC_BF16, i) : P[i];
-    if (k->wd_on) g = fmaf(p, k->wd, g);
-    if (k->momentum_on) {
+    if (k->h.wd_on) g = fmaf(p, k->h.wd, g);
+    if (k->h.momentum_on) {
       float buf;
       if (first)
         buf = g;
       else if (tail)
-        buf = fmaf(B[i], k->momentum, g * k->damp1);
+        buf = fmaf(B[i], k->h.momentum, g * k->h.damp1);
       else
-        buf = fmaf(k->damp1, g, B[i] * k->momentum);
+        buf = fmaf(k->h.damp1, g, B[i] * k->h.momentum);
       B[i] = buf;
-      g = k->nesterov ? fmaf(buf, k->momentum, g) : buf;
+      g = k->h.nesterov ? fmaf(buf, k->h.momentum, g) : buf;
     }
-    p = fmaf(-g, k->lr, p);
+    p = fmaf(-g, k->h.lr, p);
     if (sr) {
       mixprec__opt_store_bf16_sr(t->param, i, sr_key, p);
     } else {
@@ -140,14 +140,7 @@ mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list, int64_t n,
   /* torch reads the learning rate tensor as a double (lr.item<double>()). */
   const double lr = p->lr_tensor ? (double)*p->lr_tensor : p->lr;
   sgd_consts k;
-  k.lr = (float)lr;
-  k.momentum = (float)p->momentum;
-  k.wd = (float)p->weight_decay;
-  k.damp1 = (float)(1.0 - p->dampening);
-  k.wd_on = p->weight_decay != 0.0;
-  k.momentum_on = p->momentum != 0.0;
-  k.nesterov = p->nesterov != 0;
-  k.maximize = p->maximize != 0;
+  k.h = mixprec__sgd_hyper_of(p, lr);
   k.has_scale = p->grad_scale != NULL;
   k.scale = p->grad_scale ? *p->grad_scale : 1.0f;
   k.stream = total >= MIXPREC__OPT_STREAM_MIN;

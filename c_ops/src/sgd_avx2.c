@@ -15,21 +15,21 @@ MIXPREC__FORCE_INLINE __m256 update8(const mixprec_opt_tensor *t, int64_t i, con
                                const mixprec__sgd_consts *k, const mixprec_dtype gd, const int sr) {
   __m256 g = mixprec__opt_load8(t->grad, gd, i);
   if (k->has_scale) g = _mm256_div_ps(g, _mm256_set1_ps(k->scale));
-  if (k->maximize) g = mixprec__opt_neg8(g);
+  if (k->h.maximize) g = mixprec__opt_neg8(g);
   const __m256 p = sr ? mixprec__opt_load8(t->param, MIXPREC_BF16, i) : _mm256_loadu_ps(P + i);
-  if (k->wd_on) g = _mm256_fmadd_ps(p, _mm256_set1_ps(k->wd), g);
-  if (k->momentum_on) {
-    const __m256 momentum = _mm256_set1_ps(k->momentum);
+  if (k->h.wd_on) g = _mm256_fmadd_ps(p, _mm256_set1_ps(k->h.wd), g);
+  if (k->h.momentum_on) {
+    const __m256 momentum = _mm256_set1_ps(k->h.momentum);
     __m256 buf;
     if (first)
       buf = g;
     else
-      buf = _mm256_fmadd_ps(_mm256_set1_ps(k->damp1), g,
+      buf = _mm256_fmadd_ps(_mm256_set1_ps(k->h.damp1), g,
                             _mm256_mul_ps(_mm256_loadu_ps(t->momentum_buffer + i), momentum));
     _mm256_storeu_ps(t->momentum_buffer + i, buf);
-    g = k->nesterov ? _mm256_fmadd_ps(buf, momentum, g) : buf;
+    g = k->h.nesterov ? _mm256_fmadd_ps(buf, momentum, g) : buf;
   }
-  return _mm256_fmadd_ps(mixprec__opt_neg8(g), _mm256_set1_ps(k->lr), p);
+  return _mm256_fmadd_ps(mixprec__opt_neg8(g), _mm256_set1_ps(k->h.lr), p);
 }
 
 /* One dtype combination (constants at each call). */

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "softmax_check.h"
 #include "softmax_internal.h"
 
 #ifdef _OPENMP
@@ -116,22 +117,11 @@ typedef void (*fwd_fn)(const void *, mixprec_dtype, void *, mixprec_dtype,
 typedef void (*bwd_fn)(const void *, const void *, mixprec_dtype, void *,
                        mixprec_dtype, int64_t, int64_t, int64_t, int);
 
-static mixprec_status check_shape(mixprec_dtype a, mixprec_dtype b, int64_t outer,
-                                  int64_t n, int64_t inner, int64_t *numel) {
-  if (mixprec_dtype_size(a) == 0 || mixprec_dtype_size(b) == 0) return MIXPREC_ERR_BAD_DTYPE;
-  if (outer < 0 || n < 0 || inner < 0) return MIXPREC_ERR_BAD_SIZE;
-  *numel = 0;
-  if (outer == 0 || n == 0 || inner == 0) return MIXPREC_OK;
-  if (n > INT64_MAX / inner || outer > INT64_MAX / (n * inner)) return MIXPREC_ERR_BAD_SIZE;
-  *numel = outer * n * inner;
-  return MIXPREC_OK;
-}
-
 static mixprec_status softmax_fwd(const void *x, mixprec_dtype xd, void *y,
                                   mixprec_dtype yd, int64_t outer, int64_t n,
                                   int64_t inner, int log) {
   int64_t numel;
-  mixprec_status status = check_shape(xd, yd, outer, n, inner, &numel);
+  mixprec_status status = mixprec__softmax_check_shape(xd, yd, outer, n, inner, &numel);
   if (status != MIXPREC_OK || numel == 0) return status;
   if (!x || !y) return MIXPREC_ERR_NULL_POINTER;
   const int avx2 = mixprec__sm_use_avx2();
@@ -174,7 +164,7 @@ static mixprec_status softmax_bwd(const void *dy, const void *y, mixprec_dtype y
                                   void *dx, mixprec_dtype dxd, int64_t outer,
                                   int64_t n, int64_t inner, int log) {
   int64_t numel;
-  mixprec_status status = check_shape(yd, dxd, outer, n, inner, &numel);
+  mixprec_status status = mixprec__softmax_check_shape(yd, dxd, outer, n, inner, &numel);
   if (status != MIXPREC_OK || numel == 0) return status;
   if (!dy || !y || !dx) return MIXPREC_ERR_NULL_POINTER;
   bwd_fn fn = mixprec__softmax_bwd_scalar;

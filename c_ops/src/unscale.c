@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "internal.h"
+#include "unscale_check.h"
 
 /* Work is cut into chunks of at most this many elements of one tensor. The
  * chunking depends only on the list, never on the thread count, so the norm
@@ -198,14 +199,8 @@ mixprec_status mixprec_grad_norm(const mixprec_tensor *tensors, int64_t n_tensor
 static mixprec_status run(const mixprec_tensor *tensors, int64_t n_tensors,
                           const float *inv_scale, float *found_inf, float *norms,
                           float *total_norm, int write) {
-  if (n_tensors < 0) return MIXPREC_ERR_BAD_SIZE;
-  if ((n_tensors > 0 && !tensors) || !inv_scale || !found_inf)
-    return MIXPREC_ERR_NULL_POINTER;
-  for (int64_t t = 0; t < n_tensors; t++) {
-    if (tensors[t].numel < 0) return MIXPREC_ERR_BAD_SIZE;
-    if (mixprec_dtype_size(tensors[t].dtype) == 0) return MIXPREC_ERR_BAD_DTYPE;
-    if (tensors[t].numel > 0 && !tensors[t].data) return MIXPREC_ERR_NULL_POINTER;
-  }
+  const mixprec_status st = mixprec__unscale_check(tensors, n_tensors, inv_scale, found_inf);
+  if (st != MIXPREC_OK) return st;
   const int want_norm = !write || norms != NULL || total_norm != NULL;
 
   /* first[t] = index of tensor t's first chunk; first[n] = chunk count. */
