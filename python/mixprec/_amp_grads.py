@@ -12,6 +12,8 @@ from collections import defaultdict
 import torch
 from torch.amp.grad_scaler import _MultiDeviceReplicator
 
+from . import _distributed
+from ._distributed import NormParts, local
 from ._library import FLOAT_DTYPES, handles
 
 _FP16_GRADS_MESSAGE = (
@@ -53,16 +55,24 @@ def accepts_fp16_grads(optimizer: torch.optim.Optimizer) -> bool:
 
 
 def grads_by_device(optimizer: torch.optim.Optimizer) -> dict[torch.device, list[torch.Tensor]]:
+    """The optimizer's gradients (this rank's shards of DTensor ones) per
+    device."""
     out: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.grad is not None:
-                out[p.grad.device].append(p.grad)
+                g = local(p.grad)
+                out[g.device].append(g)
     return out
 
 
 def all_fusable(optimizer: torch.optim.Optimizer) -> bool:
     return all(fusable(g) for gs in grads_by_device(optimizer).values() for g in gs)
+
+
+def _squares(norms: torch.Tensor) -> torch.Tensor:
+    n = norms.double()
+    return (n * n).sum()
 
 
 def unscale_grads(
@@ -73,47 +83,60 @@ def unscale_grads(
     allow_fp16: bool,
     want_norm: bool = False,
     read_only: bool = False,
+    process_group=None,
 ):
     """Unscales every grad of ``optimizer``: one fused call per device for
-    all float32/float16/bfloat16 dense grads; torch's op for the rest.
-    Returns the per-device found_inf dict and, if ``want_norm``, the list of
-    partial L2 norms per device. ``read_only``: only the non-finite check
-    (inv_scale must be 1), which the fused grads get from the read-only
-    ``grad_norm`` op. ``allow_fp16=False`` raises torch's ValueError on a
-    float16 gradient before anything is written."""
+    all float32/float16/bfloat16 dense grads (this rank's shards of DTensor
+    grads); torch's op for the rest. Returns the per-device found_inf dict,
+    reduced (MAX) over the ranks that share sharded grads, and, if
+    ``want_norm``, the :class:`NormParts` of the unscaled grads.
+    ``read_only``: only the non-finite check (inv_scale must be 1), which the
+    fused grads get from the read-only ``grad_norm`` op.
+    ``allow_fp16=False`` raises torch's ValueError on a float16 gradient
+    before anything is written. ``process_group``: the ranks sharing FSDP1
+    flat parameters (default: the world)."""
     per_device_inv_scale = _MultiDeviceReplicator(inv_scale)
     per_device_found_inf = _MultiDeviceReplicator(found_inf)
-    fused: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
-    other: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = defaultdict(lambda: defaultdict(list))
-    norms: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
+    # device -> [(grad, its reduction groups)]
+    fused: dict[torch.device, list[tuple[torch.Tensor, tuple]]] = defaultdict(list)
+    other: dict[torch.device, dict[torch.dtype, list[tuple[torch.Tensor, tuple]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    parts = NormParts()
+    all_groups: set = set()
     with torch.no_grad():
         for group in optimizer.param_groups:
             for param in group["params"]:
                 if param.grad is None:
                     continue
-                grad = param.grad
-                if not allow_fp16 and grad.dtype == torch.float16:
+                if not allow_fp16 and param.grad.dtype == torch.float16:
                     raise ValueError(_FP16_GRADS_MESSAGE)
+                _distributed.check_placements(param.grad, "mixprec.amp.GradScaler")
+                groups = _distributed.reduction_groups(param, param.grad, process_group)
+                all_groups.update(groups)
+                grad = local(param.grad)
                 if grad.is_sparse:
                     if grad.dtype is torch.float16:
                         param.grad = grad = grad.coalesce()
-                    other[grad.device][grad.dtype].append(grad._values())
+                    other[grad.device][grad.dtype].append((grad._values(), groups))
                 elif fusable(grad):
-                    fused[grad.device].append(grad)
+                    fused[grad.device].append((grad, groups))
                 else:
-                    other[grad.device][grad.dtype].append(grad)
-        for device, grads in fused.items():
+                    other[grad.device][grad.dtype].append((grad, groups))
+        for device, entries in fused.items():
+            grads = [g for g, _ in entries]
             fi, inv = per_device_found_inf.get(device), per_device_inv_scale.get(device)
             if read_only:
                 torch.ops.mixprec.grad_norm(grads, fi, inv)
             elif want_norm:
-                _, total = torch.ops.mixprec.unscale_norm_(grads, fi, inv)
-                norms[device].append(total)
+                per, total = torch.ops.mixprec.unscale_norm_(grads, fi, inv)
+                _add_norms(parts, device, entries, per, total)
             else:
                 torch.ops.mixprec.unscale_(grads, fi, inv)
         for device, per_dtype in other.items():
             fi, inv = per_device_found_inf.get(device), per_device_inv_scale.get(device)
-            for grads in per_dtype.values():
+            for entries in per_dtype.values():
+                grads = [g for g, _ in entries]
                 if grads[0].dtype is torch.bfloat16 or grads[0].dtype is torch.float16:
                     # torch's op may lack these dtypes on this device:
                     # unscale an FP32 copy and write it back rounded.
@@ -124,37 +147,63 @@ def unscale_grads(
                 else:
                     torch._amp_foreach_non_finite_check_and_unscale_(grads, fi, inv)
                 if want_norm:
-                    per = [torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads]
-                    norms[device].append(torch.linalg.vector_norm(torch.stack(per)))
-    return per_device_found_inf._per_device_tensors, norms
+                    per = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads])
+                    _add_norms(parts, device, entries, per, torch.linalg.vector_norm(per))
+    found = per_device_found_inf._per_device_tensors
+    _distributed.reduce_found_inf(found, all_groups)
+    return found, parts
 
 
-def grad_norms_read_only(optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor):
-    """The read-only pass of the folded clip: per-device found_inf and L2
-    norms of ``grad * inv_scale``, the grads untouched (all must be
-    fusable)."""
+def _add_norms(parts: NormParts, device, entries, per: torch.Tensor, total: torch.Tensor) -> None:
+    """One fused call's norms into ``parts``: its total as it is when every
+    grad is whole on this rank (the common case, bit for bit what the op
+    returned), else the squared per-tensor norms per reduction key."""
+    keys = [groups for _, groups in entries]
+    if not any(keys):
+        parts.add_local(device, total)
+        return
+    by_key: dict[tuple, list[int]] = defaultdict(list)
+    for i, k in enumerate(keys):
+        by_key[k].append(i)
+    for k, idx in by_key.items():
+        sq = _squares(per[torch.tensor(idx, device=per.device)])
+        if k:
+            parts.add_sharded(k, sq)
+        else:
+            parts.add_local(device, sq.sqrt())
+
+
+def grad_norms_read_only(optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor, process_group=None):
+    """The read-only pass of the folded clip: per-device found_inf (reduced
+    over sharding ranks) and the NormParts of ``grad * inv_scale``, the
+    grads untouched (all must be fusable)."""
     per_device_inv_scale = _MultiDeviceReplicator(inv_scale)
     per_device_found_inf = _MultiDeviceReplicator(found_inf)
-    norms: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
+    entries_by_device: dict[torch.device, list[tuple[torch.Tensor, tuple]]] = defaultdict(list)
+    all_groups: set = set()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                _distributed.check_placements(p.grad, "mixprec.amp.GradScaler.clip_grad_norm_")
+                groups = _distributed.reduction_groups(p, p.grad, process_group)
+                all_groups.update(groups)
+                g = local(p.grad)
+                entries_by_device[g.device].append((g, groups))
+    parts = NormParts()
     with torch.no_grad():
-        for device, gs in grads_by_device(optimizer).items():
-            _, total = torch.ops.mixprec.grad_norm(gs, per_device_found_inf.get(device), per_device_inv_scale.get(device))
-            norms[device].append(total)
-    return per_device_found_inf._per_device_tensors, norms
-
-
-def combine_norms(norms: dict[torch.device, list[torch.Tensor]], dev: torch.device) -> torch.Tensor:
-    """The L2 norm of several partial L2 norms (devices, fallback groups),
-    in float64 so no square overflows, on ``dev``, without a host sync."""
-    parts = [n.to(dev, non_blocking=True).double() for group in norms.values() for n in group]
-    if not parts:
-        return torch.zeros((), dtype=torch.float32, device=dev)
-    if len(parts) == 1:
-        return parts[0].float()
-    return torch.linalg.vector_norm(torch.stack(parts)).float()
+        for device, entries in entries_by_device.items():
+            per, total = torch.ops.mixprec.grad_norm(
+                [g for g, _ in entries], per_device_found_inf.get(device), per_device_inv_scale.get(device)
+            )
+            _add_norms(parts, device, entries, per, total)
+    found = per_device_found_inf._per_device_tensors
+    _distributed.reduce_found_inf(found, all_groups)
+    return found, parts
 
 
 def plain_total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The norm a disabled scaler returns (no sharding reduction: a disabled
+    scaler is a plain pass-through)."""
     if not grads:
         return torch.zeros(())
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(local(g).float()) for g in grads]))

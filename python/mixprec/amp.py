@@ -50,7 +50,16 @@ class GradScaler(torch.amp.GradScaler):
     (2**16), ``growth_factor`` (2.0), ``backoff_factor`` (0.5),
     ``growth_interval`` (2000), ``enabled`` (True).
     Keyword-only extras: ``hysteresis`` (1: back off on every overflow),
-    ``min_scale`` (0.0), ``max_scale`` (inf).
+    ``min_scale`` (0.0), ``max_scale`` (inf), ``process_group`` (the ranks
+    that share FSDP1 flat parameters, as torch's ``ShardedGradScaler`` takes
+    it; default the world).
+
+    Sharded models (FSDP2 / tensor-parallel DTensor gradients, FSDP1 flat
+    parameters): found_inf is reduced (MAX) over the ranks that hold shards
+    of one gradient, and the norms of ``unscale_(return_norm=True)`` /
+    ``clip_grad_norm_`` are the global norm, so every rank skips and clips
+    alike (torch's ``ShardedGradScaler`` for FSDP1, DTensor's found_inf
+    reduction for FSDP2).
     """
 
     def __init__(
@@ -65,6 +74,7 @@ class GradScaler(torch.amp.GradScaler):
         hysteresis: int = 1,
         min_scale: float = 0.0,
         max_scale: float = float("inf"),
+        process_group=None,
     ) -> None:
         self._device = str(device)
         self._enabled = enabled
@@ -95,6 +105,7 @@ class GradScaler(torch.amp.GradScaler):
         self._hysteresis = int(hysteresis)
         self._min_scale = float(min_scale)
         self._max_scale = float(max_scale)
+        self._process_group = process_group
         self._init_hysteresis_tracker = self._hysteresis
         self._hysteresis_tracker: torch.Tensor | None = None
         self._init_skipped_steps = 0
@@ -138,7 +149,8 @@ class GradScaler(torch.amp.GradScaler):
         """torch's hook (its ``_unscale_grads_`` returns the per-device
         found_inf dict); mixprec's returns the per-device norms too."""
         return _amp_grads.unscale_grads(
-            optimizer, inv_scale, found_inf, allow_fp16=allow_fp16, want_norm=want_norm, read_only=read_only
+            optimizer, inv_scale, found_inf, allow_fp16=allow_fp16, want_norm=want_norm, read_only=read_only,
+            process_group=self._process_group,
         )
 
     @_eager
@@ -172,7 +184,7 @@ class GradScaler(torch.amp.GradScaler):
         optimizer_state["stage"] = OptState.UNSCALED
         if not return_norm:
             return None
-        return _amp_grads.combine_norms(norms, self._scale.device)
+        return norms.total(self._scale.device)
 
     @_eager
     def clip_grad_norm_(
@@ -224,8 +236,8 @@ class GradScaler(torch.amp.GradScaler):
         assert self._scale is not None
         inv_scale = self._scale.double().reciprocal().float()
         found_inf = torch.full((), 0.0, dtype=torch.float32, device=self._scale.device)
-        found, norms = _amp_grads.grad_norms_read_only(optimizer, inv_scale, found_inf)
-        total = _amp_grads.combine_norms(norms, self._scale.device)
+        found, norms = _amp_grads.grad_norms_read_only(optimizer, inv_scale, found_inf, self._process_group)
+        total = norms.total(self._scale.device)
         _amp_clip.check_finite(total, error_if_nonfinite)
         # step() hands this to the optimizer as its grad_scale (the UNSCALED
         # stage passes optimizer.grad_scale through unchanged).
@@ -420,6 +432,7 @@ class GradScaler(torch.amp.GradScaler):
             state["_init_skipped_steps"] = self.get_skipped_steps()
             state["_hysteresis_tracker"] = None
             state["_skipped_steps"] = None
+        state["_process_group"] = None  # not picklable; pass it again after unpickling
         return state
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ._distributed import local
 from ._library import FLOAT_DTYPES as _PARAM_DTYPES
 
 __all__ = ["AdamW", "SGD"]
@@ -128,14 +129,20 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
 
     @staticmethod
     def _master_of(p: torch.Tensor, st: dict[str, torch.Tensor]) -> torch.Tensor:
-        return st["master"] if "master" in st else p.new_empty(0, dtype=torch.float32)
+        """The local FP32 master handed to the op (an empty tensor: none)."""
+        return local(st["master"]) if "master" in st else local(p).new_empty(0, dtype=torch.float32)
 
     @staticmethod
     def _fp32_zeros(p: torch.Tensor) -> torch.Tensor:
+        """New FP32 state laid out like ``p``: a DTensor with the param's
+        mesh and placements when the param is one (so
+        torch.distributed.checkpoint saves and reshards it)."""
         return torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
 
     def _grad_of(self, p: torch.Tensor) -> torch.Tensor:
-        g = p.grad
+        """The local gradient handed to the op, laid out like the local
+        param."""
+        g, p = local(p.grad), local(p)
         if g.is_sparse:
             raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
         if g.stride() != p.stride():
@@ -207,20 +214,20 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 st = self.state.get(p)
                 if st and "master" in st:
-                    self._follow_param(p, st["master"])
-                    versions[id(p)] = p._version
+                    self._follow_param(local(p), local(st["master"]))
+                    versions[id(p)] = local(p)._version
 
     def _follow_outside_writes(self, params: list[torch.Tensor], states: list[dict[str, Any]]) -> None:
         versions = self._versions()
         for p, st in zip(params, states):
-            v = p._version
+            v = local(p)._version
             if versions.get(id(p), v) != v and "master" in st:
-                self._follow_param(p, st["master"])
+                self._follow_param(local(p), local(st["master"]))
 
     def _record_versions(self, params: list[torch.Tensor]) -> None:
         versions = self._versions()
         for p in params:
-            versions[id(p)] = p._version
+            versions[id(p)] = local(p)._version
 
     # Eager under torch.compile: the step is one fused op per device already,
     # and its bookkeeping (lazy state, the params' version counters) is
@@ -254,27 +261,41 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
 
     def _step_device(self, group, params, states, grads, masters, steps, lr, lr_tensor, grad_scale, found_inf,
                      sr_seed) -> None:
-        """Creates the optimizer's own state where missing and calls its op."""
+        """Creates the optimizer's own state where missing and calls its op.
+        ``params`` and ``states`` as the optimizer holds them (DTensors
+        under FSDP2 / tensor parallel): the op gets their local shards
+        (:meth:`_local_state`); ``grads`` and ``masters`` are local
+        already."""
         raise NotImplementedError
+
+    @staticmethod
+    def _local_state(states, key: str) -> list[torch.Tensor]:
+        return [local(st[key]) for st in states]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads a state dict of this class or of torch's optimizer of the
         same kind. torch casts floating state to each parameter's dtype;
         this keeps FP32 state (and master weights) in FP32, exactly."""
-        originals: dict[int, dict[str, torch.Tensor]] = {}
-        for idx, st in state_dict.get("state", {}).items():
-            originals[idx] = {
-                k: v for k, v in st.items() if k in _FP32_STATE_KEYS and isinstance(v, torch.Tensor)
-            }
+        # Saved state keys map to params by position in the groups' "params"
+        # lists, as torch's loader maps them: integers from state_dict(),
+        # parameter names (FQNs) from torch.distributed.checkpoint's
+        # set_optimizer_state_dict.
+        saved_groups = state_dict.get("param_groups", [])
+        id_map = dict(
+            zip(
+                (k for g in saved_groups for k in g["params"]),
+                (p for g in self.param_groups for p in g["params"]),
+            )
+        )
+        originals: dict[Any, dict[str, torch.Tensor]] = {}
+        for key, st in state_dict.get("state", {}).items():
+            if isinstance(st, dict):
+                originals[key] = {
+                    k: v for k, v in st.items() if k in _FP32_STATE_KEYS and isinstance(v, torch.Tensor)
+                }
         super().load_state_dict(state_dict)
-        index_to_param = {}
-        i = 0
-        for group in self.param_groups:
-            for p in group["params"]:
-                index_to_param[i] = p
-                i += 1
-        for idx, saved in originals.items():
-            p = index_to_param.get(int(idx))
+        for key, saved in originals.items():
+            p = id_map.get(key)
             if p is None:
                 continue
             st = self.state[p]
@@ -283,13 +304,13 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
             if "step" in st:
                 step = st["step"]
                 st["step"] = (
-                    step.detach().to(device=p.device, dtype=torch.float32).reshape(()).clone()
+                    step.detach().to(device=local(p).device, dtype=torch.float32).reshape(()).clone()
                     if isinstance(step, torch.Tensor)
-                    else torch.tensor(float(step), dtype=torch.float32, device=p.device)
+                    else torch.tensor(float(step), dtype=torch.float32, device=local(p).device)
                 )
         # A loaded master is the truth about its param from here on (and the
         # seeds are the checkpoint's, shared by every rank that loads it).
-        self._record_versions(list(index_to_param.values()))
+        self._record_versions(list(id_map.values()))
         self._drawn_seed_groups().clear()
         self._after_load()
 
@@ -349,9 +370,9 @@ class AdamW(_FusedMasterWeightOptimizer):
                 st["max_exp_avg_sq"] = self._fp32_zeros(p)
         beta1, beta2 = group["betas"]
         torch.ops.mixprec.adamw_step_(
-            params, grads, masters,
-            [st["exp_avg"] for st in states], [st["exp_avg_sq"] for st in states],
-            [st["max_exp_avg_sq"] for st in states] if group["amsgrad"] else [],
+            [local(p) for p in params], grads, masters,
+            self._local_state(states, "exp_avg"), self._local_state(states, "exp_avg_sq"),
+            self._local_state(states, "max_exp_avg_sq") if group["amsgrad"] else [],
             steps, lr, float(beta1), float(beta2), float(group["weight_decay"]), float(group["eps"]),
             bool(group["amsgrad"]), bool(group["maximize"]), lr_tensor, grad_scale, found_inf, sr_seed,
         )
@@ -410,9 +431,9 @@ class SGD(_FusedMasterWeightOptimizer):
             for p, st in zip(params, states):
                 if st.get("momentum_buffer") is None:
                     st["momentum_buffer"] = self._fp32_zeros(p)
-                bufs.append(st["momentum_buffer"])
+                bufs.append(local(st["momentum_buffer"]))
         torch.ops.mixprec.sgd_step_(
-            params, grads, masters, bufs, steps,
+            [local(p) for p in params], grads, masters, bufs, steps,
             lr, momentum, float(group["dampening"]), float(group["weight_decay"]),
             bool(group["nesterov"]), bool(group["maximize"]),
             lr_tensor, grad_scale, found_inf, sr_seed,

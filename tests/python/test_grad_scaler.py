@@ -73,16 +73,23 @@ def test_trajectory_matches_torch(gen, dtype, opt_name, clip):
     assert ref.get_scale() != 2.0**10  # the run did back off and grow
 
 
-def test_fp16_grads_accepted_where_torch_refuses(gen):
+def test_fp16_grads_refused_with_torch_optimizer_accepted_with_mixprec(gen):
+    """torch refuses FP16 grads in unscale_ (its optimizers keep FP16 state,
+    which overflows to NaN); so does mixprec's scaler with a torch optimizer,
+    with the same error. mixprec's optimizers keep FP32 state: accepted,
+    unscaled exactly."""
     model = Net().to(torch.float16)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(2, 3, 6, 6, generator=gen).half()
     loss = model(x).float().sum()
-    torch_scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
-    torch_scaler.scale(loss).backward(retain_graph=True)
-    with pytest.raises(ValueError, match="FP16"):
-        torch_scaler.unscale_(opt)
-    opt.zero_grad()
+    for scaler in (torch.amp.GradScaler("cpu", init_scale=256.0), GradScaler("cpu", init_scale=256.0)):
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler.scale(loss).backward(retain_graph=True)
+        before = [p.grad.clone() for p in model.parameters()]
+        with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+            scaler.unscale_(opt)
+        assert all(torch.equal(p.grad, b) for p, b in zip(model.parameters(), before))
+        opt.zero_grad()
+    opt = mixprec.optim.SGD(model.parameters(), lr=0.01)
     ours = GradScaler("cpu", init_scale=256.0)
     ours.scale(loss).backward()
     scaled = [p.grad.clone() for p in model.parameters()]
@@ -92,12 +99,19 @@ def test_fp16_grads_accepted_where_torch_refuses(gen):
         assert torch.equal(p.grad, want)
 
 
+class _OptInSGD(torch.optim.SGD):
+    """An optimizer that declares it keeps FP32 state (the opt-in mixprec's
+    optimizers make), so the scaler hands it FP16 gradients."""
+
+    _accepts_fp16_grads = True
+
+
 def test_mixed_dtype_grads_one_pass(gen):
     a = torch.nn.Parameter(torch.randn(100, generator=gen))
     b = torch.nn.Parameter(torch.randn(50, generator=gen).bfloat16())
     c = torch.nn.Parameter(torch.randn(10, generator=gen).half())
     d = torch.nn.Parameter(torch.randn(10, generator=gen).double())
-    opt = torch.optim.SGD([a, b, c, d], lr=0.1)
+    opt = _OptInSGD([a, b, c, d], lr=0.1)
     ga, gb, gc, gd = (torch.randn_like(t) * 64 for t in (a, b, c, d))
     for p, g in zip((a, b, c, d), (ga, gb, gc, gd)):
         p.grad = g.clone()

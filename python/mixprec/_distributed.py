@@ -1,0 +1,124 @@
+"""mixprec on torch.distributed: what the scaler and the optimizers need to
+know about sharded parameters, in one place.
+
+* DTensor parameters and gradients (FSDP2's ``fully_shard``, tensor
+  parallel) are handed to mixprec's ops as their local shards
+  (``local()``): the ops are elementwise per tensor (the optimizers) or
+  reductions the callers finish themselves (found_inf, norms), so no
+  DTensor sharding rule is involved and none is registered; calling
+  ``torch.ops.mixprec.*`` directly on DTensors raises DTensor's
+  NotImplementedError.
+* The ranks that hold shards of one model must agree: found_inf is reduced
+  (MAX) and squared gradient norms summed over them before anyone uses them.
+  For a DTensor gradient those ranks are the mesh dimensions it is sharded
+  on (Shard or Partial placements; a Replicate dimension already holds the
+  whole value); for an FSDP1 flat parameter, the scaler's process group.
+  DDP gradients are already all-reduced: nothing to do.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+try:
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import Partial, Replicate
+except ImportError:  # a torch built without distributed
+    dist = None
+    DTensor = None
+
+
+def is_dtensor(t) -> bool:
+    return DTensor is not None and isinstance(t, DTensor)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The shard this rank holds (the tensor itself when not a DTensor)."""
+    return t._local_tensor if is_dtensor(t) else t
+
+
+def _is_fsdp1_flat(p: torch.Tensor) -> bool:
+    return bool(getattr(p, "_fsdp_flattened", False))
+
+
+def reduction_groups(param: torch.Tensor, grad: torch.Tensor, process_group) -> tuple:
+    """The process groups over which this gradient's norm and inf check must
+    be reduced (empty: it is whole on this rank)."""
+    if is_dtensor(grad):
+        mesh = grad.device_mesh
+        out = []
+        for dim, placement in enumerate(grad.placements):
+            if isinstance(placement, Replicate):
+                continue
+            out.append(mesh.get_group(dim))
+        return tuple(out)
+    if _is_fsdp1_flat(param) and dist is not None and dist.is_initialized():
+        return (process_group if process_group is not None else dist.group.WORLD,)
+    return ()
+
+
+def check_placements(grad: torch.Tensor, where: str) -> None:
+    if is_dtensor(grad) and any(isinstance(p, Partial) for p in grad.placements):
+        raise RuntimeError(
+            f"{where}: a gradient with a Partial placement (not yet reduced over its mesh) cannot be "
+            f"unscaled or clipped shard by shard; got placements {grad.placements}"
+        )
+
+
+def _all_reduce(t: torch.Tensor, op, group) -> None:
+    """In place; a CPU tensor under a backend that needs CUDA tensors (NCCL)
+    goes through the current CUDA device and back."""
+    if t.device.type == "cpu" and dist.get_backend(group) == "nccl":
+        moved = t.to(torch.device("cuda", torch.cuda.current_device()))
+        dist.all_reduce(moved, op=op, group=group)
+        t.copy_(moved)
+    else:
+        dist.all_reduce(t, op=op, group=group)
+
+
+def reduce_found_inf(found_per_device: dict, groups: set) -> None:
+    """found_inf := MAX over every rank of ``groups``, on every device, so a
+    skip is everyone's skip. No host sync under NCCL (the collective is
+    queued on the stream)."""
+    for group in groups:
+        for fi in found_per_device.values():
+            _all_reduce(fi, dist.ReduceOp.MAX, group)
+
+
+class NormParts:
+    """Partial L2 norms of one optimizer's gradients, reduced where sharded.
+    ``local`` parts are whole on this rank (their L2 norms combine exactly as
+    before any sharding existed); ``sharded`` parts are squared sums keyed by
+    the groups to sum them over."""
+
+    def __init__(self) -> None:
+        self.local: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
+        self.sharded: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+
+    def add_local(self, device: torch.device, norm: torch.Tensor) -> None:
+        self.local[device].append(norm)
+
+    def add_sharded(self, groups: tuple, squared: torch.Tensor) -> None:
+        self.sharded[groups].append(squared.double())
+
+    def total(self, dev: torch.device) -> torch.Tensor:
+        """The global L2 norm on ``dev`` (float32, 0-dim)."""
+        parts = [n.to(dev, non_blocking=True).double() for group in self.local.values() for n in group]
+        if not self.sharded:
+            if not parts:
+                return torch.zeros((), dtype=torch.float32, device=dev)
+            if len(parts) == 1:
+                return parts[0].float()
+            return torch.linalg.vector_norm(torch.stack(parts)).float()
+        sq = torch.zeros((), dtype=torch.float64, device=dev)
+        for p in parts:
+            sq = sq + p * p
+        for groups, squares in self.sharded.items():
+            s = torch.stack([t.to(dev) for t in squares]).sum()
+            for g in groups:
+                _all_reduce(s, dist.ReduceOp.SUM, g)
+            sq = sq + s
+        return sq.sqrt().float()
