@@ -28,8 +28,17 @@ def _free_port():
         return s.getsockname()[1]
 
 
+class _Net(torch.nn.Sequential):
+    def forward(self, x, skip_last=False):
+        for i, layer in enumerate(self):
+            if skip_last and i == 3:
+                break
+            x = layer(x)
+        return x
+
+
 def _net():
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    return _Net(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
 
 
 def _gather_params(model):
@@ -47,7 +56,10 @@ def _worker(rank, port, mode, result_dir):
     try:
         torch.manual_seed(1234 + rank)  # what DDP recipes do: a different stream per rank
         model = _net().to(torch.bfloat16)
-        ddp = torch.nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's weights
+        if mode == "unused":
+            model.append(torch.nn.Linear(10, 10).to(torch.bfloat16))  # never used: no grad, ever
+        ddp_kw = {"gradient_as_bucket_view": mode == "bucket_view", "find_unused_parameters": mode == "unused"}
+        ddp = torch.nn.parallel.DistributedDataParallel(model, **ddp_kw)  # broadcasts rank 0's weights
         if mode == "sr":
             opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3, master_weights=False)
         elif mode == "sr_explicit_per_rank":
@@ -59,7 +71,16 @@ def _worker(rank, port, mode, result_dir):
         for step in range(4):
             x = torch.randn(8, 32, generator=g).bfloat16()
             y = torch.randint(0, 10, (8,), generator=g)
-            loss = torch.nn.functional.cross_entropy(ddp(x).float(), y)
+            if mode == "no_sync":
+                # Gradient accumulation: the first micro-batch without the
+                # all-reduce, the second with it.
+                with ddp.no_sync():
+                    scaler.scale(torch.nn.functional.cross_entropy(ddp(x[:4]).float(), y[:4])).backward()
+                loss = torch.nn.functional.cross_entropy(ddp(x[4:]).float(), y[4:])
+            elif mode == "unused":
+                loss = torch.nn.functional.cross_entropy(ddp(x, skip_last=True).float(), y)
+            else:
+                loss = torch.nn.functional.cross_entropy(ddp(x).float(), y)
             if mode == "inf_on_rank1" and step == 2 and rank == 1:
                 loss = loss * float("inf")
             scaler.scale(loss).backward()
@@ -86,8 +107,10 @@ def _run(mode):
         return torch.load(os.path.join(d, "result.pt"))
 
 
-@pytest.mark.parametrize("mode", ["sr", "master"])
+@pytest.mark.parametrize("mode", ["sr", "master", "bucket_view", "no_sync", "unused"])
 def test_replicas_stay_bit_identical(mode):
+    """Also with gradient_as_bucket_view=True, no_sync() accumulation and
+    find_unused_parameters=True (a layer that never gets a grad)."""
     r = _run(mode)
     assert r["differ"] == 0, f"{r['differ']} of {r['n']} params differ between ranks"
     assert r["scales"][0] == r["scales"][1]
