@@ -15,7 +15,9 @@ def test_grad_scaler_cuda_bf16_fp16(gen):
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).cuda()
     for dtype in (torch.bfloat16, torch.float16):
         m = model.to(dtype)
-        opt = torch.optim.SGD(m.parameters(), lr=0.01)
+        # FP16 grads go only to optimizers with FP32 state (mixprec's); a
+        # torch optimizer gets torch's ValueError (tested on the CPU).
+        opt = mixprec.optim.SGD(m.parameters(), lr=0.01)
         s = mixprec.amp.GradScaler("cuda", init_scale=256.0)
         x = torch.randn(8, 16, generator=gen).to("cuda", dtype)
         s.scale(m(x).float().sum()).backward()

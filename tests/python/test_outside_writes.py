@@ -16,8 +16,9 @@ import torch
 
 import mixprec
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not (torch.cuda.is_available() and mixprec.cuda_ops_loaded()), reason="needs CUDA and libmixprec_cuda"))]
+from _reference import requires_cuda
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, requires_cuda])]
 LR = 1e-6
 
 
