@@ -1,6 +1,5 @@
-// Shared by the CUDA registrations (cuda.cpp, nms_cuda.cpp, softmax_cuda.cpp):
-// the current torch stream of a device and the device check every CUDA op
-// makes after the common validation.
+// What every family's CUDA backend (shim/<family>_cuda.cpp) uses: torch's
+// current stream of a device and the device check of the CUDA backends.
 #pragma once
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>

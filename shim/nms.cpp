@@ -1,18 +1,13 @@
-// NMS ops: schemas (a fragment of the mixprec library) and the CPU
-// implementations. Validation is nms_args() in common.cpp, shared with the
-// CUDA implementations in nms_cuda.cpp.
-#include <torch/headeronly/core/ScalarType.h>
-
+// The nms family: its schemas, and its CPU backend. The validation is
+// nms_op.h's, shared with the CUDA backend in nms_cuda.cpp.
 #include <cstring>
 #include <memory>
-#include <tuple>
 
-#include "common.h"
+#include "nms_op.h"
 
 namespace mixprec_shim {
+namespace nms {
 namespace {
-
-using torch::headeronly::ScalarType;
 
 // Runs the C API into `out` (a.capacity entries, padded with -1).
 int64_t run_cpu(const char* op, const NmsArgs& a, int64_t* out) {
@@ -26,44 +21,34 @@ int64_t run_cpu(const char* op, const NmsArgs& a, int64_t* out) {
   return count;
 }
 
-// The kept indices in a tensor of exactly their number (copied with memcpy:
-// a torch copy would start a parallel region for a few hundred KiB).
-Tensor exact(const char* op, const NmsArgs& a, const Tensor& like) {
-  std::unique_ptr<int64_t[]> buf(new int64_t[static_cast<size_t>(a.capacity) + 1]);
-  const int64_t count = run_cpu(op, a, buf.get());
-  Tensor keep = torch::stable::new_empty(like, {count}, ScalarType::Long);
-  if (count) std::memcpy(keep.data_ptr(), buf.get(), sizeof(int64_t) * static_cast<size_t>(count));
-  return keep;
-}
+struct CpuBackend {
+  static void check_device(const char* op, const Where& w) { check_cpu_device(op, w); }
 
-Tensor nms_cpu(Tensor boxes, Tensor scores, double iou_threshold,
-               std::optional<double> score_threshold, int64_t max_output) {
-  NmsArgs a = nms_args("nms", boxes, scores, nullptr, iou_threshold, score_threshold, max_output);
-  return exact("nms", a, boxes);
-}
+  // The kept indices in a tensor of exactly their number (copied with
+  // memcpy: a torch copy would start a parallel region for a few hundred
+  // KiB).
+  static Tensor keep(const char* op, const NmsArgs& a, const Tensor& like) {
+    std::unique_ptr<int64_t[]> buf(new int64_t[static_cast<size_t>(a.capacity) + 1]);
+    const int64_t count = run_cpu(op, a, buf.get());
+    Tensor keep = torch::stable::new_empty(like, {count}, ScalarType::Long);
+    if (count)
+      std::memcpy(keep.data_ptr(), buf.get(), sizeof(int64_t) * static_cast<size_t>(count));
+    return keep;
+  }
 
-Tensor batched_nms_cpu(Tensor boxes, Tensor scores, Tensor idxs, double iou_threshold,
-                       std::optional<double> score_threshold, int64_t max_output) {
-  NmsArgs a = nms_args("batched_nms", boxes, scores, &idxs, iou_threshold, score_threshold,
-                       max_output);
-  return exact("batched_nms", a, boxes);
-}
-
-std::tuple<Tensor, Tensor> nms_padded_cpu(Tensor boxes, Tensor scores, std::optional<Tensor> idxs,
-                                          double iou_threshold,
-                                          std::optional<double> score_threshold,
-                                          int64_t max_output) {
-  NmsArgs a = nms_args("nms_padded", boxes, scores, idxs.has_value() ? &*idxs : nullptr,
-                       iou_threshold, score_threshold, max_output);
-  Tensor keep = torch::stable::new_empty(boxes, {a.capacity}, ScalarType::Long);
-  const int64_t count =
-      run_cpu("nms_padded", a, a.capacity ? static_cast<int64_t*>(keep.data_ptr()) : nullptr);
-  Tensor n = torch::stable::new_empty(boxes, {}, ScalarType::Long);
-  *static_cast<int64_t*>(n.data_ptr()) = count;
-  return {keep, n};
-}
+  static std::tuple<Tensor, Tensor> keep_padded(const char* op, const NmsArgs& a,
+                                                const Tensor& like) {
+    Tensor keep = torch::stable::new_empty(like, {a.capacity}, ScalarType::Long);
+    const int64_t count =
+        run_cpu(op, a, a.capacity ? static_cast<int64_t*>(keep.data_ptr()) : nullptr);
+    Tensor n = torch::stable::new_empty(like, {}, ScalarType::Long);
+    *static_cast<int64_t*>(n.data_ptr()) = count;
+    return {keep, n};
+  }
+};
 
 }  // namespace
+}  // namespace nms
 }  // namespace mixprec_shim
 
 STABLE_TORCH_LIBRARY_FRAGMENT(mixprec, m) {
@@ -88,7 +73,9 @@ STABLE_TORCH_LIBRARY_FRAGMENT(mixprec, m) {
 }
 
 STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
-  m.impl("nms", TORCH_BOX(&mixprec_shim::nms_cpu));
-  m.impl("batched_nms", TORCH_BOX(&mixprec_shim::batched_nms_cpu));
-  m.impl("nms_padded", TORCH_BOX(&mixprec_shim::nms_padded_cpu));
+  namespace nms = mixprec_shim::nms;
+  using B = nms::CpuBackend;
+  m.impl("nms", TORCH_BOX(&nms::nms_op<B>));
+  m.impl("batched_nms", TORCH_BOX(&nms::batched_nms_op<B>));
+  m.impl("nms_padded", TORCH_BOX(&nms::nms_padded_op<B>));
 }

@@ -1,0 +1,180 @@
+// The amp ops (unscale_, unscale_norm_, grad_norm, update_scale_,
+// update_scale_ex_), validated once for both devices: each op is a template
+// over a backend B (amp.cpp: CPU, amp_cuda.cpp: CUDA) that only says how to
+// run the C entry point:
+//   B::check_device(op, where)                   the tensors are B's
+//   B::unscale(op, args, norms, total, write, like) -> mixprec_status
+//     (norms/total null: no norm; write false: mixprec_grad_norm)
+//   B::update_scale(op, args)                     -> mixprec_status
+// Every check runs before any kernel, so a failed call leaves all inputs
+// untouched.
+#pragma once
+
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+#include "common.h"
+
+namespace mixprec_shim {
+namespace amp {
+
+struct UnscaleArgs {
+  std::vector<mixprec_tensor> list;
+  Where device;
+  float* found_inf;
+  const float* inv_scale;
+};
+
+// Grads: a non-empty list of strided, dense (any dimension order, e.g.
+// channels_last) float32/float16/bfloat16 tensors on found_inf's device.
+// found_inf and inv_scale: one-element float32 tensors on that device.
+inline UnscaleArgs unscale_args(const char* op, const std::vector<Tensor>& grads,
+                                const Tensor& found_inf, const Tensor& inv_scale) {
+  UnscaleArgs a;
+  a.device = where(found_inf);
+  check_scalar(op, "found_inf", found_inf, ScalarType::Float, a.device, nullptr);
+  check_scalar(op, "inv_scale", inv_scale, ScalarType::Float, a.device, nullptr);
+  STD_TORCH_CHECK(!grads.empty(), "mixprec::", op, ": grads must be a non-empty list of tensors");
+  a.list.reserve(grads.size());
+  for (size_t i = 0; i < grads.size(); i++) {
+    const Tensor& g = grads[i];
+    STD_TORCH_CHECK(g.defined(), "mixprec::", op, ": grads[", i, "] is undefined");
+    STD_TORCH_CHECK(g.layout() == Layout::Strided, "mixprec::", op, ": grads[", i,
+                    "] must be a strided tensor (sparse gradients are not supported)");
+    mixprec_dtype dt;
+    STD_TORCH_CHECK(to_mixprec_dtype(g.scalar_type(), &dt), "mixprec::", op, ": grads[", i,
+                    "] must be float32, float16 or bfloat16, got ", dtype_name(g.scalar_type()));
+    STD_TORCH_CHECK(where(g) == a.device, "mixprec::", op, ": grads[", i, "] is on ",
+                    describe(where(g)), " but found_inf is on ", describe(a.device));
+    STD_TORCH_CHECK(is_dense(g), "mixprec::", op, ": grads[", i,
+                    "] must be contiguous or dense in some dimension order "
+                    "(e.g. channels_last); call .contiguous() on it");
+    // Strides are never negative in torch, so a dense tensor's data_ptr() is
+    // the lowest address of its elements whatever the dimension order.
+    a.list.push_back({g.numel() ? g.data_ptr() : nullptr, g.numel(), dt});
+  }
+  a.found_inf = static_cast<float*>(found_inf.data_ptr());
+  a.inv_scale = static_cast<const float*>(inv_scale.data_ptr());
+  return a;
+}
+
+struct UpdateScaleArgs {
+  float* scale;
+  int32_t* growth_tracker;
+  int32_t* hysteresis_tracker;  // may be null
+  int64_t* skipped_steps;       // may be null
+  const float* found_inf;
+  mixprec_update_scale_params params;
+  Where device;
+};
+
+// hysteresis_tracker / skipped_steps are null for update_scale_.
+inline UpdateScaleArgs update_scale_args(const char* op, const Tensor& scale,
+                                         const Tensor& growth_tracker,
+                                         const Tensor* hysteresis_tracker,
+                                         const Tensor* skipped_steps, const Tensor& found_inf,
+                                         double growth_factor, double backoff_factor,
+                                         int64_t growth_interval, int64_t hysteresis,
+                                         double min_scale, double max_scale) {
+  UpdateScaleArgs a;
+  a.device = where(scale);
+  check_scalar(op, "scale", scale, ScalarType::Float, a.device, "scale");
+  check_scalar(op, "growth_tracker", growth_tracker, ScalarType::Int, a.device, "scale");
+  check_scalar(op, "found_inf", found_inf, ScalarType::Float, a.device, "scale");
+  a.hysteresis_tracker = nullptr;
+  a.skipped_steps = nullptr;
+  if (hysteresis_tracker) {
+    check_scalar(op, "hysteresis_tracker", *hysteresis_tracker, ScalarType::Int, a.device,
+                 "scale");
+    a.hysteresis_tracker = static_cast<int32_t*>(hysteresis_tracker->data_ptr());
+  }
+  if (skipped_steps) {
+    check_scalar(op, "skipped_steps", *skipped_steps, ScalarType::Long, a.device, "scale");
+    a.skipped_steps = static_cast<int64_t*>(skipped_steps->data_ptr());
+  }
+  STD_TORCH_CHECK(std::isfinite(growth_factor) && growth_factor > 0, "mixprec::", op,
+                  ": growth_factor must be finite and positive, got ", growth_factor);
+  STD_TORCH_CHECK(std::isfinite(backoff_factor) && backoff_factor > 0, "mixprec::", op,
+                  ": backoff_factor must be finite and positive, got ", backoff_factor);
+  STD_TORCH_CHECK(growth_interval >= 1 && growth_interval <= INT32_MAX, "mixprec::", op,
+                  ": growth_interval must be in [1, 2^31), got ", growth_interval);
+  STD_TORCH_CHECK(hysteresis >= 1 && hysteresis <= INT32_MAX, "mixprec::", op,
+                  ": hysteresis must be >= 1, got ", hysteresis);
+  STD_TORCH_CHECK(min_scale >= 0 && max_scale >= min_scale, "mixprec::", op,
+                  ": need 0 <= min_scale <= max_scale, got min_scale=", min_scale,
+                  " max_scale=", max_scale);
+  a.scale = static_cast<float*>(scale.data_ptr());
+  a.growth_tracker = static_cast<int32_t*>(growth_tracker.data_ptr());
+  a.found_inf = static_cast<const float*>(found_inf.data_ptr());
+  a.params.growth_factor = growth_factor;
+  a.params.backoff_factor = backoff_factor;
+  a.params.growth_interval = growth_interval;
+  a.params.hysteresis = hysteresis;
+  a.params.min_scale = static_cast<float>(min_scale);
+  a.params.max_scale = static_cast<float>(max_scale);
+  return a;
+}
+
+template <class B>
+void unscale_op(std::vector<Tensor> grads, Tensor found_inf, Tensor inv_scale) {
+  const char* op = "unscale_";
+  UnscaleArgs a = unscale_args(op, grads, found_inf, inv_scale);
+  B::check_device(op, a.device);
+  check_status(B::unscale(op, a, nullptr, nullptr, true, found_inf), op);
+}
+
+// unscale_norm_ (write) and grad_norm (read only): the same call.
+template <class B>
+std::tuple<Tensor, Tensor> norm_op(const char* op, bool write, const std::vector<Tensor>& grads,
+                                   const Tensor& found_inf, const Tensor& inv_scale) {
+  UnscaleArgs a = unscale_args(op, grads, found_inf, inv_scale);
+  B::check_device(op, a.device);
+  const int64_t n = static_cast<int64_t>(a.list.size());
+  Tensor norms = torch::stable::new_empty(found_inf, {n}, ScalarType::Float);
+  Tensor total = torch::stable::new_empty(found_inf, {}, ScalarType::Float);
+  check_status(B::unscale(op, a, static_cast<float*>(norms.data_ptr()),
+                          static_cast<float*>(total.data_ptr()), write, found_inf),
+               op);
+  return {norms, total};
+}
+
+template <class B>
+std::tuple<Tensor, Tensor> unscale_norm_op(std::vector<Tensor> grads, Tensor found_inf,
+                                           Tensor inv_scale) {
+  return norm_op<B>("unscale_norm_", true, grads, found_inf, inv_scale);
+}
+
+template <class B>
+std::tuple<Tensor, Tensor> grad_norm_op(std::vector<Tensor> grads, Tensor found_inf,
+                                        Tensor inv_scale) {
+  return norm_op<B>("grad_norm", false, grads, found_inf, inv_scale);
+}
+
+// update_scale_ is update_scale_ex_ without hysteresis, bounds or counter.
+template <class B>
+void update_scale_op(Tensor scale, Tensor growth_tracker, Tensor found_inf, double growth_factor,
+                     double backoff_factor, int64_t growth_interval) {
+  const char* op = "update_scale_";
+  UpdateScaleArgs a = update_scale_args(op, scale, growth_tracker, nullptr, nullptr, found_inf,
+                                        growth_factor, backoff_factor, growth_interval, 1, 0.0,
+                                        INFINITY);
+  B::check_device(op, a.device);
+  check_status(B::update_scale(op, a), op);
+}
+
+template <class B>
+void update_scale_ex_op(Tensor scale, Tensor growth_tracker, Tensor hysteresis_tracker,
+                        Tensor skipped_steps, Tensor found_inf, double growth_factor,
+                        double backoff_factor, int64_t growth_interval, int64_t hysteresis,
+                        double min_scale, double max_scale) {
+  const char* op = "update_scale_ex_";
+  UpdateScaleArgs a = update_scale_args(op, scale, growth_tracker, &hysteresis_tracker,
+                                        &skipped_steps, found_inf, growth_factor, backoff_factor,
+                                        growth_interval, hysteresis, min_scale, max_scale);
+  B::check_device(op, a.device);
+  check_status(B::update_scale(op, a), op);
+}
+
+}  // namespace amp
+}  // namespace mixprec_shim

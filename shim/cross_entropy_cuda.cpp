@@ -1,0 +1,48 @@
+// The CUDA backend of the cross_entropy family: after cross_entropy_op.h's
+// validation, enqueue the CUDA C API on torch's current stream of the
+// tensors' device.
+#include <torch/csrc/stable/accelerator.h>
+
+#include "cross_entropy_op.h"
+#include "cuda_common.h"
+
+namespace mixprec_shim {
+namespace cross_entropy {
+namespace {
+
+struct CudaBackend {
+  static void check_device(const char* op, const Where& w) { check_cuda_device(op, w); }
+  // Out-of-range targets are not detected here (that would need a sync):
+  // they give NaN (see mixprec_cuda_cross_entropy), so the status is never
+  // MIXPREC_ERR_BAD_ARGUMENT for them.
+  static mixprec_status cross_entropy(const CeArgs& a, float* loss, float* stats, float* wsum,
+                                      const Tensor& like) {
+    torch::stable::accelerator::DeviceGuard guard(a.device.index);
+    const int64_t bytes = mixprec_cuda_cross_entropy_workspace_size(&a.p);
+    STD_TORCH_CHECK(bytes >= 0, "mixprec::cross_entropy: invalid sizes");
+    // Scratch from torch's caching allocator on the current stream.
+    Tensor ws = torch::stable::new_empty(like, {bytes > 0 ? bytes : 1}, ScalarType::Byte);
+    return mixprec_cuda_cross_entropy(
+        a.positions ? a.logits.data_ptr() : nullptr, a.dtype,
+        a.positions ? static_cast<const int64_t*>(a.target.data_ptr()) : nullptr, &a.p, loss, stats,
+        wsum, ws.data_ptr(), bytes, current_cuda_stream("cross_entropy", a.device.index));
+  }
+  static mixprec_status cross_entropy_backward(const CeArgs& a, const float* grad_loss,
+                                               const float* stats, const float* wsum, void* dx) {
+    torch::stable::accelerator::DeviceGuard guard(a.device.index);
+    return mixprec_cuda_cross_entropy_backward(
+        grad_loss, a.logits.data_ptr(), a.dtype, static_cast<const int64_t*>(a.target.data_ptr()),
+        &a.p, stats, wsum, dx, current_cuda_stream("cross_entropy_backward", a.device.index));
+  }
+};
+
+}  // namespace
+}  // namespace cross_entropy
+}  // namespace mixprec_shim
+
+STABLE_TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
+  namespace ce = mixprec_shim::cross_entropy;
+  using B = ce::CudaBackend;
+  m.impl("cross_entropy", TORCH_BOX(&ce::cross_entropy_op<B>));
+  m.impl("cross_entropy_backward", TORCH_BOX(&ce::cross_entropy_backward_op<B>));
+}

@@ -1,0 +1,52 @@
+// The optim family (fused optimizer steps): its schemas, and its CPU
+// backend. The validation is optim_op.h's, shared with the CUDA backend in
+// optim_cuda.cpp.
+#include "optim_op.h"
+
+namespace mixprec_shim {
+namespace optim {
+namespace {
+
+struct CpuBackend {
+  static void check_device(const char* op, const Where& w) { check_cpu_device(op, w); }
+  static mixprec_status step(const char*, const OptArgs& a, const mixprec_adamw_params& p) {
+    return mixprec_adamw_step(a.list.data(), static_cast<int64_t>(a.list.size()), &p);
+  }
+  static mixprec_status step(const char*, const OptArgs& a, const mixprec_sgd_params& p) {
+    return mixprec_sgd_step(a.list.data(), static_cast<int64_t>(a.list.size()), &p);
+  }
+};
+
+}  // namespace
+}  // namespace optim
+}  // namespace mixprec_shim
+
+STABLE_TORCH_LIBRARY_FRAGMENT(mixprec, m) {
+  // Fused master-weight optimizer steps. masters[i] is the FP32 master of a
+  // float16/bfloat16 param, or an empty tensor for a float32 param. State
+  // lists are float32; max_exp_avg_sqs is empty unless amsgrad, and
+  // momentum_buffers empty when momentum is 0. steps: one float32 count per
+  // param. lr (when given) overrides the float lr; grad_scale divides the
+  // grads; a nonzero found_inf skips the whole step. All on the device.
+  // A bfloat16 param whose masters[i] is empty goes without a master: it is
+  // updated from its own value and written back with stochastic rounding
+  // seeded by sr_seed (reproducible; c_ops/src/stochastic_round.h).
+  m.def(
+      "adamw_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] masters,"
+      " Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs,"
+      " Tensor(f!)[] steps, float lr, float beta1, float beta2, float weight_decay,"
+      " float eps, bool amsgrad, bool maximize, Tensor? lr_tensor, Tensor? grad_scale,"
+      " Tensor? found_inf, int sr_seed=0) -> ()");
+  m.def(
+      "sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] masters,"
+      " Tensor(c!)[] momentum_buffers, Tensor(d!)[] steps, float lr, float momentum,"
+      " float dampening, float weight_decay, bool nesterov, bool maximize,"
+      " Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf, int sr_seed=0) -> ()");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
+  namespace optim = mixprec_shim::optim;
+  using B = optim::CpuBackend;
+  m.impl("adamw_step_", TORCH_BOX(&optim::adamw_step_op<B>));
+  m.impl("sgd_step_", TORCH_BOX(&optim::sgd_step_op<B>));
+}

@@ -1,0 +1,214 @@
+// The optim ops (adamw_step_, sgd_step_), validated once for both devices:
+// each op is a template over a backend B (optim.cpp: CPU, optim_cuda.cpp:
+// CUDA) that only says how to run the C entry point:
+//   B::check_device(op, where)            the tensors are B's
+//   B::step(op, args, params)             -> mixprec_status, for
+//     params a mixprec_adamw_params or a mixprec_sgd_params
+// Every check runs before any kernel, so a failed call leaves all inputs
+// untouched.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "common.h"
+
+namespace mixprec_shim {
+namespace optim {
+
+struct OptArgs {
+  std::vector<mixprec_opt_tensor> list;
+  Where device;
+  const float* lr_tensor;   // null when absent
+  const float* grad_scale;  // null when absent
+  const float* found_inf;   // null when absent
+};
+
+inline bool same_layout(const Tensor& a, const Tensor& b) {
+  if (a.dim() != b.dim()) return false;
+  auto sa = a.sizes(), sb = b.sizes(), ta = a.strides(), tb = b.strides();
+  for (int64_t d = 0; d < a.dim(); d++) {
+    if (sa[d] != sb[d]) return false;
+    if (sa[d] != 1 && ta[d] != tb[d]) return false;
+  }
+  return true;
+}
+
+inline mixprec_dtype float_dtype(const char* op, const char* list, size_t i,
+                                 const Tensor& t) {
+  mixprec_dtype d;
+  STD_TORCH_CHECK(to_mixprec_dtype(t.scalar_type(), &d), "mixprec::", op, ": ", list, "[", i,
+                  "] must be float32, float16 or bfloat16, got ", dtype_name(t.scalar_type()));
+  return d;
+}
+
+// An element-for-element companion of params[i] (grad, master, state).
+inline void check_companion(const char* op, const char* list, size_t i, const Tensor& t,
+                            const Tensor& param, const Where& dev) {
+  STD_TORCH_CHECK(t.defined() && t.layout() == Layout::Strided, "mixprec::", op, ": ", list, "[",
+                  i, "] must be a defined strided tensor (sparse is not supported)");
+  STD_TORCH_CHECK(where(t) == dev, "mixprec::", op, ": ", list, "[", i, "] is on ",
+                  describe(where(t)), " but params[", i, "] is on ", describe(dev));
+  STD_TORCH_CHECK(same_layout(t, param), "mixprec::", op, ": ", list, "[", i,
+                  "] must have the same shape and strides as params[", i, "]");
+}
+
+// The tensor lists of mixprec::adamw_step_ / sgd_step_. params:
+// float32/float16/bfloat16, dense; grads: same sizes and strides, any of the
+// three dtypes; masters: float32 with the param's sizes and strides, or an
+// empty tensor for a float32 param (which is its own master); state lists
+// (names given by the caller, empty list = absent): float32 with the param's
+// sizes and strides; steps: one-element float32 each. Every tensor on the
+// params' device.
+inline OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
+                        const std::vector<Tensor>& grads, const std::vector<Tensor>& masters,
+                        const std::vector<Tensor>* states[], const char* const state_names[],
+                        int n_states, const std::vector<Tensor>& steps,
+                        const std::optional<Tensor>& lr_tensor,
+                        const std::optional<Tensor>& grad_scale,
+                        const std::optional<Tensor>& found_inf) {
+  OptArgs a;
+  const size_t n = params.size();
+  STD_TORCH_CHECK(n > 0, "mixprec::", op, ": params must be a non-empty list of tensors");
+  STD_TORCH_CHECK(grads.size() == n, "mixprec::", op, ": grads has ", grads.size(),
+                  " tensors but params has ", n);
+  STD_TORCH_CHECK(masters.size() == n, "mixprec::", op, ": masters has ", masters.size(),
+                  " tensors but params has ", n);
+  STD_TORCH_CHECK(steps.size() == n, "mixprec::", op, ": steps has ", steps.size(),
+                  " tensors but params has ", n);
+  for (int k = 0; k < n_states; k++)
+    STD_TORCH_CHECK(states[k]->empty() || states[k]->size() == n, "mixprec::", op, ": ",
+                    state_names[k], " has ", states[k]->size(), " tensors but params has ", n);
+  a.device = where(params[0]);
+  a.list.resize(n);
+  for (size_t i = 0; i < n; i++) {
+    const Tensor& p = params[i];
+    STD_TORCH_CHECK(p.defined() && p.layout() == Layout::Strided, "mixprec::", op, ": params[", i,
+                    "] must be a defined strided tensor");
+    STD_TORCH_CHECK(where(p) == a.device, "mixprec::", op, ": params[", i, "] is on ",
+                    describe(where(p)), " but params[0] is on ", describe(a.device));
+    STD_TORCH_CHECK(is_dense(p), "mixprec::", op, ": params[", i,
+                    "] must be contiguous or dense in some dimension order");
+    mixprec_opt_tensor& d = a.list[i];
+    d.numel = p.numel();
+    d.param_dtype = float_dtype(op, "params", i, p);
+    d.param = d.numel ? p.data_ptr() : nullptr;
+    check_companion(op, "grads", i, grads[i], p, a.device);
+    d.grad_dtype = float_dtype(op, "grads", i, grads[i]);
+    d.grad = d.numel ? grads[i].data_ptr() : nullptr;
+    const Tensor& m = masters[i];
+    if (d.param_dtype == MIXPREC_F32 || (m.defined() && m.numel() == 0 && d.numel == 0)) {
+      STD_TORCH_CHECK(!m.defined() || m.numel() == 0, "mixprec::", op, ": masters[", i,
+                      "] must be an empty tensor: params[", i, "] is float32 (its own master)");
+      d.master = nullptr;
+    } else if (!m.defined() || m.numel() == 0) {
+      // No master: the stochastic-rounding mode, for bfloat16 only.
+      STD_TORCH_CHECK(d.param_dtype == MIXPREC_BF16, "mixprec::", op, ": masters[", i,
+                      "] is empty but params[", i,
+                      "] is float16: only bfloat16 params can go without an FP32 master"
+                      " (stochastic rounding)");
+      d.master = nullptr;
+    } else {
+      check_companion(op, "masters", i, m, p, a.device);
+      STD_TORCH_CHECK(m.scalar_type() == ScalarType::Float, "mixprec::", op, ": masters[", i,
+                      "] must be float32, got ", dtype_name(m.scalar_type()));
+      d.master = d.numel ? static_cast<float*>(m.data_ptr()) : nullptr;
+    }
+    float* state_ptr[3] = {nullptr, nullptr, nullptr};
+    for (int k = 0; k < n_states; k++) {
+      if (states[k]->empty()) continue;
+      const Tensor& t = (*states[k])[i];
+      check_companion(op, state_names[k], i, t, p, a.device);
+      STD_TORCH_CHECK(t.scalar_type() == ScalarType::Float, "mixprec::", op, ": ",
+                      state_names[k], "[", i, "] must be float32, got ",
+                      dtype_name(t.scalar_type()));
+      state_ptr[k] = d.numel ? static_cast<float*>(t.data_ptr()) : nullptr;
+    }
+    d.exp_avg = state_ptr[0];
+    d.exp_avg_sq = state_ptr[1];
+    d.max_exp_avg_sq = state_ptr[2];
+    const Tensor& st = steps[i];
+    STD_TORCH_CHECK(st.defined() && st.scalar_type() == ScalarType::Float && st.numel() == 1,
+                    "mixprec::", op, ": steps[", i, "] must be a one-element float32 tensor");
+    STD_TORCH_CHECK(where(st) == a.device, "mixprec::", op, ": steps[", i, "] is on ",
+                    describe(where(st)), " but params[", i, "] is on ", describe(a.device));
+    d.step = static_cast<float*>(st.data_ptr());
+  }
+  const std::optional<Tensor>* scalars[3] = {&lr_tensor, &grad_scale, &found_inf};
+  const char* scalar_names[3] = {"lr", "grad_scale", "found_inf"};
+  const float* scalar_ptr[3] = {nullptr, nullptr, nullptr};
+  for (int k = 0; k < 3; k++) {
+    if (!scalars[k]->has_value()) continue;
+    check_scalar(op, scalar_names[k], **scalars[k], ScalarType::Float, a.device, nullptr);
+    scalar_ptr[k] = static_cast<const float*>((*scalars[k])->data_ptr());
+  }
+  a.lr_tensor = scalar_ptr[0];
+  a.grad_scale = scalar_ptr[1];
+  a.found_inf = scalar_ptr[2];
+  return a;
+}
+
+template <class B>
+void adamw_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
+                   std::vector<Tensor> masters, std::vector<Tensor> exp_avgs,
+                   std::vector<Tensor> exp_avg_sqs, std::vector<Tensor> max_exp_avg_sqs,
+                   std::vector<Tensor> steps, double lr, double beta1, double beta2,
+                   double weight_decay, double eps, bool amsgrad, bool maximize,
+                   std::optional<Tensor> lr_tensor, std::optional<Tensor> grad_scale,
+                   std::optional<Tensor> found_inf, int64_t sr_seed) {
+  const char* op = "adamw_step_";
+  STD_TORCH_CHECK(!exp_avgs.empty() && !exp_avg_sqs.empty(), "mixprec::", op,
+                  ": exp_avgs and exp_avg_sqs are required");
+  STD_TORCH_CHECK(amsgrad == !max_exp_avg_sqs.empty(), "mixprec::", op,
+                  ": max_exp_avg_sqs must be given exactly when amsgrad is true");
+  const std::vector<Tensor>* states[3] = {&exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs};
+  const char* const names[3] = {"exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"};
+  OptArgs a = opt_args(op, params, grads, masters, states, names, 3, steps, lr_tensor,
+                       grad_scale, found_inf);
+  B::check_device(op, a.device);
+  mixprec_adamw_params p = mixprec_adamw_params_default();
+  p.lr = lr;
+  p.beta1 = beta1;
+  p.beta2 = beta2;
+  p.weight_decay = weight_decay;
+  p.eps = eps;
+  p.amsgrad = amsgrad;
+  p.maximize = maximize;
+  p.lr_tensor = a.lr_tensor;
+  p.grad_scale = a.grad_scale;
+  p.found_inf = a.found_inf;
+  p.sr_seed = (uint64_t)sr_seed;
+  check_status(B::step(op, a, p), op);
+}
+
+template <class B>
+void sgd_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
+                 std::vector<Tensor> masters, std::vector<Tensor> momentum_buffers,
+                 std::vector<Tensor> steps, double lr, double momentum, double dampening,
+                 double weight_decay, bool nesterov, bool maximize,
+                 std::optional<Tensor> lr_tensor, std::optional<Tensor> grad_scale,
+                 std::optional<Tensor> found_inf, int64_t sr_seed) {
+  const char* op = "sgd_step_";
+  STD_TORCH_CHECK((momentum != 0) == !momentum_buffers.empty(), "mixprec::", op,
+                  ": momentum_buffers must be given exactly when momentum is not 0");
+  const std::vector<Tensor>* states[1] = {&momentum_buffers};
+  const char* const names[1] = {"momentum_buffers"};
+  OptArgs a = opt_args(op, params, grads, masters, states, names, 1, steps, lr_tensor,
+                       grad_scale, found_inf);
+  B::check_device(op, a.device);
+  mixprec_sgd_params p = mixprec_sgd_params_default();
+  p.lr = lr;
+  p.momentum = momentum;
+  p.dampening = dampening;
+  p.weight_decay = weight_decay;
+  p.nesterov = nesterov;
+  p.maximize = maximize;
+  p.lr_tensor = a.lr_tensor;
+  p.grad_scale = a.grad_scale;
+  p.found_inf = a.found_inf;
+  p.sr_seed = (uint64_t)sr_seed;
+  check_status(B::step(op, a, p), op);
+}
+
+}  // namespace optim
+}  // namespace mixprec_shim
