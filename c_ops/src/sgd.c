@@ -13,7 +13,7 @@
  * grad_vec * Vec(-lr)` and the whole scalar tail are contracted into fused
  * multiply-adds by GCC (-mfma, -ffp-contract=fast), and in the momentum update
  * the tail fuses the other product than the body. The tail is the tensor's
- * last numel % MIXPREC__OPT_TORCH_VEC elements (see optim_common.h).
+ * last numel % MIXPREC__OPT_TORCH_VEC elements (see optim_consts.h).
  *
  * Per element, in float (c = rounded once to float from double; fma = fmaf):
  *   g = g / grad_scale;  g = -g (maximize)

@@ -32,7 +32,7 @@ MIXPREC__HD int mixprec__is_finite_f(float f) {
   return (v.u & 0x7f800000u) != 0x7f800000u;
 }
 
-/* One update; see mixprec_update_scale() in mixprec.h. With hysteresis 1,
+/* One update; see mixprec_update_scale() in mixprec/amp.h. With hysteresis 1,
  * min 0 and max inf this is exactly torch's _amp_update_scale_ (same double
  * products rounded to float). */
 MIXPREC__HD void mixprec__update_scale_step(

@@ -14,14 +14,12 @@
 #include <random>
 #include <vector>
 
+#include "cuda_util.h"
 #include "mixprec/mixprec.h"
 
 namespace {
 
-bool HaveDevice() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using mpt::HaveDevice;
 
 /* Host values stored in `dt` (16-bit patterns through the library's own
  * converters: the CPU entry point is the reference here). */

@@ -13,15 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "cuda_util.h"
 #include "mixprec/mixprec.h"
 #include "test_util.h"
 
 namespace {
 
-bool HaveDevice() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using mpt::HaveDevice;
 
 int ESize(mixprec_dtype d) { return d == MIXPREC_F32 ? 4 : 2; }
 

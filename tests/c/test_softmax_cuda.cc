@@ -7,30 +7,16 @@
 
 #include <cmath>
 
+#include "cuda_util.h"
 #include "test_util.h"
 
 namespace {
 
 using mpt::Buf;
 
-bool HaveDevice() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using mpt::HaveDevice;
 
-// A device copy of a host buffer, freed at scope exit.
-struct Dev {
-  void *p = nullptr;
-  size_t bytes = 0;
-  explicit Dev(size_t b) : bytes(b) { EXPECT_EQ(cudaMalloc(&p, b ? b : 1), cudaSuccess); }
-  Dev(const void *host, size_t b) : Dev(b) {
-    if (b) EXPECT_EQ(cudaMemcpy(p, host, b, cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~Dev() { cudaFree(p); }
-  void to_host(void *host) const {
-    if (bytes) EXPECT_EQ(cudaMemcpy(host, p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-};
+using Dev = mpt::DeviceBuffer;
 
 size_t nbytes(const Buf &b) { return size_t(b.numel()) * size_t(Buf::esize(b.dtype())); }
 

@@ -42,7 +42,7 @@ bool torch_update_scale(float &scale, int32_t &growth_tracker, float found_inf,
   return false;
 }
 
-// The rule as mixprec.h states it, hysteresis and bounds included.
+// The rule as mixprec/amp.h states it, hysteresis and bounds included.
 struct State {
   float scale;
   int32_t growth;
