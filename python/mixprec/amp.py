@@ -189,10 +189,12 @@ class GradScaler(torch.amp.GradScaler):
     @_eager
     def clip_grad_norm_(
         self,
-        optimizer: torch.optim.Optimizer,
+        optimizer,
         max_norm: float,
-        *,
+        norm_type: float = 2.0,
         error_if_nonfinite: bool = False,
+        foreach: bool | None = None,
+        *,
         fold: bool = False,
     ) -> torch.Tensor:
         """``unscale_(optimizer)`` + ``torch.nn.utils.clip_grad_norm_`` over the
@@ -200,6 +202,14 @@ class GradScaler(torch.amp.GradScaler):
         twice: the norm comes from the unscale pass. Returns the total norm
         (before clipping). Grads are multiplied by
         ``min(1, max_norm / (norm + 1e-6))`` exactly like torch.
+
+        Takes what ``torch.nn.utils.clip_grad_norm_`` takes as far as it
+        can: ``norm_type`` other than 2 (inf, 1, ...) unscales, then runs
+        torch's function on the optimizer's parameters (correct, not fused);
+        ``foreach`` is passed on there (the fused L2 path has no use for it);
+        instead of an optimizer, parameters (a tensor, a list, a generator),
+        whose gradients must then already be unscaled: torch's function on
+        them.
 
         ``fold=True`` (mixprec optimizers; otherwise ignored) folds the
         unscale and the clip into the optimizer step instead: one read-only
@@ -210,6 +220,13 @@ class GradScaler(torch.amp.GradScaler):
         stay scaled and unclipped in ``p.grad`` until the step: use it when
         nothing between this call and ``step()`` reads them. Results equal the
         unfolded path to FP32 rounding (one rounding instead of two)."""
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            return torch.nn.utils.clip_grad_norm_(optimizer, max_norm, norm_type, error_if_nonfinite, foreach)
+        if float(norm_type) != 2.0:
+            if self._enabled and self._per_optimizer_states[id(optimizer)]["stage"] is OptState.READY:
+                self.unscale_(optimizer)
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
         if fold and self._enabled and self._can_fold(optimizer):
             return self._clip_folded(optimizer, float(max_norm), error_if_nonfinite)
         total = self.unscale_(optimizer, return_norm=True)

@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from ._distributed import local
+from ._amp_grads import is_dense
+from ._distributed import is_dtensor, local
 from ._library import FLOAT_DTYPES as _PARAM_DTYPES
 
 __all__ = ["AdamW", "SGD"]
@@ -37,9 +38,48 @@ _SEED_MASK = (1 << 63) - 1
 _FP32_STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "master")
 
 
+def _check_lr(lr) -> None:
+    """torch's checks of ``lr``, for floats, ints and tensors (NaN fails
+    ``0 <= lr`` and is refused too)."""
+    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+        raise ValueError("Tensor lr must be 1-element")
+    if not 0.0 <= lr:
+        raise ValueError(f"Invalid learning rate: {lr}")
+
+
+def _torch_flags(foreach, capturable, differentiable, fused) -> dict[str, Any]:
+    """torch's implementation flags, accepted so code written for torch's
+    optimizers runs unchanged: mixprec's step is always one fused,
+    capturable pass, so ``foreach`` / ``fused`` / ``capturable`` change
+    nothing (they are kept in the param groups as torch keeps them);
+    ``differentiable=True`` (autograd through the step) is not supported."""
+    if differentiable:
+        raise NotImplementedError(
+            "mixprec.optim: differentiable=True (autograd through the optimizer step) is not supported"
+        )
+    return dict(foreach=foreach, capturable=bool(capturable), differentiable=False, fused=fused)
+
+
+def _scalar(x, what: str) -> float:
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1:
+            raise ValueError(f"Tensor {what} must be 1-element")
+        return float(x.item())
+    return x
+
+
 class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
     """Shared machinery: state creation, per-device grouping, GradScaler
     hand-over, state_dict loading that keeps FP32 state FP32."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """As torch's optimizers do in theirs: a loaded (or unpickled) group
+        that lacks a newer key gets its default, so a state dict from an
+        older torch or mixprec steps."""
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for k, v in getattr(self, "defaults", {}).items():
+                group.setdefault(k, v)
 
     _step_supports_amp_scaling = True
     # FP32 master weights and state: float16 gradients are safe here (see
@@ -109,10 +149,17 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
             int(seed) + 0x9E3779B97F4A7C15 * (group_index + 1) + 0xC2B2AE3D27D4EB4F * (first_param + 1)
         ) & _SEED_MASK
 
-    def _check_param(self, p: torch.Tensor) -> None:
+    def _check_param(self, p: torch.Tensor, group_index: int, index: int) -> None:
         if p.dtype not in _PARAM_DTYPES:
             raise RuntimeError(
-                f"{type(self).__name__}: parameters must be float32, float16 or bfloat16, got {p.dtype}"
+                f"{type(self).__name__}: param_groups[{group_index}]['params'][{index}] is {p.dtype} "
+                f"(shape {tuple(p.shape)}); parameters must be float32, float16 or bfloat16"
+            )
+        if p.grad is not None and p.grad.is_sparse:
+            raise RuntimeError(
+                f"{type(self).__name__}: param_groups[{group_index}]['params'][{index}] (shape "
+                f"{tuple(p.shape)}) has a sparse gradient; mixprec's optimizers take dense gradients "
+                "(torch.optim.SparseAdam is torch's for sparse ones)"
             )
 
     def _base_state(self, p: torch.Tensor, master_weights: bool = True) -> dict[str, torch.Tensor]:
@@ -128,9 +175,27 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
         return state
 
     @staticmethod
-    def _master_of(p: torch.Tensor, st: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _op_param(p: torch.Tensor) -> torch.Tensor:
+        """What the op steps for ``p``: its local tensor, or a contiguous copy
+        of it when it is not dense (a strided view such as
+        ``randn(10, 5, 2)[..., 0]``), written back after the op."""
+        lp = local(p)
+        return lp if is_dense(lp) else lp.contiguous()
+
+    @staticmethod
+    def _fitted(st: dict[str, Any], key: str, op_p: torch.Tensor) -> torch.Tensor:
+        """``st[key]`` (local) laid out like ``op_p``. State created before
+        the param changed layout (``model.to(memory_format=channels_last)``
+        after some steps) is re-laid out once, values unchanged."""
+        t = st[key]
+        lt = local(t)
+        if lt.stride() != op_p.stride() and not is_dtensor(t) and lt.shape == op_p.shape:
+            lt = st[key] = torch.empty_like(op_p, dtype=lt.dtype).copy_(lt)
+        return lt
+
+    def _master_of(self, p: torch.Tensor, st: dict[str, torch.Tensor], op_p: torch.Tensor) -> torch.Tensor:
         """The local FP32 master handed to the op (an empty tensor: none)."""
-        return local(st["master"]) if "master" in st else local(p).new_empty(0, dtype=torch.float32)
+        return self._fitted(st, "master", op_p) if "master" in st else op_p.new_empty(0, dtype=torch.float32)
 
     @staticmethod
     def _fp32_zeros(p: torch.Tensor) -> torch.Tensor:
@@ -139,15 +204,13 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
         torch.distributed.checkpoint saves and reshards it)."""
         return torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
 
-    def _grad_of(self, p: torch.Tensor) -> torch.Tensor:
-        """The local gradient handed to the op, laid out like the local
-        param."""
-        g, p = local(p.grad), local(p)
-        if g.is_sparse:
-            raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-        if g.stride() != p.stride():
+    @staticmethod
+    def _grad_of(p: torch.Tensor, op_p: torch.Tensor) -> torch.Tensor:
+        """The local gradient handed to the op, laid out like ``op_p``."""
+        g = local(p.grad)
+        if g.stride() != op_p.stride():
             # The fused kernel walks param, grad and state as one flat array.
-            g = torch.empty_like(p, dtype=g.dtype).copy_(g)
+            g = torch.empty_like(op_p, dtype=g.dtype).copy_(g)
         return g
 
     def _scaler_tensors(self, device: torch.device):
@@ -166,14 +229,14 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
             return 0.0, lr.to(device, torch.float32, non_blocking=True).reshape(())
         return float(lr), None
 
-    def _by_device(self, group: dict[str, Any]) -> dict[torch.device, tuple[int, list[torch.Tensor]]]:
+    def _by_device(self, group: dict[str, Any], group_index: int) -> dict[torch.device, tuple[int, list[torch.Tensor]]]:
         """The group's params with a grad, per device, with the group index
         of each device's first one."""
         out: dict[torch.device, tuple[int, list[torch.Tensor]]] = {}
         for i, p in enumerate(group["params"]):
             if p.grad is None:
                 continue
-            self._check_param(p)
+            self._check_param(p, group_index, i)
             out.setdefault(p.device, (i, []))[1].append(p)
         return out
 
@@ -244,33 +307,36 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
         self._share_drawn_seeds()
         for gi, group in enumerate(self.param_groups):
             master_weights = group.get("master_weights", True)
-            for device, (first, params) in self._by_device(group).items():
+            for device, (first, params) in self._by_device(group, gi).items():
                 states = [self._base_state(p, master_weights) for p in params]
                 self._follow_outside_writes(params, states)
-                grads = [self._grad_of(p) for p in params]
-                masters = [self._master_of(p, st) for p, st in zip(params, states)]
+                op_params = [self._op_param(p) for p in params]
+                grads = [self._grad_of(p, w) for p, w in zip(params, op_params)]
+                masters = [self._master_of(p, st, w) for p, st, w in zip(params, states, op_params)]
                 steps = [st["step"] for st in states]
                 lr, lr_tensor = self._lr_args(group["lr"], device)
                 grad_scale, found_inf = self._scaler_tensors(device)
                 self._step_device(
-                    group, params, states, grads, masters, steps, lr, lr_tensor, grad_scale, found_inf,
-                    self._sr_seed(group, gi, first),
+                    group, params, op_params, states, grads, masters, steps, lr, lr_tensor, grad_scale,
+                    found_inf, self._sr_seed(group, gi, first),
                 )
+                for p, w in zip(params, op_params):
+                    if w is not local(p):
+                        local(p).copy_(w)
                 self._record_versions(params)
         return loss
 
-    def _step_device(self, group, params, states, grads, masters, steps, lr, lr_tensor, grad_scale, found_inf,
-                     sr_seed) -> None:
+    def _step_device(self, group, params, op_params, states, grads, masters, steps, lr, lr_tensor, grad_scale,
+                     found_inf, sr_seed) -> None:
         """Creates the optimizer's own state where missing and calls its op.
         ``params`` and ``states`` as the optimizer holds them (DTensors
-        under FSDP2 / tensor parallel): the op gets their local shards
-        (:meth:`_local_state`); ``grads`` and ``masters`` are local
-        already."""
+        under FSDP2 / tensor parallel); ``op_params``, ``grads`` and
+        ``masters``: the local, dense tensors the op takes (state goes in
+        through :meth:`_op_state`)."""
         raise NotImplementedError
 
-    @staticmethod
-    def _local_state(states, key: str) -> list[torch.Tensor]:
-        return [local(st[key]) for st in states]
+    def _op_state(self, states, key: str, op_params) -> list[torch.Tensor]:
+        return [self._fitted(st, key, w) for st, w in zip(states, op_params)]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads a state dict of this class or of torch's optimizer of the
@@ -343,9 +409,13 @@ class AdamW(_FusedMasterWeightOptimizer):
         maximize: bool = False,
         master_weights: bool = True,
         seed: int | None = None,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
     ) -> None:
-        if isinstance(lr, float) and not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
+        _check_lr(lr)
+        betas = (_scalar(betas[0], "betas[0]"), _scalar(betas[1], "betas[1]"))
         if not 0.0 <= eps:
             raise ValueError(f"Invalid epsilon value: {eps}")
         if not 0.0 <= betas[0] < 1.0:
@@ -357,11 +427,12 @@ class AdamW(_FusedMasterWeightOptimizer):
         defaults = dict(
             lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
             master_weights=bool(master_weights), seed=seed,
+            **_torch_flags(foreach, capturable, differentiable, fused),
         )
         super().__init__(params, defaults)
 
-    def _step_device(self, group, params, states, grads, masters, steps, lr, lr_tensor, grad_scale, found_inf,
-                     sr_seed) -> None:
+    def _step_device(self, group, params, op_params, states, grads, masters, steps, lr, lr_tensor, grad_scale,
+                     found_inf, sr_seed) -> None:
         for p, st in zip(params, states):
             if "exp_avg" not in st:
                 st["exp_avg"] = self._fp32_zeros(p)
@@ -370,9 +441,9 @@ class AdamW(_FusedMasterWeightOptimizer):
                 st["max_exp_avg_sq"] = self._fp32_zeros(p)
         beta1, beta2 = group["betas"]
         torch.ops.mixprec.adamw_step_(
-            [local(p) for p in params], grads, masters,
-            self._local_state(states, "exp_avg"), self._local_state(states, "exp_avg_sq"),
-            self._local_state(states, "max_exp_avg_sq") if group["amsgrad"] else [],
+            op_params, grads, masters,
+            self._op_state(states, "exp_avg", op_params), self._op_state(states, "exp_avg_sq", op_params),
+            self._op_state(states, "max_exp_avg_sq", op_params) if group["amsgrad"] else [],
             steps, lr, float(beta1), float(beta2), float(group["weight_decay"]), float(group["eps"]),
             bool(group["amsgrad"]), bool(group["maximize"]), lr_tensor, grad_scale, found_inf, sr_seed,
         )
@@ -400,18 +471,22 @@ class SGD(_FusedMasterWeightOptimizer):
         maximize: bool = False,
         master_weights: bool = True,
         seed: int | None = None,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
     ) -> None:
-        if isinstance(lr, float) and lr < 0.0:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if momentum < 0.0:
+        _check_lr(lr)
+        if not 0.0 <= momentum:
             raise ValueError(f"Invalid momentum value: {momentum}")
-        if weight_decay < 0.0:
+        if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         defaults = dict(
             lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
             nesterov=nesterov, maximize=maximize, master_weights=bool(master_weights), seed=seed,
+            **_torch_flags(foreach, capturable, differentiable, fused),
         )
         super().__init__(params, defaults)
 
@@ -423,17 +498,17 @@ class SGD(_FusedMasterWeightOptimizer):
             if isinstance(buf, torch.Tensor) and "step" not in st:
                 st["step"] = torch.ones((), dtype=torch.float32, device=buf.device)
 
-    def _step_device(self, group, params, states, grads, masters, steps, lr, lr_tensor, grad_scale, found_inf,
-                     sr_seed) -> None:
+    def _step_device(self, group, params, op_params, states, grads, masters, steps, lr, lr_tensor, grad_scale,
+                     found_inf, sr_seed) -> None:
         momentum = float(group["momentum"])
         bufs = []
         if momentum != 0.0:
             for p, st in zip(params, states):
                 if st.get("momentum_buffer") is None:
                     st["momentum_buffer"] = self._fp32_zeros(p)
-                bufs.append(local(st["momentum_buffer"]))
+            bufs = self._op_state(states, "momentum_buffer", op_params)
         torch.ops.mixprec.sgd_step_(
-            [local(p) for p in params], grads, masters, bufs, steps,
+            op_params, grads, masters, bufs, steps,
             lr, momentum, float(group["dampening"]), float(group["weight_decay"]),
             bool(group["nesterov"]), bool(group["maximize"]),
             lr_tensor, grad_scale, found_inf, sr_seed,
