@@ -103,7 +103,7 @@ def unscale_grads(
         lambda: defaultdict(list)
     )
     parts = NormParts()
-    all_groups: set = set()
+    all_groups: dict = {}  # ordered: every rank reduces over the same groups in the same order
     with torch.no_grad():
         for group in optimizer.param_groups:
             for param in group["params"]:
@@ -113,7 +113,7 @@ def unscale_grads(
                     raise ValueError(_FP16_GRADS_MESSAGE)
                 _distributed.check_placements(param.grad, "mixprec.amp.GradScaler")
                 groups = _distributed.reduction_groups(param, param.grad, process_group)
-                all_groups.update(groups)
+                all_groups.update(dict.fromkeys(groups))
                 grad = local(param.grad)
                 if grad.is_sparse:
                     if grad.dtype is torch.float16:
@@ -180,13 +180,13 @@ def grad_norms_read_only(optimizer, inv_scale: torch.Tensor, found_inf: torch.Te
     per_device_inv_scale = _MultiDeviceReplicator(inv_scale)
     per_device_found_inf = _MultiDeviceReplicator(found_inf)
     entries_by_device: dict[torch.device, list[tuple[torch.Tensor, tuple]]] = defaultdict(list)
-    all_groups: set = set()
+    all_groups: dict = {}  # ordered: every rank reduces over the same groups in the same order
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.grad is not None:
                 _distributed.check_placements(p.grad, "mixprec.amp.GradScaler.clip_grad_norm_")
                 groups = _distributed.reduction_groups(p, p.grad, process_group)
-                all_groups.update(groups)
+                all_groups.update(dict.fromkeys(groups))
                 g = local(p.grad)
                 entries_by_device[g.device].append((g, groups))
     parts = NormParts()

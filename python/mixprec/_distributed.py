@@ -79,10 +79,13 @@ def _all_reduce(t: torch.Tensor, op, group) -> None:
         dist.all_reduce(t, op=op, group=group)
 
 
-def reduce_found_inf(found_per_device: dict, groups: set) -> None:
+def reduce_found_inf(found_per_device: dict, groups) -> None:
     """found_inf := MAX over every rank of ``groups``, on every device, so a
-    skip is everyone's skip. No host sync under NCCL (the collective is
-    queued on the stream)."""
+    skip is everyone's skip. ``groups`` is ordered the same on every rank
+    (first appearance in the optimizer's param order, mesh dims in order):
+    MAX over a 2-D mesh's dp groups and then its tp groups reaches every rank
+    of the mesh only if no rank does them the other way round. No host sync
+    under NCCL (the collective is queued on the stream)."""
     for group in groups:
         for fi in found_per_device.values():
             _all_reduce(fi, dist.ReduceOp.MAX, group)

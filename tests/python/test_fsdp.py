@@ -314,3 +314,62 @@ def test_dcp_checkpoint_from_two_ranks_loads_on_one(results):
         assert torch.equal(exp_avgs[name], expected["exp_avgs"][name]), name
     for name, p in model.named_parameters():
         assert torch.equal(p, masters[name].to(p.dtype)), name
+
+
+def _worker_2d(rank, port, result_dir):
+    """FSDP x tensor parallel on a 2 x 2 mesh (4 ranks): colwise/rowwise
+    Linear layers, fully_shard over "dp"; torch's AdamW + GradScaler and
+    mixprec's on the same model and data, an inf in rank 3's shard at step
+    1, clipping every step."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=4)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    res = {}
+    for name in ("torch", "mixprec"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        fully_shard(model, mesh=mesh["dp"])
+        if name == "torch":
+            opt, scaler = torch.optim.AdamW(model.parameters(), lr=1e-2), torch.amp.GradScaler("cpu", init_scale=1024.0)
+        else:
+            opt, scaler = mixprec.optim.AdamW(model.parameters(), lr=1e-2), mixprec.amp.GradScaler("cpu", init_scale=1024.0)
+        g = torch.Generator().manual_seed(100 + mesh["dp"].get_local_rank())
+        norms = []
+        for i in range(3):
+            x, y = torch.randn(4, 16, generator=g), torch.randint(0, 8, (4,), generator=g)
+            scaler.scale(torch.nn.functional.cross_entropy(model(x), y)).backward()
+            if i == 1 and rank == 3:
+                next(model.parameters()).grad._local_tensor.view(-1)[0] = float("inf")
+            if name == "torch":
+                scaler.unscale_(opt)
+                norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)))
+            else:
+                norms.append(float(scaler.clip_grad_norm_(opt, 0.5)))
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        res[name] = {"params": [p.full_tensor().detach().clone() for p in model.parameters()], "norms": norms,
+                     "scale": scaler.get_scale()}
+    dist.destroy_process_group()
+    torch.save(res, os.path.join(result_dir, f"rank{rank}.pt"))
+    os._exit(0)
+
+
+def test_2d_mesh_fsdp_x_tensor_parallel_like_torch():
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(_worker_2d, args=(_free_port(), d), nprocs=4, join=True)
+        results = [torch.load(os.path.join(d, f"rank{r}.pt")) for r in range(4)]
+    for r in results:
+        assert r["mixprec"]["scale"] == r["torch"]["scale"] == 512.0  # every rank skipped step 1
+        assert r["mixprec"]["norms"][1] == float("inf")
+        for a, b in ((r["mixprec"]["norms"][0], r["torch"]["norms"][0]), (r["mixprec"]["norms"][2], r["torch"]["norms"][2])):
+            assert a == pytest.approx(b, rel=1e-5)
+        for p, q in zip(r["mixprec"]["params"], r["torch"]["params"]):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
