@@ -234,3 +234,32 @@ def test_clip_grad_norm_takes_parameters_like_torch():
     torch.testing.assert_close(got, want)
     for p, r in zip(model.parameters(), ref):
         torch.testing.assert_close(p.grad, r.grad)
+
+
+def test_state_dict_into_torch_optimizer_recipe_keeps_fp32():
+    """Moving a run from mixprec to torch's optimizer (issue 14.4): torch's
+    loader casts floating state to each param's dtype, so load into FP32
+    params; the README's recipe keeps masters and moments bit for bit."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 4).bfloat16()
+    opt = AdamW(model.parameters(), lr=1e-2)
+    for _ in range(2):
+        model(torch.randn(3, 6).bfloat16()).float().sum().backward()
+        opt.step()
+        opt.zero_grad()
+    sd = copy.deepcopy(opt.state_dict())
+    masters = [opt.state[p]["master"].clone() for p in model.parameters()]
+    # The recipe: FP32 params holding the masters, then torch's loader.
+    model = model.float()
+    with torch.no_grad():
+        for p, m in zip(model.parameters(), masters):
+            p.copy_(m)
+    torch_opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    torch_opt.load_state_dict(sd)
+    for p, (_, st) in zip(model.parameters(), sorted(sd["state"].items())):
+        mine = torch_opt.state[p]
+        assert mine["exp_avg"].dtype == torch.float32
+        assert torch.equal(mine["exp_avg"], st["exp_avg"]) and torch.equal(mine["exp_avg_sq"], st["exp_avg_sq"])
+        assert torch.equal(p.detach(), st["master"])
+    model(torch.randn(3, 6)).sum().backward()
+    torch_opt.step()  # and it steps
