@@ -186,6 +186,46 @@ def _scenario_dcp(out, ckpt_dir):
     out["dcp_saved"] = True
 
 
+def _scenario_dcp_from_one_rank(out, ckpt_dir):
+    """A checkpoint written by one process (no sharding) loads into a BF16
+    FSDP2 model + mixprec AdamW on 2 ranks: the gathered masters and moments
+    equal the 1-rank ones bit for bit, and the next step runs."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, get_state_dict, set_state_dict
+
+    model = _shard(_net(seed=7).to(torch.bfloat16))
+    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=ckpt_dir)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    full = get_optimizer_state_dict(model, opt)
+    out["dcp_from_one"] = {k: (_full(v["master"]).clone(), _full(v["exp_avg"]).clone()) for k, v in full["state"].items()}
+    scaler = mixprec.amp.GradScaler("cpu", init_scale=2.0**10)
+    _train(model, opt, scaler, _batches(dist.get_rank(), torch.bfloat16)[:1])
+
+
+def _save_on_one_rank(ckpt_dir):
+    """The 1-rank side of the 1 -> 2 round trip: a plain BF16 model trained
+    3 steps here, saved with DCP; returns its masters and moments by name."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model = _net().to(torch.bfloat16)
+    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
+    _train_plain(model, opt, _batches(0, torch.bfloat16))
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=ckpt_dir)
+    return {n: (opt.state[p]["master"].clone(), opt.state[p]["exp_avg"].clone()) for n, p in model.named_parameters()}
+
+
+def _train_plain(model, opt, batches):
+    for x, y in batches:
+        torch.nn.functional.cross_entropy(model(x).float(), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+
 def _scenario_fsdp1(out, clip):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
@@ -232,6 +272,7 @@ def _worker(rank, port, result_dir):
         _scenario_fsdp2_fp32(out, "fp32_policy_clip", "adamw", clip=0.5)
         _scenario_fsdp1(out, clip=0.5)
         _scenario_dcp(out, os.path.join(result_dir, "ckpt"))
+        _scenario_dcp_from_one_rank(out, os.path.join(result_dir, "ckpt1"))
     finally:
         dist.destroy_process_group()
     torch.save(out, os.path.join(result_dir, f"rank{rank}.pt"))
@@ -262,8 +303,10 @@ def _load_on_one_rank(ckpt_dir):
 def results():
     pytest.importorskip("torch.distributed.fsdp")
     with tempfile.TemporaryDirectory() as d:
+        one_rank = _save_on_one_rank(os.path.join(d, "ckpt1"))
         mp.spawn(_worker, args=(_free_port(), d), nprocs=WORLD, join=True)
         res = [torch.load(os.path.join(d, f"rank{r}.pt")) for r in range(WORLD)]
+        res[0]["dcp_one_rank_source"] = one_rank
         expected = torch.load(os.path.join(d, "ckpt", "expected.pt"))
         masters, exp_avgs, model = _load_on_one_rank(os.path.join(d, "ckpt"))
         res[0]["dcp_one_rank"] = (expected, masters, exp_avgs, model)
@@ -304,6 +347,16 @@ def test_fsdp1_inf_skips_everywhere_and_norm_is_global(results):
         assert res["skipped_here"], "an inf in rank 0's flat shard must skip the step on every rank"
         assert res["scales"] == [2.0**9, 2.0**9]
         assert res["norm"] == pytest.approx(res["fsdp_norm"], rel=1e-5)
+
+
+def test_dcp_checkpoint_from_one_rank_loads_on_two(results):
+    want = results[0]["dcp_one_rank_source"]
+    for r in results:
+        got = r["dcp_from_one"]
+        assert set(got) == set(want)
+        for name, (master, exp_avg) in want.items():
+            assert torch.equal(got[name][0], master), name
+            assert torch.equal(got[name][1], exp_avg), name
 
 
 def test_dcp_checkpoint_from_two_ranks_loads_on_one(results):
