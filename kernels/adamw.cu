@@ -27,6 +27,7 @@ struct mixprec__adamw_k {
   const float *lr_tensor, *grad_scale, *found_inf;
   mixprec__adamw_hyper h;
   uint64_t sr_seed;
+  bool unscale; /* unscale_grads with a grad_scale */
 };
 
 /* One element: the formulas of adamw_range in c_ops/src/adamw.c. s0 is
@@ -36,9 +37,11 @@ struct mixprec__adamw_op {
   float decay, step_size, bc2_sqrt;
   bool w_small, decay_on, amsgrad, maximize, has_scale;
 
-  __device__ __forceinline__ void operator()(float g, float &p, float &m, float &v,
+  /* gs: the grad in, the unscaled grad out (before maximize). */
+  __device__ __forceinline__ void operator()(float &gs, float &p, float &m, float &v,
                                              float &vmax, bool tail) const {
-    if (has_scale) g = __fdiv_rn(g, scale);
+    if (has_scale) gs = __fdiv_rn(gs, scale);
+    float g = gs;
     if (maximize) g = -g;
     if (decay_on) p = __fmul_rn(p, decay);
     const float diff = __fsub_rn(g, m);
@@ -103,7 +106,7 @@ __global__ void __launch_bounds__(MIXPREC__OPT_CU_THREADS)
     const int64_t begin = (c - a.chunk_start[t]) * MIXPREC__OPT_CU_CHUNK;
     const int64_t left = a.numel[t] - begin;
     const int n = left < MIXPREC__OPT_CU_CHUNK ? (int)left : MIXPREC__OPT_CU_CHUNK;
-    mixprec__opt_span_dispatch(a, t, begin, n, true, k.sr_seed, op);
+    mixprec__opt_span_dispatch(a, t, begin, n, true, k.unscale, k.sr_seed, op);
     __syncthreads(); /* the next chunk's scalars overwrite these */
   }
 }
@@ -146,6 +149,7 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_adamw_step(const mixprec_opt_
   k.found_inf = p->found_inf;
   k.h = mixprec__adamw_hyper_of(p);
   k.sr_seed = p->sr_seed;
+  k.unscale = p->grad_scale != NULL && p->unscale_grads != 0;
 
   cudaStream_t s = (cudaStream_t)stream;
   st = mixprec__opt_for_groups(n, [&](auto cap, int64_t first, int count) {

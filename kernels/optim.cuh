@@ -323,17 +323,33 @@ MIXPREC__DEVICE mixprec__opt_span_ptrs mixprec__opt_span_at(const mixprec__opt_a
   return s;
 }
 
+/* An unscaled grad of four elements (unscale_grads): F32 as is, F16/BF16
+ * rounded to nearest even as the param is. The grad pointer is const for the
+ * read-only default (mixprec/optim.h); this and the scalar store in
+ * mixprec__opt_span are the only writes through it. */
+template <int D>
+MIXPREC__DEVICE void mixprec__opt_st4g(const void *grad, int64_t i, const float *v) {
+  void *base = (void *)(uintptr_t)grad;
+  if constexpr (D == MIXPREC_F32)
+    mixprec__opt_st4f((float *)base, i, v);
+  else
+    mixprec__opt_st4h<D>(base, i, v);
+}
+
 /* The n elements of one chunk, by the whole block (SR: a master-free BF16
  * param, read from s.half and written back stochastically rounded with
  * `key`; begin is the chunk's first element in its tensor). op(g, p, s0, s1, s2, tail)
- * updates one element in registers (tail: the element is in torch's scalar
+ * updates one element in registers and leaves g divided by the grad scale
+ * (before any maximize negation); with write_g (unscale_grads and a
+ * grad_scale) that g is stored back to the grad in its dtype (tail: the element is in torch's scalar
  * tail, i.e. its chunk-relative index is >= tail_from); a state buffer that
  * is NULL is neither read nor written (its register holds 0), and s0 is not
  * read when read_s0 is false (SGD's first step overwrites the momentum buffer). The
  * element order does not matter: the update is elementwise. */
 template <int PD, int GD, bool ALIGNED, bool SR, typename Op>
 MIXPREC__DEVICE void mixprec__opt_span(const mixprec__opt_span_ptrs &s, int n, int tail_from,
-                                       bool read_s0, uint32_t key, int64_t begin, const Op &op) {
+                                       bool read_s0, bool write_g, uint32_t key, int64_t begin,
+                                       const Op &op) {
   static_assert(!SR || PD == MIXPREC_BF16, "stochastic rounding is for BF16 params only");
   constexpr int T = MIXPREC__OPT_CU_THREADS;
   constexpr int V = MIXPREC__OPT_CU_VEC;
@@ -355,6 +371,7 @@ MIXPREC__DEVICE void mixprec__opt_span(const mixprec__opt_span_ptrs &s, int n, i
       const bool tail = (int)i >= tail_from;
 #pragma unroll
       for (int k = 0; k < V; k++) op(g[k], p[k], a0[k], a1[k], a2[k], tail);
+      if (write_g) mixprec__opt_st4g<GD>(s.grad, i, g);
       if (s.s0) mixprec__opt_st4f(s.s0, i, a0);
       if (s.s1) mixprec__opt_st4f(s.s1, i, a1);
       if (s.s2) mixprec__opt_st4f(s.s2, i, a2);
@@ -368,12 +385,19 @@ MIXPREC__DEVICE void mixprec__opt_span(const mixprec__opt_span_ptrs &s, int n, i
     done = nv * V;
   }
   for (int i = done + threadIdx.x; i < n; i += T) {
-    const float g = mixprec__opt_ld1<GD>(s.grad, i);
+    float g = mixprec__opt_ld1<GD>(s.grad, i);
     float p = SR ? mixprec__opt_ld1<MIXPREC_BF16>(s.half, i) : s.p32[i];
     float a0 = s.s0 && read_s0 ? s.s0[i] : 0.0f;
     float a1 = s.s1 ? s.s1[i] : 0.0f;
     float a2 = s.s2 ? s.s2[i] : 0.0f;
     op(g, p, a0, a1, a2, i >= tail_from);
+    if (write_g) {
+      void *gb = (void *)(uintptr_t)s.grad;
+      if constexpr (GD == MIXPREC_F32)
+        ((float *)gb)[i] = g;
+      else
+        ((uint16_t *)gb)[i] = (uint16_t)mixprec__opt_narrow<GD>(g);
+    }
     if (s.s0) s.s0[i] = a0;
     if (s.s1) s.s1[i] = a1;
     if (s.s2) s.s2[i] = a2;
@@ -391,18 +415,18 @@ MIXPREC__DEVICE void mixprec__opt_span(const mixprec__opt_span_ptrs &s, int n, i
 template <bool ALIGNED, typename Op>
 MIXPREC__DEVICE void mixprec__opt_span_dispatch2(int pd, int gd, bool sr,
                                                  const mixprec__opt_span_ptrs &s, int n, int tf,
-                                                 bool read_s0, uint32_t key, int64_t begin,
-                                                 const Op &op) {
+                                                 bool read_s0, bool write_g, uint32_t key,
+                                                 int64_t begin, const Op &op) {
 #define MIXPREC__OPT_G(PD, SR)                                                              \
   switch (gd) {                                                                             \
     case MIXPREC_F32:                                                                       \
-      mixprec__opt_span<PD, MIXPREC_F32, ALIGNED, SR>(s, n, tf, read_s0, key, begin, op);  \
+      mixprec__opt_span<PD, MIXPREC_F32, ALIGNED, SR>(s, n, tf, read_s0, write_g, key, begin, op);  \
       break;                                                                                \
     case MIXPREC_F16:                                                                       \
-      mixprec__opt_span<PD, MIXPREC_F16, ALIGNED, SR>(s, n, tf, read_s0, key, begin, op);  \
+      mixprec__opt_span<PD, MIXPREC_F16, ALIGNED, SR>(s, n, tf, read_s0, write_g, key, begin, op);  \
       break;                                                                                \
     default:                                                                                \
-      mixprec__opt_span<PD, MIXPREC_BF16, ALIGNED, SR>(s, n, tf, read_s0, key, begin, op); \
+      mixprec__opt_span<PD, MIXPREC_BF16, ALIGNED, SR>(s, n, tf, read_s0, write_g, key, begin, op); \
       break;                                                                                \
   }
   switch (pd) {
@@ -422,7 +446,7 @@ MIXPREC__DEVICE void mixprec__opt_span_dispatch2(int pd, int gd, bool sr,
 template <int CAP, typename Op>
 MIXPREC__DEVICE void mixprec__opt_span_dispatch(const mixprec__opt_args<CAP> &a, int t,
                                                 int64_t begin, int n, bool read_s0,
-                                                uint64_t sr_seed, const Op &op) {
+                                                bool write_g, uint64_t sr_seed, const Op &op) {
   const mixprec__opt_span_ptrs s = mixprec__opt_span_at(a, t, begin);
   const int pd = a.kind[t] & 3, gd = (a.kind[t] >> 2) & 3;
   /* torch's tail starts at numel - numel % 8, here relative to the chunk and
@@ -436,9 +460,9 @@ MIXPREC__DEVICE void mixprec__opt_span_dispatch(const mixprec__opt_args<CAP> &a,
       sr ? mixprec__sr_key(sr_seed, (uint64_t)(a.first_index + t), __fadd_rn(*a.step[t], 1.0f))
          : 0u;
   if (a.kind[t] & MIXPREC__OPT_ALIGNED)
-    mixprec__opt_span_dispatch2<true>(pd, gd, sr, s, n, tf, read_s0, key, begin, op);
+    mixprec__opt_span_dispatch2<true>(pd, gd, sr, s, n, tf, read_s0, write_g, key, begin, op);
   else
-    mixprec__opt_span_dispatch2<false>(pd, gd, sr, s, n, tf, read_s0, key, begin, op);
+    mixprec__opt_span_dispatch2<false>(pd, gd, sr, s, n, tf, read_s0, write_g, key, begin, op);
 }
 
 /* Nonzero when the step must be skipped: *found_inf is nonzero or NaN. */

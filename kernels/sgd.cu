@@ -19,6 +19,7 @@ struct mixprec__sgd_k {
   mixprec__sgd_hyper h;
   int first_step;
   uint64_t sr_seed;
+  bool unscale; /* unscale_grads with a grad_scale */
 };
 
 /* One element: the formulas of sgd_range in c_ops/src/sgd.c. s0 is the
@@ -27,9 +28,11 @@ struct mixprec__sgd_op {
   float lr, momentum, wd, damp1, scale;
   bool wd_on, momentum_on, nesterov, maximize, has_scale, first;
 
-  __device__ __forceinline__ void operator()(float g, float &p, float &buf, float &, float &,
+  /* gs: the grad in, the unscaled grad out (before maximize). */
+  __device__ __forceinline__ void operator()(float &gs, float &p, float &buf, float &, float &,
                                              bool tail) const {
-    if (has_scale) g = __fdiv_rn(g, scale);
+    if (has_scale) gs = __fdiv_rn(gs, scale);
+    float g = gs;
     if (maximize) g = -g;
     if (wd_on) g = fmaf(p, wd, g);
     if (momentum_on) {
@@ -70,7 +73,7 @@ __global__ void __launch_bounds__(MIXPREC__OPT_CU_THREADS)
     const int64_t begin = (c - a.chunk_start[t]) * MIXPREC__OPT_CU_CHUNK;
     const int64_t left = a.numel[t] - begin;
     const int n = left < MIXPREC__OPT_CU_CHUNK ? (int)left : MIXPREC__OPT_CU_CHUNK;
-    mixprec__opt_span_dispatch(a, t, begin, n, !op.first, k.sr_seed, op);
+    mixprec__opt_span_dispatch(a, t, begin, n, !op.first, k.unscale, k.sr_seed, op);
   }
 }
 
@@ -109,6 +112,7 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_sgd_step(const mixprec_opt_te
   k.h = mixprec__sgd_hyper_of(p, p->lr);
   k.sr_seed = p->sr_seed;
   k.first_step = p->first_step != 0;
+  k.unscale = p->grad_scale != NULL && p->unscale_grads != 0;
 
   cudaStream_t s = (cudaStream_t)stream;
   st = mixprec__opt_for_groups(n, [&](auto cap, int64_t first, int count) {

@@ -31,17 +31,23 @@ STABLE_TORCH_LIBRARY_FRAGMENT(mixprec, m) {
   // A bfloat16 param whose masters[i] is empty goes without a master: it is
   // updated from its own value and written back with stochastic rounding
   // seeded by sr_seed (reproducible; c_ops/src/stochastic_round.h).
+  // grads are read only unless unscale_grads: then, when grad_scale is given
+  // and the step is not skipped, each grad is overwritten with grad /
+  // grad_scale in its dtype (what torch's fused optimizers leave in p.grad);
+  // params, masters and state are the same either way. grads is declared
+  // mutable (g!) for that path; with unscale_grads=False it is not written.
   m.def(
-      "adamw_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] masters,"
+      "adamw_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] masters,"
       " Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs,"
       " Tensor(f!)[] steps, float lr, float beta1, float beta2, float weight_decay,"
       " float eps, bool amsgrad, bool maximize, Tensor? lr_tensor, Tensor? grad_scale,"
-      " Tensor? found_inf, int sr_seed=0) -> ()");
+      " Tensor? found_inf, int sr_seed=0, bool unscale_grads=False) -> ()");
   m.def(
-      "sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] masters,"
+      "sgd_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] masters,"
       " Tensor(c!)[] momentum_buffers, Tensor(d!)[] steps, float lr, float momentum,"
       " float dampening, float weight_decay, bool nesterov, bool maximize,"
-      " Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf, int sr_seed=0) -> ()");
+      " Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf, int sr_seed=0,"
+      " bool unscale_grads=False) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {

@@ -155,7 +155,7 @@ void adamw_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
                    std::vector<Tensor> steps, double lr, double beta1, double beta2,
                    double weight_decay, double eps, bool amsgrad, bool maximize,
                    std::optional<Tensor> lr_tensor, std::optional<Tensor> grad_scale,
-                   std::optional<Tensor> found_inf, int64_t sr_seed) {
+                   std::optional<Tensor> found_inf, int64_t sr_seed, bool unscale_grads) {
   const char* op = "adamw_step_";
   STD_TORCH_CHECK(!exp_avgs.empty() && !exp_avg_sqs.empty(), "mixprec::", op,
                   ": exp_avgs and exp_avg_sqs are required");
@@ -178,6 +178,7 @@ void adamw_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
   p.grad_scale = a.grad_scale;
   p.found_inf = a.found_inf;
   p.sr_seed = (uint64_t)sr_seed;
+  p.unscale_grads = unscale_grads;
   check_status(B::step(op, a, p), op);
 }
 
@@ -187,7 +188,7 @@ void sgd_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
                  std::vector<Tensor> steps, double lr, double momentum, double dampening,
                  double weight_decay, bool nesterov, bool maximize,
                  std::optional<Tensor> lr_tensor, std::optional<Tensor> grad_scale,
-                 std::optional<Tensor> found_inf, int64_t sr_seed) {
+                 std::optional<Tensor> found_inf, int64_t sr_seed, bool unscale_grads) {
   const char* op = "sgd_step_";
   STD_TORCH_CHECK((momentum != 0) == !momentum_buffers.empty(), "mixprec::", op,
                   ": momentum_buffers must be given exactly when momentum is not 0");
@@ -207,6 +208,7 @@ void sgd_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
   p.grad_scale = a.grad_scale;
   p.found_inf = a.found_inf;
   p.sr_seed = (uint64_t)sr_seed;
+  p.unscale_grads = unscale_grads;
   check_status(B::step(op, a, p), op);
 }
 

@@ -18,7 +18,9 @@
  * the tensor's last numel % MIXPREC__OPT_TORCH_VEC elements.
  *
  * Per element, in float (c = rounded once to float from double; fma = fmaf):
- *   g = g / grad_scale;  g = -g (maximize)
+ *   g = g / grad_scale;  grad = g (unscale_grads: rounded to the grad's
+ *                        dtype, nearest even; an extra store, the update
+ *                        is unchanged);  g = -g (maximize)
  *   p = p * c(1 - lr*wd)                                  (if wd != 0)
  *   m = fma(w, g - m, m)          if |w| < 0.5, w = c(1 - beta1)
  *     = fma(w - 1, g - m, g)      otherwise       (exp_avg.lerp_(g, w))
@@ -49,6 +51,7 @@ MIXPREC__FORCE_INLINE void adamw_range(const mixprec_opt_tensor *t, int64_t begi
   for (int64_t i = begin; i < end; i++) {
     float g = mixprec__load_f32(t->grad, t->grad_dtype, i);
     if (k->has_scale) g = g / k->scale;
+    if (k->unscale) mixprec__opt_store_grad(t->grad, t->grad_dtype, i, g);
     if (k->h.maximize) g = -g;
     float p = sr ? mixprec__load_f32(t->param, MIXPREC_BF16, i) : P[i];
     if (k->h.decay_on) p = p * s->decay;
@@ -128,6 +131,7 @@ mixprec_adamw_params mixprec_adamw_params_default(void) {
   p.grad_scale = NULL;
   p.found_inf = NULL;
   p.sr_seed = 0;
+  p.unscale_grads = 0;
   return p;
 }
 
@@ -153,6 +157,7 @@ mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list, int64_t n,
   k.h = mixprec__adamw_hyper_of(p);
   k.has_scale = p->grad_scale != NULL;
   k.scale = p->grad_scale ? *p->grad_scale : 1.0f;
+  k.unscale = p->grad_scale != NULL && p->unscale_grads != 0;
   k.stream = total >= MIXPREC__OPT_STREAM_MIN;
 
   /* Every count is read before any is written (tensors may share one). */

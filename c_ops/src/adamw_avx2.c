@@ -17,6 +17,7 @@ MIXPREC__FORCE_INLINE __m256 update8(const mixprec_opt_tensor *t, int64_t i, con
                                const mixprec_dtype gd, const int amsgrad, const int sr) {
   __m256 g = mixprec__opt_load8(t->grad, gd, i);
   if (k->has_scale) g = _mm256_div_ps(g, _mm256_set1_ps(k->scale));
+  if (k->unscale) mixprec__opt_store8_grad(t->grad, gd, i, g);
   if (k->h.maximize) g = mixprec__opt_neg8(g);
   __m256 p = sr ? mixprec__opt_load8(t->param, MIXPREC_BF16, i) : _mm256_loadu_ps(P + i);
   if (k->h.decay_on) p = _mm256_mul_ps(p, _mm256_set1_ps(s->decay));

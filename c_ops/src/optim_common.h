@@ -46,6 +46,18 @@ MIXPREC__FORCE_INLINE void mixprec__opt_store_half(void *data, mixprec_dtype dty
     ((uint16_t *)data)[i] = mixprec__f32_to_bf16(v);
 }
 
+/* Stores an unscaled grad element (unscale_grads), rounded to nearest even
+ * for F16/BF16, exact for F32. The descriptor's grad is const for the
+ * read-only default path (mixprec/optim.h): the cast is the one place the
+ * scalar path writes through it, and only with unscale_grads. */
+MIXPREC__FORCE_INLINE void mixprec__opt_store_grad(const void *grad, mixprec_dtype dtype, int64_t i,
+                                             float v) {
+  if (dtype == MIXPREC_F32)
+    ((float *)(void *)(uintptr_t)grad)[i] = v;
+  else
+    mixprec__opt_store_half((void *)(uintptr_t)grad, dtype, i, v);
+}
+
 /* Stores a master-free BF16 param element, stochastically rounded. */
 MIXPREC__FORCE_INLINE void mixprec__opt_store_bf16_sr(void *data, int64_t i, uint32_t key, float v) {
   ((uint16_t *)data)[i] = mixprec__f32_to_bf16_sr(v, mixprec__sr_bits(key, i));
@@ -102,6 +114,7 @@ typedef struct mixprec__adamw_consts {
   mixprec__adamw_hyper h;
   int has_scale;
   float scale;
+  int unscale;   /* unscale_grads with a grad_scale: g / scale goes back to the grad */
   int stream;    /* non-temporal stores for low-precision params (large steps) */
 } mixprec__adamw_consts;
 
@@ -110,6 +123,7 @@ typedef struct mixprec__sgd_consts {
   mixprec__sgd_hyper h;
   int has_scale;
   float scale;
+  int unscale;   /* as in mixprec__adamw_consts */
   int stream;    /* as in mixprec__adamw_consts */
 } mixprec__sgd_consts;
 
@@ -183,6 +197,20 @@ MIXPREC__FORCE_INLINE void mixprec__opt_store8_half(void *data, mixprec_dtype dt
     h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
   }
   _mm_storeu_si128((__m128i *)((uint16_t *)data + i), h);
+}
+
+/* Stores elements [i, i + 8) of an unscaled grad (unscale_grads),
+ * bit-identical to mixprec__opt_store_grad: F32 as is, F16/BF16 as
+ * mixprec__opt_store8_half rounds a param. Plain stores: the grad's lines
+ * were just read, so a non-temporal store would save no read. (The const
+ * cast as in mixprec__opt_store_grad.) */
+MIXPREC__FORCE_INLINE void mixprec__opt_store8_grad(const void *grad, mixprec_dtype dtype, int64_t i,
+                                              __m256 v) {
+  void *data = (void *)(uintptr_t)grad;
+  if (dtype == MIXPREC_F32)
+    _mm256_storeu_ps((float *)data + i, v);
+  else
+    mixprec__opt_store8_half(data, dtype, i, v);
 }
 
 /* Writes elements [begin, end) of a low-precision param from the FP32 values

@@ -16,7 +16,9 @@
  * last numel % MIXPREC__OPT_TORCH_VEC elements (see optim_consts.h).
  *
  * Per element, in float (c = rounded once to float from double; fma = fmaf):
- *   g = g / grad_scale;  g = -g (maximize)
+ *   g = g / grad_scale;  grad = g (unscale_grads: rounded to the grad's
+ *                        dtype, nearest even; an extra store, the update
+ *                        is unchanged);  g = -g (maximize)
  *   g = fma(p, c(wd), g)                                   (if wd != 0)
  *   buf = g                                                first step
  *       = fma(c(1 - dampening), g, buf * c(momentum))      body
@@ -40,6 +42,7 @@ MIXPREC__FORCE_INLINE void sgd_range(const mixprec_opt_tensor *t, int64_t begin,
   for (int64_t i = begin; i < end; i++) {
     float g = mixprec__load_f32(t->grad, t->grad_dtype, i);
     if (k->has_scale) g = g / k->scale;
+    if (k->unscale) mixprec__opt_store_grad(t->grad, t->grad_dtype, i, g);
     if (k->h.maximize) g = -g;
     float p = sr ? mixprec__load_f32(t->param, MIXPREC_BF16, i) : P[i];
     if (k->h.wd_on) g = fmaf(p, k->h.wd, g);
@@ -105,6 +108,7 @@ mixprec_sgd_params mixprec_sgd_params_default(void) {
   p.found_inf = NULL;
   p.first_step = 0;
   p.sr_seed = 0;
+  p.unscale_grads = 0;
   return p;
 }
 
@@ -143,6 +147,7 @@ mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list, int64_t n,
   k.h = mixprec__sgd_hyper_of(p, lr);
   k.has_scale = p->grad_scale != NULL;
   k.scale = p->grad_scale ? *p->grad_scale : 1.0f;
+  k.unscale = p->grad_scale != NULL && p->unscale_grads != 0;
   k.stream = total >= MIXPREC__OPT_STREAM_MIN;
 
   const mixprec__sgd_body_fn body = sgd_body_kernel();

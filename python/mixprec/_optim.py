@@ -2,6 +2,11 @@
 ``sgd_step_``: the checks the real kernels make on list lengths, dtypes,
 devices and shapes, so a traced call fails the way an eager one does. The
 optimizer classes over these ops are in ``optim.py``.
+
+With ``unscale_grads=True`` and a ``grad_scale`` (and a step that is not
+skipped) the ops also overwrite each grad with ``grad / grad_scale`` in its
+dtype, as torch's fused optimizers do; the fakes only check (every mutated
+list, grads included, keeps its metadata).
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ def _check_opt(op, params, grads, masters, steps, states):
 
 @torch.library.register_fake("mixprec::adamw_step_")
 def _adamw_step_fake(params, grads, masters, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2,
-                     weight_decay, eps, amsgrad, maximize, lr_tensor, grad_scale, found_inf, sr_seed=0):
+                     weight_decay, eps, amsgrad, maximize, lr_tensor, grad_scale, found_inf, sr_seed=0,
+                     unscale_grads=False):
     _check_opt("adamw_step_", params, grads, masters, steps,
                (("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs), ("max_exp_avg_sqs", max_exp_avg_sqs)))
     return None
@@ -40,6 +46,6 @@ def _adamw_step_fake(params, grads, masters, exp_avgs, exp_avg_sqs, max_exp_avg_
 
 @torch.library.register_fake("mixprec::sgd_step_")
 def _sgd_step_fake(params, grads, masters, momentum_buffers, steps, lr, momentum, dampening, weight_decay,
-                   nesterov, maximize, lr_tensor, grad_scale, found_inf, sr_seed=0):
+                   nesterov, maximize, lr_tensor, grad_scale, found_inf, sr_seed=0, unscale_grads=False):
     _check_opt("sgd_step_", params, grads, masters, steps, (("momentum_buffers", momentum_buffers),))
     return None

@@ -65,6 +65,7 @@ class AdamWParams(ctypes.Structure):
         ("grad_scale", ctypes.c_void_p),
         ("found_inf", ctypes.c_void_p),
         ("sr_seed", ctypes.c_uint64),
+        ("unscale_grads", ctypes.c_int),
     ]
 
 
@@ -81,6 +82,7 @@ class SGDParams(ctypes.Structure):
         ("found_inf", ctypes.c_void_p),
         ("first_step", ctypes.c_int),
         ("sr_seed", ctypes.c_uint64),
+        ("unscale_grads", ctypes.c_int),
     ]
 
 
@@ -166,7 +168,15 @@ ADAMW_CASES = {
 }
 
 
-def _run_adamw(lib, gen, cfg, dtype):
+def _check_grads(grads, ref, unscale, what):
+    """With unscale_grads, mixprec's grads hold what torch's fused kernel
+    wrote back (its FP32 grad / scale, rounded to the grad's dtype)."""
+    if unscale:
+        for g, r in zip(grads, ref):
+            assert_bitwise(g, r.grad.to(g.dtype), what + " grad written back")
+
+
+def _run_adamw(lib, gen, cfg, dtype, unscale=False):
     cfg = dict(cfg)
     scale = cfg.pop("_scale", None)
     h = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, maximize=False)
@@ -176,7 +186,7 @@ def _run_adamw(lib, gen, cfg, dtype):
     opt = torch.optim.AdamW(ref, fused=True, **h)
     mine = [MixprecParam(x, dtype, 3) for x in init]
     prm = AdamWParams(h["lr"], h["betas"][0], h["betas"][1], h["eps"], h["weight_decay"],
-                      int(h["amsgrad"]), int(h["maximize"]), None, None, None)
+                      int(h["amsgrad"]), int(h["maximize"]), None, None, None, 0, int(unscale))
     skip_step = 10 if scale else None
     for s in range(STEPS):
         grads = _grads(gen, dtype, scale or 1.0)
@@ -190,6 +200,7 @@ def _run_adamw(lib, gen, cfg, dtype):
         prm.grad_scale, prm.found_inf = _ptr(gs), _ptr(found)
         arr = (OptTensor * len(mine))(*[q.desc(g, amsgrad=h["amsgrad"]) for q, g in zip(mine, grads)])
         assert lib.mixprec_adamw_step(arr, len(mine), ctypes.byref(prm)) == 0
+        _check_grads(grads, ref, unscale, f"step {s}")
     n_taken = STEPS - (1 if scale else 0)
     for n, q, r in zip(SIZES, mine, ref):
         st = opt.state[r]
@@ -228,7 +239,7 @@ SGD_CASES = {
 }
 
 
-def _run_sgd(lib, gen, cfg, dtype):
+def _run_sgd(lib, gen, cfg, dtype, unscale=False):
     cfg = dict(cfg)
     scale = cfg.pop("_scale", None)
     h = dict(lr=1e-2, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False)
@@ -240,7 +251,7 @@ def _run_sgd(lib, gen, cfg, dtype):
     for q in mine:
         q.state[0].fill_(123.0)  # garbage: the first step must overwrite it
     prm = SGDParams(h["lr"], h["momentum"], h["dampening"], h["weight_decay"], int(h["nesterov"]),
-                    int(h["maximize"]), None, None, None, 0)
+                    int(h["maximize"]), None, None, None, 0, 0, int(unscale))
     # A skipped step, not the first: after a skipped first step torch's fused
     # SGD takes its torch.empty_like momentum buffers as initialised.
     skip_step = 5 if scale else None
@@ -255,6 +266,7 @@ def _run_sgd(lib, gen, cfg, dtype):
         prm.grad_scale, prm.found_inf = _ptr(gs), _ptr(found)
         arr = (OptTensor * len(mine))(*[q.desc(g, sgd=True) for q, g in zip(mine, grads)])
         assert lib.mixprec_sgd_step(arr, len(mine), ctypes.byref(prm)) == 0
+        _check_grads(grads, ref, unscale, f"step {s}")
     for n, q, r in zip(SIZES, mine, ref):
         what = f"n={n}"
         assert_bitwise(q.p32, r.detach(), what + " param/master")
@@ -273,6 +285,21 @@ def test_sgd_fp32_bitwise(lib, gen, case):
 @pytest.mark.parametrize("case", ["nesterov_wd_maximize", "grad_scale"])
 def test_sgd_master_bitwise(lib, gen, case, dtype):
     _run_sgd(lib, gen, SGD_CASES[case], dtype)
+
+
+_DTYPES3 = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", _DTYPES3, ids=["f32", "f16", "bf16"])
+def test_adamw_unscale_grads_bitwise(lib, gen, dtype):
+    """unscale_grads: the grads end as torch's fused AdamW leaves them (also
+    on the skipped step: still scaled), and the update is unchanged."""
+    _run_adamw(lib, gen, dict(ADAMW_CASES["grad_scale"], maximize=True), dtype, unscale=True)
+
+
+@pytest.mark.parametrize("dtype", _DTYPES3, ids=["f32", "f16", "bf16"])
+def test_sgd_unscale_grads_bitwise(lib, gen, dtype):
+    _run_sgd(lib, gen, dict(SGD_CASES["grad_scale"], maximize=True), dtype, unscale=True)
 
 
 def test_sgd_plain_matches_foreach_and_for_loop(lib, gen):

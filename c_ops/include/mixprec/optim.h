@@ -22,9 +22,14 @@ extern "C" {
  * every pointer but `step` may be NULL.
  *
  * param          : the model parameter, F32, F16 or BF16, updated in place.
- * grad           : its gradient, F32, F16 or BF16 (may differ from param's);
- *                  only read (torch's fused kernels write the unscaled
- *                  gradient back; mixprec does not).
+ * grad           : its gradient, F32, F16 or BF16 (may differ from param's).
+ *                  Only read, unless the step's unscale_grads is set and it
+ *                  has a grad_scale: then each element is overwritten with
+ *                  its unscaled value (see mixprec_adamw_params), as torch's
+ *                  fused kernels do, and the buffer must be writable.
+ *                  Declared const for the read-only default (a caller with
+ *                  const data keeps compiling); the kernels cast the const
+ *                  away only on the unscale_grads path.
  * master         : the FP32 master copy. Required when param_dtype is F16;
  *                  optional for BF16: the update is computed on it and param
  *                  receives it rounded to nearest even (param's old value is
@@ -82,10 +87,22 @@ typedef struct mixprec_opt_tensor {
  *   grad_scale : grads are divided by *grad_scale in FP32 (torch's
  *                optimizer.grad_scale, i.e. the loss scale, not its inverse).
  *   found_inf  : when *found_inf != 0 (NaN counts as nonzero) the whole step
- *                is skipped: nothing at all is written, step counts
- *                included, and the status is MIXPREC_OK.
+ *                is skipped: nothing at all is written, step counts and
+ *                grads included, and the status is MIXPREC_OK.
  * sr_seed: the seed of the stochastic rounding of master-free BF16 params
- * (see mixprec_opt_tensor.master); unused by every other tensor. */
+ * (see mixprec_opt_tensor.master); unused by every other tensor.
+ * unscale_grads: 0 (the default): grads are only read, so after a step with
+ *   grad_scale they still hold the scaled values. Nonzero, with grad_scale
+ *   given: in the same pass every grad element is overwritten with
+ *   g / *grad_scale (the FP32 quotient the update uses, before the maximize
+ *   negation) rounded to the grad's dtype, nearest even (exact for F32; a
+ *   NaN stays a NaN): what torch's fused AdamW/SGD leave in p.grad after
+ *   GradScaler.step(). It changes nothing else: params, masters, state and
+ *   step counts are bit-identical to the same call with unscale_grads 0.
+ *   Ignored without grad_scale (nothing to unscale: grads are not written),
+ *   and a skipped step (found_inf) writes no grad either, so they stay
+ *   scaled, as torch's do. Appended last: the offsets of the fields above
+ *   are those of the struct without it. */
 typedef struct mixprec_adamw_params {
   double lr;           /* >= 0, finite (unless lr_tensor) */
   double beta1, beta2; /* each in [0, 1) */
@@ -97,11 +114,13 @@ typedef struct mixprec_adamw_params {
   const float *grad_scale;
   const float *found_inf;
   uint64_t sr_seed;
+  int unscale_grads;   /* nonzero: write g / *grad_scale back to the grads */
 } mixprec_adamw_params;
 
 /* Hyper-parameters of torch.optim.SGD (defaults: lr 1e-3, momentum 0,
  * dampening 0, weight_decay 0, nesterov 0, maximize 0); lr_tensor,
- * grad_scale, found_inf and sr_seed as in mixprec_adamw_params.
+ * grad_scale, found_inf, sr_seed and unscale_grads as in
+ * mixprec_adamw_params.
  * first_step: see mixprec_sgd_step (used only by tensors whose step is
  * NULL). */
 typedef struct mixprec_sgd_params {
@@ -116,10 +135,12 @@ typedef struct mixprec_sgd_params {
   const float *found_inf;
   int first_step;      /* nonzero: momentum buffers hold no value yet */
   uint64_t sr_seed;
+  int unscale_grads;   /* as in mixprec_adamw_params */
 } mixprec_sgd_params;
 
 /*! mixprec_adamw_params_default(), mixprec_sgd_params_default() :
- *  @return : torch's defaults (listed above), all pointers NULL, sr_seed 0. */
+ *  @return : torch's defaults (listed above), all pointers NULL, sr_seed 0,
+ *            unscale_grads 0. */
 MIXPREC_API mixprec_adamw_params mixprec_adamw_params_default(void);
 MIXPREC_API mixprec_sgd_params mixprec_sgd_params_default(void);
 
@@ -135,7 +156,9 @@ MIXPREC_API mixprec_sgd_params mixprec_sgd_params_default(void);
  *  of that kernel computes it (GCC contracts its a*b + c into FMAs, and its
  *  vectorised body and scalar tail fuse differently; the tail is each
  *  tensor's last numel % 8 elements):
- *    g = grad; g = g / *grad_scale (if given); g = -g (if maximize);
+ *    g = grad; g = g / *grad_scale (if given);
+ *    grad = g rounded to grad_dtype     (only if unscale_grads and grad_scale)
+ *    g = -g (if maximize);
  *    p = p * decay                               (only if weight_decay != 0)
  *    m = fma(w, g - m, m) if |w| < 0.5 else fma(w - 1, g - m, g)   (lerp)
  *    v = fma(c2 * g, g, v * beta2)        (tail: fma(v, beta2, (c2 * g) * g))
@@ -170,7 +193,9 @@ MIXPREC_API mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list,
  *  on FP32 params, extended as mixprec_adamw_step() is. With
  *  lr, momentum, weight_decay and 1 - dampening (computed in double) each
  *  rounded to float once, per element in float:
- *    g = grad; g = g / *grad_scale (if given); g = -g (if maximize);
+ *    g = grad; g = g / *grad_scale (if given);
+ *    grad = g rounded to grad_dtype     (only if unscale_grads and grad_scale)
+ *    g = -g (if maximize);
  *    g = fma(p, weight_decay, g)                 (only if weight_decay != 0)
  *    if momentum != 0:
  *      buf = g                        on the tensor's first step, else
