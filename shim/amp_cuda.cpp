@@ -21,7 +21,7 @@ struct CudaBackend {
       return mixprec_cuda_unscale(a.list.data(), n, a.inv_scale, a.found_inf, nullptr, nullptr,
                                   nullptr, 0, stream);
     const int64_t ws_bytes = mixprec_cuda_unscale_workspace_size(a.list.data(), n, 1);
-    STD_TORCH_CHECK(ws_bytes >= 0, "mixprec::unscale_norm_: invalid tensor list");
+    MIXPREC_CHECK(ws_bytes >= 0, "mixprec::unscale_norm_: invalid tensor list");
     // Scratch from torch's caching allocator on the current stream, so the
     // call stays capturable in a CUDA graph.
     Tensor ws = torch::stable::new_empty(like, {ws_bytes > 0 ? ws_bytes : 1}, ScalarType::Byte);

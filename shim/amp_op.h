@@ -35,25 +35,35 @@ inline UnscaleArgs unscale_args(const char* op, const std::vector<Tensor>& grads
   a.device = where(found_inf);
   check_scalar(op, "found_inf", found_inf, ScalarType::Float, a.device, nullptr);
   check_scalar(op, "inv_scale", inv_scale, ScalarType::Float, a.device, nullptr);
-  STD_TORCH_CHECK(!grads.empty(), "mixprec::", op, ": grads must be a non-empty list of tensors");
+  MIXPREC_CHECK(!grads.empty(), "mixprec::", op, ": grads must be a non-empty list of tensors");
   a.list.reserve(grads.size());
   for (size_t i = 0; i < grads.size(); i++) {
     const Tensor& g = grads[i];
-    STD_TORCH_CHECK(g.defined(), "mixprec::", op, ": grads[", i, "] is undefined");
-    STD_TORCH_CHECK(g.layout() == Layout::Strided, "mixprec::", op, ": grads[", i,
+    MIXPREC_CHECK(g.defined(), "mixprec::", op, ": grads[", i, "] is undefined");
+    MIXPREC_CHECK(g.layout() == Layout::Strided, "mixprec::", op, ": grads[", i,
                     "] must be a strided tensor (sparse gradients are not supported)");
     mixprec_dtype dt;
-    STD_TORCH_CHECK(to_mixprec_dtype(g.scalar_type(), &dt), "mixprec::", op, ": grads[", i,
+    MIXPREC_CHECK(to_mixprec_dtype(g.scalar_type(), &dt), "mixprec::", op, ": grads[", i,
                     "] must be float32, float16 or bfloat16, got ", dtype_name(g.scalar_type()));
-    STD_TORCH_CHECK(where(g) == a.device, "mixprec::", op, ": grads[", i, "] is on ",
+    MIXPREC_CHECK(where(g) == a.device, "mixprec::", op, ": grads[", i, "] is on ",
                     describe(where(g)), " but found_inf is on ", describe(a.device));
-    STD_TORCH_CHECK(is_dense(g), "mixprec::", op, ": grads[", i,
+    MIXPREC_CHECK(is_dense(g), "mixprec::", op, ": grads[", i,
                     "] must be contiguous or dense in some dimension order "
                     "(e.g. channels_last); call .contiguous() on it");
     // Strides are never negative in torch, so a dense tensor's data_ptr() is
     // the lowest address of its elements whatever the dimension order.
     a.list.push_back({g.numel() ? g.data_ptr() : nullptr, g.numel(), dt});
   }
+  // No two of them may share memory (mixprec/amp.h: the tensors must not
+  // overlap): a grad listed twice would be unscaled twice, found_inf inside
+  // a grad or inv_scale would change what the kernel reads.
+  std::vector<Span> spans;
+  spans.reserve(grads.size() + 2);
+  for (size_t i = 0; i < grads.size(); i++)
+    add_span(spans, grads[i], "grads", static_cast<int64_t>(i));
+  add_span(spans, found_inf, "found_inf");
+  add_span(spans, inv_scale, "inv_scale");
+  check_disjoint(op, std::move(spans));
   a.found_inf = static_cast<float*>(found_inf.data_ptr());
   a.inv_scale = static_cast<const float*>(inv_scale.data_ptr());
   return a;
@@ -93,17 +103,25 @@ inline UpdateScaleArgs update_scale_args(const char* op, const Tensor& scale,
     check_scalar(op, "skipped_steps", *skipped_steps, ScalarType::Long, a.device, "scale");
     a.skipped_steps = static_cast<int64_t*>(skipped_steps->data_ptr());
   }
-  STD_TORCH_CHECK(std::isfinite(growth_factor) && growth_factor > 0, "mixprec::", op,
+  MIXPREC_CHECK(std::isfinite(growth_factor) && growth_factor > 0, "mixprec::", op,
                   ": growth_factor must be finite and positive, got ", growth_factor);
-  STD_TORCH_CHECK(std::isfinite(backoff_factor) && backoff_factor > 0, "mixprec::", op,
+  MIXPREC_CHECK(std::isfinite(backoff_factor) && backoff_factor > 0, "mixprec::", op,
                   ": backoff_factor must be finite and positive, got ", backoff_factor);
-  STD_TORCH_CHECK(growth_interval >= 1 && growth_interval <= INT32_MAX, "mixprec::", op,
+  MIXPREC_CHECK(growth_interval >= 1 && growth_interval <= INT32_MAX, "mixprec::", op,
                   ": growth_interval must be in [1, 2^31), got ", growth_interval);
-  STD_TORCH_CHECK(hysteresis >= 1 && hysteresis <= INT32_MAX, "mixprec::", op,
-                  ": hysteresis must be >= 1, got ", hysteresis);
-  STD_TORCH_CHECK(min_scale >= 0 && max_scale >= min_scale, "mixprec::", op,
+  MIXPREC_CHECK(hysteresis >= 1 && hysteresis <= INT32_MAX, "mixprec::", op,
+                  ": hysteresis must be in [1, 2^31), got ", hysteresis);
+  MIXPREC_CHECK(min_scale >= 0 && max_scale >= min_scale, "mixprec::", op,
                   ": need 0 <= min_scale <= max_scale, got min_scale=", min_scale,
                   " max_scale=", max_scale);
+  // The states are written, found_inf read: none may share memory.
+  std::vector<Span> spans;
+  add_span(spans, scale, "scale");
+  add_span(spans, growth_tracker, "growth_tracker");
+  if (hysteresis_tracker) add_span(spans, *hysteresis_tracker, "hysteresis_tracker");
+  if (skipped_steps) add_span(spans, *skipped_steps, "skipped_steps");
+  add_span(spans, found_inf, "found_inf");
+  check_disjoint(op, std::move(spans));
   a.scale = static_cast<float*>(scale.data_ptr());
   a.growth_tracker = static_cast<int32_t*>(growth_tracker.data_ptr());
   a.found_inf = static_cast<const float*>(found_inf.data_ptr());

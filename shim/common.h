@@ -13,10 +13,37 @@
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "mixprec/mixprec.h"
+
+namespace mixprec_shim {
+
+namespace detail {
+template <typename... Args>
+std::string check_message(const Args&... args) {
+  std::ostringstream oss;
+  ((oss << args), ...);
+  return std::move(oss).str();
+}
+}  // namespace detail
+
+}  // namespace mixprec_shim
+
+// MIXPREC_CHECK(cond, parts...): unless cond, throws std::runtime_error (a
+// RuntimeError in Python) whose message is exactly the parts joined.
+// STD_TORCH_CHECK prefixes its message with the C++ function name, source
+// path and line ("check_scalar, /path/shim/common.h:109, mixprec::..."),
+// which users should never see: every mixprec message goes through this.
+#define MIXPREC_CHECK(cond, ...)                                                \
+  do {                                                                          \
+    if (!(cond)) {                                                              \
+      throw std::runtime_error(::mixprec_shim::detail::check_message(__VA_ARGS__)); \
+    }                                                                           \
+  } while (0)
 
 namespace mixprec_shim {
 
@@ -26,7 +53,7 @@ using torch::stable::Tensor;
 
 // Raises RuntimeError "mixprec::<op>: <C status text>" unless st is OK.
 inline void check_status(mixprec_status st, const char* op) {
-  STD_TORCH_CHECK(st == MIXPREC_OK, "mixprec::", op, ": ", mixprec_status_string(st));
+  MIXPREC_CHECK(st == MIXPREC_OK, "mixprec::", op, ": ", mixprec_status_string(st));
 }
 
 // "float32", "float16", ... for error messages.
@@ -72,7 +99,7 @@ inline std::string describe(const Where& w) {
 
 // The device check of every CPU backend (the CUDA one is in cuda_common.h).
 inline void check_cpu_device(const char* op, const Where& w) {
-  STD_TORCH_CHECK(!w.cuda && w.index < 0, "mixprec::", op,
+  MIXPREC_CHECK(!w.cuda && w.index < 0, "mixprec::", op,
                   ": the CPU kernel got tensors that are not on the CPU");
 }
 
@@ -102,35 +129,80 @@ inline bool is_dense(const Tensor& t) {
 // that fixed the device, for the message.
 inline void check_scalar(const char* op, const char* arg, const Tensor& t, ScalarType want,
                          const Where& dev, const char* ref) {
-  STD_TORCH_CHECK(t.layout() == Layout::Strided, "mixprec::", op, ": ", arg,
+  MIXPREC_CHECK(t.layout() == Layout::Strided, "mixprec::", op, ": ", arg,
                   " must be a strided (dense) tensor");
-  STD_TORCH_CHECK(t.scalar_type() == want, "mixprec::", op, ": ", arg, " must be ",
+  MIXPREC_CHECK(t.scalar_type() == want, "mixprec::", op, ": ", arg, " must be ",
                   dtype_name(want), ", got ", dtype_name(t.scalar_type()));
-  STD_TORCH_CHECK(t.numel() == 1, "mixprec::", op, ": ", arg,
+  MIXPREC_CHECK(t.numel() == 1, "mixprec::", op, ": ", arg,
                   " must have exactly one element, got ", t.numel());
   if (ref) {
-    STD_TORCH_CHECK(where(t) == dev, "mixprec::", op, ": ", arg, " is on ",
+    MIXPREC_CHECK(where(t) == dev, "mixprec::", op, ": ", arg, " is on ",
                     describe(where(t)), " but ", ref, " is on ", describe(dev));
   } else {
-    STD_TORCH_CHECK(where(t) == dev, "mixprec::", op, ": ", arg, " is on ",
+    MIXPREC_CHECK(where(t) == dev, "mixprec::", op, ": ", arg, " is on ",
                     describe(where(t)), " but must be on ", describe(dev));
   }
 }
 
 // A floating tensor argument: strided, one of the three dtypes.
 inline mixprec_dtype float_arg(const char* op, const char* arg, const Tensor& t) {
-  STD_TORCH_CHECK(t.defined() && t.layout() == Layout::Strided, "mixprec::", op, ": ", arg,
+  MIXPREC_CHECK(t.defined() && t.layout() == Layout::Strided, "mixprec::", op, ": ", arg,
                   " must be a defined strided tensor");
   mixprec_dtype d;
-  STD_TORCH_CHECK(to_mixprec_dtype(t.scalar_type(), &d), "mixprec::", op, ": ", arg,
+  MIXPREC_CHECK(to_mixprec_dtype(t.scalar_type(), &d), "mixprec::", op, ": ", arg,
                   " must be float32, float16 or bfloat16, got ", dtype_name(t.scalar_type()));
   return d;
 }
 
 inline void same_device(const char* op, const char* arg, const Tensor& t, const Where& dev,
                         const char* ref) {
-  STD_TORCH_CHECK(where(t) == dev, "mixprec::", op, ": ", arg, " is on ", describe(where(t)),
+  MIXPREC_CHECK(where(t) == dev, "mixprec::", op, ": ", arg, " is on ", describe(where(t)),
                   " but ", ref, " is on ", describe(dev));
+}
+
+// The memory an argument covers, for the aliasing checks: bytes [lo, hi)
+// from the data pointer to one past the last element (exact for a dense
+// tensor, a bounding range otherwise); `name` + `index` say which argument
+// it is ("grads", 2 -> "grads[2]"; index -1 -> "found_inf").
+struct Span {
+  uintptr_t lo, hi;
+  const char* name;
+  int64_t index;
+};
+
+inline void add_span(std::vector<Span>& spans, const Tensor& t, const char* name,
+                     int64_t index = -1) {
+  if (!t.defined() || t.numel() == 0) return;
+  int64_t extent = 1;
+  for (int64_t d = 0; d < t.dim(); d++) extent += (t.sizes()[d] - 1) * t.strides()[d];
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(t.data_ptr());
+  spans.push_back({lo, lo + static_cast<uintptr_t>(extent) * t.element_size(), name, index});
+}
+
+inline std::string span_name(const Span& s) {
+  return s.index < 0 ? std::string(s.name) : std::string(s.name) + "[" + std::to_string(s.index) + "]";
+}
+
+// Raises "mixprec::<op>: A and B share memory ..." when two of the spans
+// overlap (the same tensor twice, a view of another argument): an op that
+// writes one of them would read or write it twice. O(n log n).
+inline void check_disjoint(const char* op, std::vector<Span> spans) {
+  std::vector<size_t> order(spans.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return spans[a].lo < spans[b].lo || (spans[a].lo == spans[b].lo && a < b); });
+  size_t widest = 0;  // the span reaching furthest among those seen so far
+  for (size_t k = 0; k < order.size(); k++) {
+    const size_t i = order[k];
+    if (k > 0 && spans[i].lo < spans[widest].hi) {
+      const Span& a = spans[std::min(i, widest)];
+      const Span& b = spans[std::max(i, widest)];
+      MIXPREC_CHECK(false, "mixprec::", op, ": ", span_name(a), " and ", span_name(b),
+                    " share memory (the same tensor twice, or views of one buffer); "
+                    "the arguments must not overlap");
+    }
+    if (k == 0 || spans[i].hi > spans[widest].hi) widest = i;
+  }
 }
 
 // The contiguous tensor a kernel reads: t itself or a copy in t's own dtype

@@ -19,7 +19,7 @@ struct CudaBackend {
                                       const Tensor& like) {
     torch::stable::accelerator::DeviceGuard guard(a.device.index);
     const int64_t bytes = mixprec_cuda_cross_entropy_workspace_size(&a.p);
-    STD_TORCH_CHECK(bytes >= 0, "mixprec::cross_entropy: invalid sizes");
+    MIXPREC_CHECK(bytes >= 0, "mixprec::cross_entropy: invalid sizes");
     // Scratch from torch's caching allocator on the current stream.
     Tensor ws = torch::stable::new_empty(like, {bytes > 0 ? bytes : 1}, ScalarType::Byte);
     return mixprec_cuda_cross_entropy(

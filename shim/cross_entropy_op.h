@@ -36,13 +36,17 @@ inline CeArgs ce_args(const char* op, const Tensor& self, const Tensor& target,
   a.dtype = float_arg(op, "self", self);
   a.device = where(self);
   const int64_t nd = self.dim();
-  STD_TORCH_CHECK(nd >= 1, "mixprec::", op,
+  MIXPREC_CHECK(nd >= 1, "mixprec::", op,
                   ": self must have shape (C), (N, C) or (N, C, d1, ...), got a 0-dim tensor");
-  STD_TORCH_CHECK(target.defined() && target.layout() == Layout::Strided, "mixprec::", op,
+  MIXPREC_CHECK(target.defined() && target.layout() == Layout::Strided, "mixprec::", op,
                   ": target must be a defined strided tensor");
-  STD_TORCH_CHECK(target.scalar_type() == ScalarType::Long, "mixprec::", op,
-                  ": target must be int64 class indices, got ", dtype_name(target.scalar_type()),
-                  " (class-probability targets are not supported)");
+  const ScalarType tt = target.scalar_type();
+  const bool floating = tt == ScalarType::Float || tt == ScalarType::Half ||
+                        tt == ScalarType::BFloat16 || tt == ScalarType::Double;
+  MIXPREC_CHECK(tt == ScalarType::Long, "mixprec::", op,
+                  ": target must be int64 class indices, got ", dtype_name(tt),
+                  floating ? " (class-probability targets are not supported)"
+                           : " (convert it with target.long())");
   same_device(op, "target", target, a.device, "self");
   auto s = self.sizes();
   std::vector<int64_t> want;
@@ -61,7 +65,7 @@ inline CeArgs ce_args(const char* op, const Tensor& self, const Tensor& target,
       want.push_back(s[d]);
     }
   }
-  STD_TORCH_CHECK(sizes_of(target) == want, "mixprec::", op, ": target has shape ",
+  MIXPREC_CHECK(sizes_of(target) == want, "mixprec::", op, ": target has shape ",
                   shape_str(target), " but self of shape ", shape_str(self),
                   " needs a target of shape [", [&] {
                     std::string r;
@@ -69,21 +73,21 @@ inline CeArgs ce_args(const char* op, const Tensor& self, const Tensor& target,
                     return r;
                   }(), "]");
   a.positions = a.p.outer * a.p.inner;
-  STD_TORCH_CHECK(a.p.classes >= 1 || a.positions == 0, "mixprec::", op,
+  MIXPREC_CHECK(a.p.classes >= 1 || a.positions == 0, "mixprec::", op,
                   ": self has 0 classes (dimension 1 of size 0)");
-  STD_TORCH_CHECK(reduction >= 0 && reduction <= 2, "mixprec::", op,
+  MIXPREC_CHECK(reduction >= 0 && reduction <= 2, "mixprec::", op,
                   ": reduction must be 0 (none), 1 (mean) or 2 (sum), got ", reduction);
-  STD_TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, "mixprec::", op,
+  MIXPREC_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, "mixprec::", op,
                   ": label_smoothing must be in [0, 1], got ", label_smoothing);
   a.p.ignore_index = ignore_index;
   a.p.label_smoothing = label_smoothing;
   a.p.reduction = static_cast<mixprec_reduction>(reduction);
   if (weight.has_value() && weight->defined()) {
     const Tensor& w = *weight;
-    STD_TORCH_CHECK(w.layout() == Layout::Strided && w.scalar_type() == ScalarType::Float,
+    MIXPREC_CHECK(w.layout() == Layout::Strided && w.scalar_type() == ScalarType::Float,
                     "mixprec::", op, ": weight must be a float32 tensor, got ",
                     dtype_name(w.scalar_type()));
-    STD_TORCH_CHECK(w.dim() == 1 && w.sizes()[0] == a.p.classes, "mixprec::", op,
+    MIXPREC_CHECK(w.dim() == 1 && w.sizes()[0] == a.p.classes, "mixprec::", op,
                     ": weight must have shape [", a.p.classes, "] (one per class), got ",
                     shape_str(w));
     same_device(op, "weight", w, a.device, "self");
@@ -114,7 +118,7 @@ std::tuple<Tensor, Tensor, Tensor> cross_entropy_op(Tensor self, Tensor target,
   mixprec_status st = B::cross_entropy(a, static_cast<float*>(loss.data_ptr()),
                                        static_cast<float*>(stats.data_ptr()),
                                        static_cast<float*>(wsum.data_ptr()), self);
-  STD_TORCH_CHECK(st != MIXPREC_ERR_BAD_ARGUMENT, "mixprec::", op,
+  MIXPREC_CHECK(st != MIXPREC_ERR_BAD_ARGUMENT, "mixprec::", op,
                   ": target holds a class index out of range [0, ", a.p.classes,
                   ") that is not ignore_index (", ignore_index, ")");
   check_status(st, op);
@@ -128,24 +132,24 @@ Tensor cross_entropy_backward_op(Tensor grad_loss, Tensor self, Tensor target,
   const char* op = "cross_entropy_backward";
   CeArgs a = ce_args(op, self, target, weight, reduction, ignore_index, label_smoothing);
   B::check_device(op, a.device);
-  STD_TORCH_CHECK(grad_loss.defined() && grad_loss.scalar_type() == ScalarType::Float,
+  MIXPREC_CHECK(grad_loss.defined() && grad_loss.scalar_type() == ScalarType::Float,
                   "mixprec::", op, ": grad_loss must be float32");
   same_device(op, "grad_loss", grad_loss, a.device, "self");
   if (reduction == 0) {
-    STD_TORCH_CHECK(sizes_of(grad_loss) == a.loss_shape, "mixprec::", op, ": grad_loss has shape ",
+    MIXPREC_CHECK(sizes_of(grad_loss) == a.loss_shape, "mixprec::", op, ": grad_loss has shape ",
                     shape_str(grad_loss), " but the loss has target's shape ", shape_str(target));
   } else {
-    STD_TORCH_CHECK(grad_loss.numel() == 1, "mixprec::", op,
+    MIXPREC_CHECK(grad_loss.numel() == 1, "mixprec::", op,
                     ": grad_loss of a reduced loss must have one element, got ", grad_loss.numel());
   }
   std::vector<int64_t> stats_shape{2};
   stats_shape.insert(stats_shape.end(), a.loss_shape.begin(), a.loss_shape.end());
-  STD_TORCH_CHECK(stats.defined() && stats.scalar_type() == ScalarType::Float &&
+  MIXPREC_CHECK(stats.defined() && stats.scalar_type() == ScalarType::Float &&
                       sizes_of(stats) == stats_shape,
                   "mixprec::", op, ": stats must be the float32 tensor of shape (2, *target.shape) "
                   "that mixprec::cross_entropy returned");
   same_device(op, "stats", stats, a.device, "self");
-  STD_TORCH_CHECK(weight_sum.defined() && weight_sum.scalar_type() == ScalarType::Float &&
+  MIXPREC_CHECK(weight_sum.defined() && weight_sum.scalar_type() == ScalarType::Float &&
                       weight_sum.numel() == 1,
                   "mixprec::", op, ": weight_sum must be a one-element float32 tensor");
   same_device(op, "weight_sum", weight_sum, a.device, "self");
@@ -156,7 +160,7 @@ Tensor cross_entropy_backward_op(Tensor grad_loss, Tensor self, Tensor target,
                                                 static_cast<const float*>(sc.data_ptr()),
                                                 static_cast<const float*>(weight_sum.data_ptr()),
                                                 dx.data_ptr());
-  STD_TORCH_CHECK(st != MIXPREC_ERR_BAD_ARGUMENT, "mixprec::", op,
+  MIXPREC_CHECK(st != MIXPREC_ERR_BAD_ARGUMENT, "mixprec::", op,
                   ": target holds a class index out of range [0, ", a.p.classes,
                   ") that is not ignore_index (", ignore_index, ")");
   check_status(st, op);

@@ -22,7 +22,7 @@ CudaResult run_cuda(const char* op, const NmsArgs& a, const Tensor& like) {
   torch::stable::accelerator::DeviceGuard guard(a.device.index);
   void* stream = current_cuda_stream(op, a.device.index);
   const int64_t ws_bytes = mixprec_cuda_nms_workspace_size(a.n);
-  STD_TORCH_CHECK(ws_bytes >= 0, "mixprec::", op, ": could not size the workspace for ", a.n,
+  MIXPREC_CHECK(ws_bytes >= 0, "mixprec::", op, ": could not size the workspace for ", a.n,
                   " boxes");
   Tensor workspace = torch::stable::new_empty(like, {ws_bytes > 0 ? ws_bytes : 1}, ScalarType::Byte);
   Tensor keep = torch::stable::new_empty(like, {a.capacity}, ScalarType::Long);

@@ -36,7 +36,7 @@ struct NmsArgs {
 
 inline mixprec_dtype nms_float_dtype(const char* op, const char* arg, const Tensor& t) {
   mixprec_dtype d;
-  STD_TORCH_CHECK(to_mixprec_dtype(t.scalar_type(), &d), "mixprec::", op, ": ", arg,
+  MIXPREC_CHECK(to_mixprec_dtype(t.scalar_type(), &d), "mixprec::", op, ": ", arg,
                   " must be float32, float16 or bfloat16, got ", dtype_name(t.scalar_type()),
                   t.scalar_type() == ScalarType::Double
                       ? " (float64 is not supported: mixprec computes the IoU in float32; "
@@ -46,11 +46,11 @@ inline mixprec_dtype nms_float_dtype(const char* op, const char* arg, const Tens
 }
 
 inline void nms_check_tensor(const char* op, const char* arg, const Tensor& t, const Where& dev) {
-  STD_TORCH_CHECK(t.defined() && t.layout() == Layout::Strided, "mixprec::", op, ": ", arg,
+  MIXPREC_CHECK(t.defined() && t.layout() == Layout::Strided, "mixprec::", op, ": ", arg,
                   " must be a defined strided tensor");
-  STD_TORCH_CHECK(where(t) == dev, "mixprec::", op, ": ", arg, " is on ", describe(where(t)),
+  MIXPREC_CHECK(where(t) == dev, "mixprec::", op, ": ", arg, " is on ", describe(where(t)),
                   " but boxes is on ", describe(dev));
-  STD_TORCH_CHECK(t.is_contiguous(), "mixprec::", op, ": ", arg,
+  MIXPREC_CHECK(t.is_contiguous(), "mixprec::", op, ": ", arg,
                   " must be contiguous; call .contiguous() on it");
 }
 
@@ -60,15 +60,15 @@ inline NmsArgs nms_args(const char* op, const Tensor& boxes, const Tensor& score
   NmsArgs a;
   a.device = where(boxes);
   nms_check_tensor(op, "boxes", boxes, a.device);
-  STD_TORCH_CHECK(boxes.dim() == 2 && boxes.size(1) == 4, "mixprec::", op,
+  MIXPREC_CHECK(boxes.dim() == 2 && boxes.size(1) == 4, "mixprec::", op,
                   ": boxes must have shape (N, 4), got ", boxes.dim(), " dimensions",
                   boxes.dim() >= 2 ? " with size(1) = " : "", boxes.dim() >= 2 ? boxes.size(1) : 0);
   a.n = boxes.size(0);
-  STD_TORCH_CHECK(a.n <= INT32_MAX, "mixprec::", op, ": boxes has ", a.n,
+  MIXPREC_CHECK(a.n <= INT32_MAX, "mixprec::", op, ": boxes has ", a.n,
                   " rows; at most 2^31 - 1 are supported");
   a.boxes_dtype = nms_float_dtype(op, "boxes", boxes);
   nms_check_tensor(op, "scores", scores, a.device);
-  STD_TORCH_CHECK(scores.dim() == 1 && scores.size(0) == a.n, "mixprec::", op,
+  MIXPREC_CHECK(scores.dim() == 1 && scores.size(0) == a.n, "mixprec::", op,
                   ": scores must have shape (N,) with N = boxes.size(0) = ", a.n, ", got ",
                   scores.dim(), " dimensions and ", scores.numel(), " elements");
   a.scores_dtype = nms_float_dtype(op, "scores", scores);
@@ -76,18 +76,18 @@ inline NmsArgs nms_args(const char* op, const Tensor& boxes, const Tensor& score
   a.classes_dtype = MIXPREC_I64;
   if (idxs) {
     nms_check_tensor(op, "idxs", *idxs, a.device);
-    STD_TORCH_CHECK(idxs->dim() == 1 && idxs->size(0) == a.n, "mixprec::", op,
+    MIXPREC_CHECK(idxs->dim() == 1 && idxs->size(0) == a.n, "mixprec::", op,
                     ": idxs must have shape (N,) with N = boxes.size(0) = ", a.n, ", got ",
                     idxs->dim(), " dimensions and ", idxs->numel(), " elements");
-    STD_TORCH_CHECK(idxs->scalar_type() == ScalarType::Long || idxs->scalar_type() == ScalarType::Int,
+    MIXPREC_CHECK(idxs->scalar_type() == ScalarType::Long || idxs->scalar_type() == ScalarType::Int,
                     "mixprec::", op, ": idxs must be int64 or int32, got ",
                     dtype_name(idxs->scalar_type()));
     a.classes_dtype = idxs->scalar_type() == ScalarType::Int ? MIXPREC_I32 : MIXPREC_I64;
     a.classes = a.n ? idxs->data_ptr() : nullptr;
   }
-  STD_TORCH_CHECK(iou_threshold >= 0.0, "mixprec::", op,
+  MIXPREC_CHECK(iou_threshold >= 0.0, "mixprec::", op,
                   ": iou_threshold must be >= 0 and not NaN, got ", iou_threshold);
-  STD_TORCH_CHECK(!score_threshold.has_value() || !std::isnan(*score_threshold), "mixprec::", op,
+  MIXPREC_CHECK(!score_threshold.has_value() || !std::isnan(*score_threshold), "mixprec::", op,
                   ": score_threshold must not be NaN");
   a.params = mixprec_nms_params_default();
   a.params.iou_threshold = iou_threshold;

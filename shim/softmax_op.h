@@ -23,7 +23,7 @@ struct Layout3 {
 inline Layout3 layout_over(const char* op, const Tensor& t, int64_t dim) {
   const int64_t nd = t.dim();
   const int64_t span = nd > 0 ? nd : 1;
-  STD_TORCH_CHECK(dim >= -span && dim < span, "mixprec::", op, ": dim ", dim,
+  MIXPREC_CHECK(dim >= -span && dim < span, "mixprec::", op, ": dim ", dim,
                   " is out of range for a tensor of ", nd, " dimensions (expected in [", -span,
                   ", ", span - 1, "])");
   Layout3 l;
@@ -42,7 +42,7 @@ Tensor softmax_forward(const char* op, bool log, const Tensor& x, int64_t dim,
   const mixprec_dtype xd = float_arg(op, "self", x);
   mixprec_dtype yd = xd;
   if (dtype.has_value()) {
-    STD_TORCH_CHECK(to_mixprec_dtype(*dtype, &yd), "mixprec::", op,
+    MIXPREC_CHECK(to_mixprec_dtype(*dtype, &yd), "mixprec::", op,
                     ": dtype must be float32, float16 or bfloat16, got ", dtype_name(*dtype));
   }
   const Layout3 l = layout_over(op, x, dim);
@@ -61,12 +61,12 @@ Tensor softmax_backward(const char* op, bool log, const Tensor& grad_output, con
                         int64_t dim, ScalarType input_dtype) {
   const mixprec_dtype yd = float_arg(op, "output", output);
   const mixprec_dtype gd = float_arg(op, "grad_output", grad_output);
-  STD_TORCH_CHECK(gd == yd, "mixprec::", op, ": grad_output must have output's dtype ",
+  MIXPREC_CHECK(gd == yd, "mixprec::", op, ": grad_output must have output's dtype ",
                   dtype_name(output.scalar_type()), ", got ", dtype_name(grad_output.scalar_type()));
   mixprec_dtype xd;
-  STD_TORCH_CHECK(to_mixprec_dtype(input_dtype, &xd), "mixprec::", op,
+  MIXPREC_CHECK(to_mixprec_dtype(input_dtype, &xd), "mixprec::", op,
                   ": input_dtype must be float32, float16 or bfloat16, got ", dtype_name(input_dtype));
-  STD_TORCH_CHECK(sizes_of(grad_output) == sizes_of(output), "mixprec::", op,
+  MIXPREC_CHECK(sizes_of(grad_output) == sizes_of(output), "mixprec::", op,
                   ": grad_output has shape ", shape_str(grad_output), " but output has shape ",
                   shape_str(output));
   const Where dev = where(output);

@@ -14,7 +14,10 @@ MIXPREC__HD mixprec_status mixprec__check_update_scale(
     const int32_t *hysteresis_tracker, const float *found_inf,
     const mixprec_update_scale_params *p) {
   if (!scale || !growth_tracker || !found_inf || !p) return MIXPREC_ERR_NULL_POINTER;
-  if (p->hysteresis < 1 || p->growth_interval < 1 || p->growth_interval > INT32_MAX)
+  /* hysteresis is stored in the int32 tracker: above INT32_MAX it would be
+   * truncated (2^32 + 2 would act as 2), so it is refused. */
+  if (p->hysteresis < 1 || p->hysteresis > INT32_MAX || p->growth_interval < 1 ||
+      p->growth_interval > INT32_MAX)
     return MIXPREC_ERR_BAD_ARGUMENT;
   if (p->hysteresis > 1 && !hysteresis_tracker) return MIXPREC_ERR_NULL_POINTER;
   /* x - x is 0 only for finite x (inf - inf and NaN give NaN). */

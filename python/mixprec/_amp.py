@@ -7,13 +7,89 @@ kernels. ``GradScaler`` (``amp.py``) is built on them.
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Sequence
 
 import torch
+import torch._library.utils as _library_utils
 
 from ._library import FLOAT_DTYPES as _FLOAT
 
 __all__ = ["unscale_", "grad_norm", "update_scale_"]
+
+
+# ---- checks shared by the fake kernels of every family ------------------------
+
+
+def _same_device(op, ref_name, ref, *named):
+    """Every tensor of ``named`` (``(name, tensor or None)`` pairs) is on
+    ``ref``'s device.
+
+    The dispatcher sends a call to the Meta kernel (the fake kernel) as soon
+    as ONE argument is a meta tensor: a meta tensor mixed with CPU tensors
+    would otherwise "succeed" without running anything (update_scale_ not
+    backing off, cross_entropy returning an uninitialised CPU loss). Under
+    FakeTensorMode (torch.compile) every tensor carries its real device, so
+    calls whose tensors are all on one device, meta included, pass."""
+    for name, t in named:
+        if t is not None:
+            torch._check(
+                t.device == ref.device,
+                lambda: f"mixprec::{op}: {name} is on {t.device} but {ref_name} is on {ref.device}",
+            )
+
+
+def _one_element(op, name, t, dtype):
+    torch._check(t.layout == torch.strided, lambda: f"mixprec::{op}: {name} must be a strided (dense) tensor")
+    torch._check(t.dtype == dtype, lambda: f"mixprec::{op}: {name} must be {dtype}, got {t.dtype}")
+    torch._check(t.numel() == 1, lambda: f"mixprec::{op}: {name} must have exactly one element, got {t.numel()}")
+
+
+# ---- version counters of what an in-place op writes ---------------------------
+
+_IMPL_LIB = torch.library.Library("mixprec", "IMPL")
+
+
+def _bump_versions_on_mutation(name: str, lib: torch.library.Library = _IMPL_LIB) -> None:
+    """Registers an ADInplaceOrView kernel for ``mixprec::<name>`` that
+    increments the version counter of every argument its schema marks as
+    written (``Tensor(a!)``, ``Tensor(a!)[]``), then redispatches to the
+    backend: what torch's own in-place ops and ``torch.library.custom_op``
+    do. Ops defined in C++ get no such kernel (the dispatcher falls through
+    ADInplaceOrView), so without it autograd could not see that a tensor it
+    saved was overwritten. It runs for ``torch.ops.mixprec.<name>`` called
+    directly too, and under torch.compile (the compiled graph calls the op
+    through the dispatcher); inference tensors have no version counter and
+    skip the key, as with torch's ops."""
+    op = getattr(torch.ops.mixprec, name).default
+    idxs, keys = _library_utils.mutated_args_kwargs(op._schema)
+    after = torch._C._after_ADInplaceOrView_keyset
+
+    def bump(val):
+        if isinstance(val, torch.Tensor):
+            torch.autograd.graph.increment_version(val)
+        elif isinstance(val, (list, tuple)):
+            for v in val:
+                if isinstance(v, torch.Tensor):
+                    torch.autograd.graph.increment_version(v)
+
+    def ad_inplace_or_view(keyset, *args, **kwargs):
+        for i in idxs:
+            if i < len(args):
+                bump(args[i])
+        for k in keys:
+            if k in kwargs:
+                bump(kwargs[k])
+        return op.redispatch(keyset & after, *args, **kwargs)
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Warning only once for all operators", category=UserWarning)
+        lib.impl(name, ad_inplace_or_view, "ADInplaceOrView", with_keyset=True)
+
+
+for _name in ("unscale_", "unscale_norm_", "grad_norm", "update_scale_", "update_scale_ex_"):
+    _bump_versions_on_mutation(_name)
 
 
 # ---- fake kernels ------------------------------------------------------------
@@ -23,14 +99,14 @@ def _check_unscale(op, grads, found_inf, inv_scale):
     """The device and dtype checks of the real kernels, so a traced or
     meta-dispatched call fails the same way an eager one does."""
     for name, t in (("found_inf", found_inf), ("inv_scale", inv_scale)):
-        torch._check(t.dtype == torch.float32, lambda: f"mixprec::{op}: {name} must be float32, got {t.dtype}")
-        torch._check(t.numel() == 1, lambda: f"mixprec::{op}: {name} must have exactly one element")
-        torch._check(
-            t.device == found_inf.device,
-            lambda: f"mixprec::{op}: {name} is on {t.device} but must be on {found_inf.device}",
-        )
+        _one_element(op, name, t, torch.float32)
+    _same_device(op, "found_inf", found_inf, ("inv_scale", inv_scale))
     torch._check(len(grads) > 0, lambda: f"mixprec::{op}: grads must be a non-empty list of tensors")
     for i, g in enumerate(grads):
+        torch._check(
+            g.layout == torch.strided,
+            lambda: f"mixprec::{op}: grads[{i}] must be a strided tensor (sparse gradients are not supported)",
+        )
         torch._check(
             g.dtype in _FLOAT,
             lambda: f"mixprec::{op}: grads[{i}] must be float32, float16 or bfloat16, got {g.dtype}",
@@ -64,8 +140,35 @@ def _grad_norm_fake(grads, found_inf, inv_scale):
     return _norm_outputs("grad_norm", grads, found_inf, inv_scale)
 
 
+def _check_update_scale(op, scale, growth_tracker, hysteresis_tracker, skipped_steps, found_inf,
+                        growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale):
+    """shim/amp_op.h's update_scale_args, for traced and meta calls."""
+    _one_element(op, "scale", scale, torch.float32)
+    _one_element(op, "growth_tracker", growth_tracker, torch.int32)
+    _one_element(op, "found_inf", found_inf, torch.float32)
+    if hysteresis_tracker is not None:
+        _one_element(op, "hysteresis_tracker", hysteresis_tracker, torch.int32)
+    if skipped_steps is not None:
+        _one_element(op, "skipped_steps", skipped_steps, torch.int64)
+    _same_device(op, "scale", scale, ("growth_tracker", growth_tracker), ("hysteresis_tracker", hysteresis_tracker),
+                 ("skipped_steps", skipped_steps), ("found_inf", found_inf))
+    torch._check(math.isfinite(growth_factor) and growth_factor > 0,
+                 lambda: f"mixprec::{op}: growth_factor must be finite and positive, got {growth_factor}")
+    torch._check(math.isfinite(backoff_factor) and backoff_factor > 0,
+                 lambda: f"mixprec::{op}: backoff_factor must be finite and positive, got {backoff_factor}")
+    torch._check(1 <= growth_interval <= 2**31 - 1,
+                 lambda: f"mixprec::{op}: growth_interval must be in [1, 2^31), got {growth_interval}")
+    torch._check(1 <= hysteresis <= 2**31 - 1,
+                 lambda: f"mixprec::{op}: hysteresis must be in [1, 2^31), got {hysteresis}")
+    torch._check(min_scale >= 0 and max_scale >= min_scale,
+                 lambda: f"mixprec::{op}: need 0 <= min_scale <= max_scale, got min_scale={min_scale} "
+                 f"max_scale={max_scale}")
+
+
 @torch.library.register_fake("mixprec::update_scale_")
 def _update_scale_fake(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval):
+    _check_update_scale("update_scale_", scale, growth_tracker, None, None, found_inf, growth_factor,
+                        backoff_factor, growth_interval, 1, 0.0, float("inf"))
     return None
 
 
@@ -83,6 +186,8 @@ def _update_scale_ex_fake(
     min_scale,
     max_scale,
 ):
+    _check_update_scale("update_scale_ex_", scale, growth_tracker, hysteresis_tracker, skipped_steps, found_inf,
+                        growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale)
     return None
 
 

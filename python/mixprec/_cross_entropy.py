@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ._amp import _same_device
 from ._softmax import _check_float, _no_double_backward
 
 __all__ = ["cross_entropy"]
@@ -23,18 +24,43 @@ _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 # ---- fake kernels ------------------------------------------------------------
 
 
+def _target_dtype_message(op, dtype):
+    why = (
+        " (class-probability targets are not supported)"
+        if dtype.is_floating_point
+        else " (convert it with target.long())"
+    )
+    return f"mixprec::{op}: target must be int64 class indices, got {dtype}{why}"
+
+
 def _ce_target_shape(op, x, target):
     torch._check(x.dim() >= 1, lambda: f"mixprec::{op}: self must have shape (C), (N, C) or (N, C, d1, ...)")
     want = () if x.dim() == 1 else (x.shape[0], *x.shape[2:])
-    torch._check(target.dtype == torch.int64, lambda: f"mixprec::{op}: target must be int64 class indices")
+    torch._check(target.dtype == torch.int64, lambda: _target_dtype_message(op, target.dtype))
     torch._check(tuple(target.shape) == tuple(want), lambda: f"mixprec::{op}: target has the wrong shape")
     return want
 
 
+def _ce_check(op, x, target, weight, reduction, label_smoothing):
+    """shim/cross_entropy_op.h's ce_args, for traced and meta calls."""
+    _check_float(op, "self", x)
+    _same_device(op, "self", x, ("target", target), ("weight", weight))
+    shape = _ce_target_shape(op, x, target)
+    torch._check(0 <= reduction <= 2,
+                 lambda: f"mixprec::{op}: reduction must be 0 (none), 1 (mean) or 2 (sum), got {reduction}")
+    torch._check(0.0 <= label_smoothing <= 1.0,
+                 lambda: f"mixprec::{op}: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if weight is not None:
+        torch._check(weight.dtype == torch.float32,
+                     lambda: f"mixprec::{op}: weight must be a float32 tensor, got {weight.dtype}")
+        torch._check(weight.dim() == 1 and weight.shape[0] == x.shape[0 if x.dim() == 1 else 1],
+                     lambda: f"mixprec::{op}: weight must have shape (C,) (one per class)")
+    return shape
+
+
 @torch.library.register_fake("mixprec::cross_entropy")
 def _cross_entropy_fake(x, target, weight, reduction, ignore_index, label_smoothing):
-    _check_float("cross_entropy", "self", x)
-    shape = _ce_target_shape("cross_entropy", x, target)
+    shape = _ce_check("cross_entropy", x, target, weight, reduction, label_smoothing)
     loss = x.new_empty(shape if reduction == 0 else (), dtype=torch.float32)
     stats = x.new_empty((2, *shape), dtype=torch.float32)
     wsum = x.new_empty((), dtype=torch.float32)
@@ -44,8 +70,13 @@ def _cross_entropy_fake(x, target, weight, reduction, ignore_index, label_smooth
 @torch.library.register_fake("mixprec::cross_entropy_backward")
 def _cross_entropy_backward_fake(grad_loss, x, target, weight, stats, weight_sum, reduction, ignore_index,
                                  label_smoothing):
-    _check_float("cross_entropy_backward", "self", x)
-    _ce_target_shape("cross_entropy_backward", x, target)
+    op = "cross_entropy_backward"
+    _ce_check(op, x, target, weight, reduction, label_smoothing)
+    _same_device(op, "self", x, ("grad_loss", grad_loss), ("stats", stats), ("weight_sum", weight_sum))
+    torch._check(grad_loss.dtype == torch.float32, lambda: f"mixprec::{op}: grad_loss must be float32")
+    torch._check(stats.dtype == torch.float32, lambda: f"mixprec::{op}: stats must be float32")
+    torch._check(weight_sum.dtype == torch.float32 and weight_sum.numel() == 1,
+                 lambda: f"mixprec::{op}: weight_sum must be a one-element float32 tensor")
     return x.new_empty(x.shape)
 
 
@@ -104,11 +135,10 @@ def cross_entropy(
     """
     if reduction not in _REDUCTIONS:
         raise ValueError(f"mixprec.ops.cross_entropy: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
-    if target.is_floating_point():
-        raise RuntimeError(
-            "mixprec::cross_entropy: target must be int64 class indices, got "
-            f"{target.dtype} (class-probability targets are not supported)"
-        )
+    if target.dtype != torch.int64:
+        # A float target is torch's class-probability form; any other dtype
+        # (int32, uint8, ...) is just not int64.
+        raise RuntimeError(_target_dtype_message("cross_entropy", target.dtype))
     if weight is not None and weight.dtype != torch.float32:
         weight = weight.float()
     loss, _stats, _wsum = torch.ops.mixprec.cross_entropy(

@@ -35,8 +35,20 @@ from ._library import handles as _handles
 
 
 def _check(op, boxes, scores, idxs, iou_threshold, score_threshold):
-    """The checks of the real kernels, so traced calls fail the same way."""
+    """The checks of the real kernels (shim/nms_op.h), so traced and meta
+    calls fail the same way; the public functions also run them before
+    ``.contiguous()``, which would otherwise copy (or fail to allocate) a
+    huge expanded tensor, or densify a sparse one, before any check."""
+    for name, t in (("boxes", boxes), ("scores", scores), ("idxs", idxs)):
+        if t is not None:
+            torch._check(
+                t.layout == torch.strided, lambda: f"mixprec::{op}: {name} must be a defined strided tensor"
+            )
     torch._check(boxes.dim() == 2 and boxes.shape[1] == 4, lambda: f"mixprec::{op}: boxes must have shape (N, 4)")
+    torch._check(
+        boxes.shape[0] <= 2**31 - 1,
+        lambda: f"mixprec::{op}: boxes has {boxes.shape[0]} rows; at most 2^31 - 1 are supported",
+    )
     torch._check(boxes.dtype in _FLOAT, lambda: f"mixprec::{op}: boxes must be float32, float16 or bfloat16, got {boxes.dtype}")
     torch._check(scores.dtype in _FLOAT, lambda: f"mixprec::{op}: scores must be float32, float16 or bfloat16, got {scores.dtype}")
     torch._check(
@@ -109,6 +121,8 @@ def nms(
     and bfloat16 boxes: int64 indices of the kept boxes, by decreasing score.
     ``score_threshold``: keep only boxes with a higher score; ``max_output``:
     return at most that many."""
+    iou_threshold, score_threshold = float(iou_threshold), _thr(score_threshold)
+    _check("nms", boxes, scores, None, iou_threshold, score_threshold)
     return torch.ops.mixprec.nms(
         boxes.contiguous(), scores.contiguous(), float(iou_threshold), _thr(score_threshold), _opt(max_output)
     )
@@ -126,6 +140,8 @@ def batched_nms(
     """``torchvision.ops.batched_nms``: boxes only suppress boxes of the same
     class (``idxs``, int64 or int32). Exact in every dtype: coordinates are
     never offset by class."""
+    iou_threshold, score_threshold = float(iou_threshold), _thr(score_threshold)
+    _check("batched_nms", boxes, scores, idxs, iou_threshold, score_threshold)
     return torch.ops.mixprec.batched_nms(
         boxes.contiguous(),
         scores.contiguous(),
@@ -150,6 +166,8 @@ def nms_padded(
     ``max_output``), the kept ones first and -1 after them, and ``count`` is a
     0-dim int64 tensor on the boxes' device. With ``idxs``, class-aware. Never
     synchronises with the host."""
+    iou_threshold, score_threshold = float(iou_threshold), _thr(score_threshold)
+    _check("nms_padded", boxes, scores, idxs, iou_threshold, score_threshold)
     return torch.ops.mixprec.nms_padded(
         boxes.contiguous(),
         scores.contiguous(),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from ._amp import _same_device
 from ._library import FLOAT_DTYPES as _FLOAT
 
 __all__ = ["softmax", "log_softmax"]
@@ -62,6 +63,8 @@ def _log_softmax_fake(x, dim, dtype=None):
 
 def _softmax_backward_fake_impl(op, grad_output, output, dim, input_dtype):
     _check_float(op, "output", output)
+    _check_float(op, "grad_output", grad_output)
+    _same_device(op, "output", output, ("grad_output", grad_output))
     torch._check(grad_output.dtype == output.dtype, lambda: f"mixprec::{op}: grad_output must have output's dtype")
     torch._check(grad_output.shape == output.shape, lambda: f"mixprec::{op}: grad_output has the wrong shape")
     _check_dim(op, output, dim)

@@ -356,6 +356,12 @@ TEST(UpdateScale, InvalidArgumentsWriteNothing) {
       {"growth_interval -3", [](auto &p) { p.growth_interval = -3; }},
       {"hysteresis 0", [](auto &p) { p.hysteresis = 0; }},
       {"hysteresis -1", [](auto &p) { p.hysteresis = -1; }},
+      // Above INT32_MAX the int32 tracker would truncate it (2^32 + 2 acting
+      // as 2): refused, not truncated.
+      {"hysteresis 2^31", [](auto &p) { p.hysteresis = int64_t(INT32_MAX) + 1; }},
+      {"hysteresis 2^32 + 2", [](auto &p) { p.hysteresis = (int64_t(1) << 32) + 2; }},
+      {"hysteresis INT64_MAX", [](auto &p) { p.hysteresis = INT64_MAX; }},
+      {"growth_interval 2^31", [](auto &p) { p.growth_interval = int64_t(INT32_MAX) + 1; }},
       {"growth NaN", [=](auto &p) { p.growth_factor = dnan; }},
       {"growth inf", [=](auto &p) { p.growth_factor = dinf; }},
       {"growth -inf", [=](auto &p) { p.growth_factor = -dinf; }},
@@ -422,6 +428,19 @@ TEST(UpdateScale, UnusualValidParamsAccepted) {
       {2.0, 0.5, 4.0f, 4.0f, &good, 4.0f},
       {2.0, 0.5, 0.0f, 0.0f, &good, 0.0f},
   };
+  // The largest hysteresis, INT32_MAX, is valid: an overflow only counts the
+  // tracker down.
+  {
+    mixprec_update_scale_params p = torch_params(2.0, 0.5, 10);
+    p.hysteresis = INT32_MAX;
+    float scale = 4.0f;
+    int32_t growth = 3, hyst = INT32_MAX;
+    ASSERT_EQ(mixprec_update_scale(&scale, &growth, &hyst, nullptr, &bad, &p), MIXPREC_OK);
+    EXPECT_EQ(scale, 4.0f);
+    EXPECT_EQ(hyst, INT32_MAX - 1);
+    ASSERT_EQ(mixprec_update_scale(&scale, &growth, &hyst, nullptr, &good, &p), MIXPREC_OK);
+    EXPECT_EQ(hyst, INT32_MAX);
+  }
   for (const Case &c : cases) {
     mixprec_update_scale_params p = torch_params(c.growth, c.backoff, 1);
     p.min_scale = c.min_s;

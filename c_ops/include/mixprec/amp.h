@@ -73,8 +73,9 @@ typedef struct mixprec_update_scale_params {
   double growth_factor;    /* > 1 in practice; torch: 2.0 */
   double backoff_factor;   /* in (0, 1) in practice; torch: 0.5 */
   int64_t growth_interval; /* >= 1; torch: 2000 */
-  int64_t hysteresis;      /* >= 1: back off only after this many overflowing
-                              steps without a clean step between them */
+  int64_t hysteresis;      /* in [1, INT32_MAX] (the tracker is int32): back
+                              off only after this many overflowing steps
+                              without a clean step between them */
   float min_scale;         /* backoff never goes below this (0: no bound) */
   float max_scale;         /* growth never goes above this (inf: no bound) */
 } mixprec_update_scale_params;
@@ -101,7 +102,8 @@ MIXPREC_API mixprec_update_scale_params mixprec_scale_update_params_default(void
  *    skipped_steps (if not NULL) counts overflowing steps.
  *  hysteresis_tracker may be NULL only when hysteresis == 1.
  *  @return : MIXPREC_ERR_NULL_POINTER, MIXPREC_ERR_BAD_ARGUMENT for
- *            growth_interval outside [1, INT32_MAX], hysteresis < 1, factors that are not finite
+ *            growth_interval or hysteresis outside [1, INT32_MAX] (never
+ *            truncated), factors that are not finite
  *            and positive, min_scale < 0 or min_scale > max_scale. */
 MIXPREC_API mixprec_status mixprec_update_scale(
     float *scale, int32_t *growth_tracker, int32_t *hysteresis_tracker,
