@@ -159,6 +159,43 @@ struct Config {
   int threads = 0;
 };
 
+// What a step leaves in a grad that held `given`: g / *scale rounded to the
+// grad's dtype when unscale_grads had a grad_scale (scale != NULL), else the
+// grad untouched. A NaN must stay a NaN (its bits are compared across ISAs in
+// test_optim_isa.cc). Returns the mismatches (reported, at most 3).
+int64_t expect_grads(const Buf &got, const Buf &given, const float *scale) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < got.numel(); i++) {
+    const uint32_t want = scale ? Buf::narrow(given.dtype(), given.value(i) / *scale) : given.raw(i);
+    const bool ok = scale && Buf::is_nan_bits(given.dtype(), want) ? got.is_nan(i)
+                                                                    : got.raw(i) == want;
+    if (!ok && bad++ < 3)
+      ADD_FAILURE() << "grad element " << i << std::hex << ": 0x" << got.raw(i) << " want 0x"
+                    << want << " (given 0x" << given.raw(i) << ")";
+  }
+  return bad;
+}
+
+// The grads of a list before a step.
+template <class P>
+std::vector<Buf> grads_of(const std::vector<P> &ps) {
+  std::vector<Buf> g;
+  for (const P &q : ps) g.push_back(q.grad);
+  return g;
+}
+
+// After a step: checks each grad (expect_grads), then puts the given grads
+// back, which the references read.
+template <class P>
+void check_and_restore_grads(std::vector<P> &ps, const std::vector<Buf> &given,
+                             const float *written_scale) {
+  for (size_t t = 0; t < ps.size(); t++) {
+    SCOPED_TRACE("grads of tensor " + std::to_string(t));
+    EXPECT_EQ(expect_grads(ps[t].grad, given[t], written_scale), 0);
+    ps[t].grad = given[t];
+  }
+}
+
 std::vector<Param> make_params(std::mt19937 &rng) {
   std::vector<Param> ps;
   for (const Spec &s : kSpecs) ps.emplace_back(s.n, s.pd, s.gd, rng);
@@ -195,7 +232,9 @@ void run_config(const Config &cfg, uint32_t salt) {
     h.grad_scale = cfg.use_scale ? &scale : nullptr;
     std::vector<mixprec_opt_tensor> list;
     for (Param &q : ps) list.push_back(q.desc(h.amsgrad));
+    const std::vector<Buf> given = grads_of(ps);
     ASSERT_EQ(mixprec_adamw_step(list.data(), int64_t(list.size()), &h), MIXPREC_OK);
+    check_and_restore_grads(ps, given, h.unscale_grads ? h.grad_scale : nullptr);
     for (Param &q : ps) {
       ref_float_step(q, lr, h, h.grad_scale);
       ref_double_step(q, lr, h, h.grad_scale, s);
@@ -265,6 +304,74 @@ TEST(AdamW, LrTensorOverridesLr) {
 TEST(AdamW, OneThreadSameResults) {
   run_config({"1 thread", nullptr, true, false, /*threads=*/1}, 9);
 }
+std::vector<uint32_t> snapshot(const std::vector<Param> &ps);
+
+// unscale_grads: each grad ends as g / scale in its dtype (before the
+// maximize negation); params, masters and state exactly as without it.
+TEST(AdamW, UnscaleGradsWritesUnscaledGrads) {
+  run_config({"unscale_grads", [](mixprec_adamw_params &h) { h.unscale_grads = 1; }, true}, 10);
+}
+TEST(AdamW, UnscaleGradsMaximizeAmsgradOneThread) {
+  run_config({"unscale_grads maximize amsgrad",
+              [](mixprec_adamw_params &h) {
+                h.unscale_grads = 1;
+                h.maximize = 1;
+                h.amsgrad = 1;
+              },
+              true, true, /*threads=*/1},
+             11);
+}
+// Without a grad_scale there is nothing to unscale: grads are not written.
+TEST(AdamW, UnscaleGradsWithoutScaleWritesNoGrad) {
+  run_config({"unscale_grads, no scale", [](mixprec_adamw_params &h) { h.unscale_grads = 1; }}, 12);
+}
+
+// Non-finite, signed-zero, subnormal and extreme grads of every dtype
+// (F32, F16 and BF16 params): the written grads are g / scale rounded (a
+// quotient that underflows the grad's dtype included), and every other
+// buffer is bit for bit the same call's with unscale_grads 0.
+TEST(AdamW, UnscaleGradsNonFiniteAndExtremes) {
+  const uint32_t f32s[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc12345u, 0x7f800001u,
+                           0x00000000u, 0x80000000u, 0x00000001u, 0x7f7fffffu, 0x33800000u};
+  const uint32_t f16s[] = {0x7c00u, 0xfc00u, 0x7e00u, 0xfe01u, 0x7c01u,
+                           0x0000u, 0x8000u, 0x0001u, 0x7bffu, 0x3c00u};
+  const uint32_t bf16s[] = {0x7f80u, 0xff80u, 0x7fc0u, 0xffc1u, 0x7f81u,
+                            0x0000u, 0x8000u, 0x0001u, 0x7f7fu, 0x3f80u};
+  for (float scale : {65536.0f, 3000.0f, 0.125f}) {
+    SCOPED_TRACE("scale " + std::to_string(scale));
+    std::mt19937 rng(mpt::kSeed + 30);
+    std::vector<Param> a;
+    for (mixprec_dtype pd : {MIXPREC_F32, MIXPREC_F16, MIXPREC_BF16})
+      for (mixprec_dtype gd : {MIXPREC_F32, MIXPREC_F16, MIXPREC_BF16})
+        for (int64_t n : {int64_t(10), int64_t(43)}) a.emplace_back(n, pd, gd, rng);
+    for (Param &q : a) {
+      mpt::fill_random(q.grad, rng, -20, 10);
+      const uint32_t *sp = q.grad.dtype() == MIXPREC_F32 ? f32s : q.grad.dtype() == MIXPREC_F16 ? f16s : bf16s;
+      for (int64_t i = 0; i < q.numel(); i++)
+        if (i < 10 || rng() % 5 == 0) q.grad.set_raw(i, sp[(size_t(i) + rng() % 3) % 10]);
+    }
+    std::vector<Param> b = a;
+    mixprec_adamw_params h = mixprec_adamw_params_default();
+    h.amsgrad = 1;
+    h.maximize = 1;
+    h.grad_scale = &scale;
+    const std::vector<Buf> given = grads_of(a);
+    std::vector<mixprec_opt_tensor> la, lb;
+    for (Param &q : a) la.push_back(q.desc(true));
+    for (Param &q : b) lb.push_back(q.desc(true));
+    h.unscale_grads = 1;
+    ASSERT_EQ(mixprec_adamw_step(la.data(), int64_t(la.size()), &h), MIXPREC_OK);
+    h.unscale_grads = 0;
+    ASSERT_EQ(mixprec_adamw_step(lb.data(), int64_t(lb.size()), &h), MIXPREC_OK);
+    for (size_t t = 0; t < a.size(); t++) {
+      SCOPED_TRACE("tensor " + std::to_string(t));
+      EXPECT_EQ(expect_grads(a[t].grad, given[t], &scale), 0);
+      EXPECT_EQ(expect_grads(b[t].grad, given[t], nullptr), 0);
+      b[t].grad = a[t].grad;
+    }
+    EXPECT_TRUE(snapshot(a) == snapshot(b)) << "unscale_grads changed the update";
+  }
+}
 
 // ---- Skipped steps ---------------------------------------------------------
 
@@ -288,6 +395,7 @@ TEST(AdamW, FoundInfSkipsWholeStep) {
   h.amsgrad = 1;
   float scale = 8.0f;
   h.grad_scale = &scale;
+  h.unscale_grads = 1;  // a skipped step writes no grad either
   // A few real steps first, so the state is not all zeros.
   for (int s = 0; s < 3; s++) {
     fill_grads(ps, rng, 1.0f);
@@ -435,6 +543,8 @@ TEST(AdamW, DefaultsAreTorchs) {
   EXPECT_EQ(h.lr_tensor, nullptr);
   EXPECT_EQ(h.grad_scale, nullptr);
   EXPECT_EQ(h.found_inf, nullptr);
+  EXPECT_EQ(h.sr_seed, 0u);
+  EXPECT_EQ(h.unscale_grads, 0);
 }
 
 }  // namespace

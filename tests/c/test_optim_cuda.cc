@@ -203,6 +203,7 @@ class World {
     for (size_t i = 0; i < specs_.size(); i++) {
       const int64_t k = specs_[i].numel;
       get(d_param_[i], param_[i].size());
+      get(d_grad_[i], grad_[i].size());  /* written only with unscale_grads */
       if (d_master_[i]) get(d_master_[i], (size_t)(4 * k));
       get(d_m_[i], (size_t)(4 * k));
       get(d_v_[i], (size_t)(4 * k));
@@ -236,6 +237,7 @@ class World {
       const std::string t = "tensor " + std::to_string(i) + " (" + mpt::dtype_name(sp.pd) +
                             "/" + mpt::dtype_name(sp.gd) + ", " + std::to_string(sp.numel) + ")";
       cmp(t + " param", sp.pd, param_[i].data(), d_param_[i], sp.numel);
+      cmp(t + " grad", sp.gd, grad_[i].data(), d_grad_[i], sp.numel);
       if (d_master_[i]) cmp(t + " master", MIXPREC_F32, master_[i].data(), d_master_[i], sp.numel);
       cmp(t + " exp_avg", MIXPREC_F32, m_[i].data(), d_m_[i], sp.numel);
       cmp(t + " exp_avg_sq", MIXPREC_F32, v_[i].data(), d_v_[i], sp.numel);
@@ -343,6 +345,11 @@ TEST_F(OptimCuda, AdamWMatchesCpu) {
          h.a.amsgrad = 1; h.a.maximize = 1; h.grad_scale = true; h.lr_tensor = true;
          h.a.beta2 = 0.95; h.a.eps = 1e-6; h.a.weight_decay = 0.1;
        }},
+      /* The grads written back (Compare includes them) equal the CPU's. */
+      {"unscale_grads", [](Hyper &h) {
+         h.a.unscale_grads = 1; h.a.maximize = 1; h.a.amsgrad = 1; h.grad_scale = true;
+       }},
+      {"unscale_grads_no_scale", [](Hyper &h) { h.a.unscale_grads = 1; }},
   };
   uint32_t salt = 100;
   for (const V &v : variants) {
@@ -376,6 +383,7 @@ TEST_F(OptimCuda, StochasticRoundingMatchesCpu) {
     h.s.momentum = 0.9;
     h.s.sr_seed = 77;
     h.grad_scale = true;
+    h.a.unscale_grads = h.s.unscale_grads = 1;
     for (int step = 0; step < 8; step++) {
       w.NewGrads(h.scale_value);
       w.Step(h, 0.0f, stream_);
@@ -398,6 +406,9 @@ TEST_F(OptimCuda, SgdMatchesCpu) {
          h.s.momentum = 0.9; h.s.weight_decay = 5e-4; h.s.maximize = 1; h.grad_scale = true;
          h.lr_tensor = true; h.s.lr = -1.0;
        }},
+      {"unscale_grads", [](Hyper &h) {
+         h.s.momentum = 0.9; h.s.maximize = 1; h.grad_scale = true; h.s.unscale_grads = 1;
+       }},
   };
   uint32_t salt = 200;
   for (const V &v : variants) {
@@ -410,8 +421,9 @@ TEST_F(OptimCuda, SgdMatchesCpu) {
   }
 }
 
-/* found_inf 1, NaN, 2 and inf skip the step: every device buffer, step counts
- * included, stays bit for bit as it was; -0 does not skip. */
+/* found_inf 1, NaN, 2 and inf skip the step: every device buffer (grads
+ * too, with unscale_grads set), step counts included, stays bit for bit as
+ * it was; -0 does not skip. */
 TEST_F(OptimCuda, SkippedStepWritesNothing) {
   for (int adamw = 0; adamw < 2; adamw++) {
     World w(MixedSpecs(!adamw), 5, mpt::kSeed + 300 + adamw);
@@ -420,6 +432,7 @@ TEST_F(OptimCuda, SkippedStepWritesNothing) {
     h.s.momentum = 0.9;
     h.a.amsgrad = 1;
     h.grad_scale = true;
+    h.a.unscale_grads = h.s.unscale_grads = 1; /* a skipped step writes no grad either */
     w.NewGrads(h.scale_value);
     w.Step(h, 0.0f, stream_);  // a real step first, so buffers are not fresh
     w.NewGrads(h.scale_value);

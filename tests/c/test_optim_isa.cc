@@ -3,7 +3,9 @@
 // misaligned buffers, grads with inf and NaN of several bit patterns, NaN
 // masters) is run on each supported ISA chosen by mixprec_set_cpu_isa, and
 // every buffer (param, master, state, step) must be bit for bit the scalar
-// path's. NaNs are compared by their bits too.
+// path's. NaNs are compared by their bits too. With unscale_grads the
+// grads written back are compared the same way (every test compares the
+// grads: untouched without it).
 #include <functional>
 
 #include "test_util.h"
@@ -149,6 +151,12 @@ void expect_same(std::vector<Tensor> &got, std::vector<Tensor> &want, const std:
                       << " want 0x" << mpt::f32_bits(b.vmax[i]);
     }
     EXPECT_EQ(bad, 0);
+    int64_t bad_g = 0;
+    for (int64_t i = 0; i <= a.numel(); i++)  // one past the end: never written
+      if (a.grad.raw(i) != b.grad.raw(i) && bad_g++ < 3)
+        ADD_FAILURE() << "grad element " << i << std::hex << ": 0x" << a.grad.raw(i) << " want 0x"
+                      << b.grad.raw(i);
+    EXPECT_EQ(bad_g, 0);
     // Whole buffers, padding included: nothing outside [0, numel) is written.
     EXPECT_TRUE(a.m == b.m && a.v == b.v && a.vmax == b.vmax && a.master == b.master);
   }
@@ -281,6 +289,25 @@ TEST(OptimIsa, SgdDampeningMaximizeScale) {
           },
           true, 14);
 }
+TEST(OptimIsa, AdamWUnscaleGrads) {
+  run_adamw("adamw unscale_grads maximize amsgrad",
+            [](mixprec_adamw_params &h) {
+              h.unscale_grads = 1;
+              h.maximize = 1;
+              h.amsgrad = 1;
+            },
+            true, false, 7);
+}
+TEST(OptimIsa, SgdUnscaleGrads) {
+  run_sgd("sgd unscale_grads momentum maximize",
+          [](mixprec_sgd_params &h) {
+            h.unscale_grads = 1;
+            h.momentum = 0.9;
+            h.weight_decay = 1e-3;
+            h.maximize = 1;
+          },
+          true, 16);
+}
 TEST(OptimIsa, SgdWeightDecayNoMomentum) {
   run_sgd("sgd wd", [](mixprec_sgd_params &h) { h.weight_decay = 0.02; }, false, 15);
 }
@@ -295,6 +322,20 @@ TEST(OptimIsa, AdamWLargeStepStreams) {
 TEST(OptimIsa, SgdLargeStepStreams) {
   run_sgd("sgd large", [](mixprec_sgd_params &h) { h.momentum = 0.9; }, false, 22, false, kLarge);
 }
+// The same with unscale_grads: the grads are written beside the streamed
+// params and the blocked master update.
+TEST(OptimIsa, AdamWLargeStepStreamsUnscaleGrads) {
+  run_adamw("adamw large unscale_grads", [](mixprec_adamw_params &h) { h.unscale_grads = 1; },
+            true, false, 23, false, kLarge);
+}
+TEST(OptimIsa, SgdLargeStepStreamsUnscaleGrads) {
+  run_sgd("sgd large unscale_grads",
+          [](mixprec_sgd_params &h) {
+            h.momentum = 0.9;
+            h.unscale_grads = 1;
+          },
+          true, 24, false, kLarge);
+}
 
 }  // namespace
 
@@ -307,6 +348,23 @@ TEST(OptimIsa, AdamWStochasticRounding) {
               h.sr_seed = 0x123456789abcdefull;
             },
             true, false, 11, /*sr=*/true);
+}
+TEST(OptimIsa, AdamWStochasticRoundingUnscaleGrads) {
+  run_adamw("adamw stochastic rounding unscale_grads",
+            [](mixprec_adamw_params &h) {
+              h.unscale_grads = 1;
+              h.sr_seed = 7;
+            },
+            true, false, 13, /*sr=*/true);
+}
+TEST(OptimIsa, SgdStochasticRoundingUnscaleGrads) {
+  run_sgd("sgd stochastic rounding unscale_grads",
+          [](mixprec_sgd_params &h) {
+            h.momentum = 0.9;
+            h.unscale_grads = 1;
+            h.sr_seed = 9;
+          },
+          true, 14, /*sr=*/true);
 }
 TEST(OptimIsa, SgdStochasticRounding) {
   run_sgd("sgd stochastic rounding",

@@ -121,6 +121,43 @@ const std::vector<Spec> kSpecs = {
     {515, MIXPREC_F32, MIXPREC_F16},  {64, MIXPREC_F16, MIXPREC_F32},
 };
 
+// What a step leaves in a grad that held `given`: g / *scale rounded to the
+// grad's dtype when unscale_grads had a grad_scale (scale != NULL), else the
+// grad untouched. A NaN must stay a NaN (its bits are compared across ISAs in
+// test_optim_isa.cc). Returns the mismatches (reported, at most 3).
+int64_t expect_grads(const Buf &got, const Buf &given, const float *scale) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < got.numel(); i++) {
+    const uint32_t want = scale ? Buf::narrow(given.dtype(), given.value(i) / *scale) : given.raw(i);
+    const bool ok = scale && Buf::is_nan_bits(given.dtype(), want) ? got.is_nan(i)
+                                                                    : got.raw(i) == want;
+    if (!ok && bad++ < 3)
+      ADD_FAILURE() << "grad element " << i << std::hex << ": 0x" << got.raw(i) << " want 0x"
+                    << want << " (given 0x" << given.raw(i) << ")";
+  }
+  return bad;
+}
+
+// The grads of a list before a step.
+template <class P>
+std::vector<Buf> grads_of(const std::vector<P> &ps) {
+  std::vector<Buf> g;
+  for (const P &q : ps) g.push_back(q.grad);
+  return g;
+}
+
+// After a step: checks each grad (expect_grads), then puts the given grads
+// back, which the references read.
+template <class P>
+void check_and_restore_grads(std::vector<P> &ps, const std::vector<Buf> &given,
+                             const float *written_scale) {
+  for (size_t t = 0; t < ps.size(); t++) {
+    SCOPED_TRACE("grads of tensor " + std::to_string(t));
+    EXPECT_EQ(expect_grads(ps[t].grad, given[t], written_scale), 0);
+    ps[t].grad = given[t];
+  }
+}
+
 std::vector<Param> make_params(std::mt19937 &rng) {
   std::vector<Param> ps;
   for (const Spec &s : kSpecs) ps.emplace_back(s.n, s.pd, s.gd, rng);
@@ -169,7 +206,9 @@ void run_config(const Config &cfg, uint32_t salt) {
     h.first_step = s == 1;
     std::vector<mixprec_opt_tensor> list;
     for (Param &q : ps) list.push_back(q.desc(cfg.step_ptr));
+    const std::vector<Buf> given = grads_of(ps);
     ASSERT_EQ(mixprec_sgd_step(list.data(), int64_t(list.size()), &h), MIXPREC_OK);
+    check_and_restore_grads(ps, given, h.unscale_grads ? h.grad_scale : nullptr);
     for (Param &q : ps) {
       ref_float_step(q, lr, h, h.grad_scale);
       ref_double_step(q, lr, h, h.grad_scale, s == 1);
@@ -239,6 +278,83 @@ TEST(SGD, OneThreadSameResults) {
              9);
 }
 
+// unscale_grads: each grad ends as g / scale in its dtype (before the
+// maximize negation); params, masters and buffers exactly as without it.
+TEST(SGD, UnscaleGradsWritesUnscaledGrads) {
+  run_config({"unscale_grads",
+              [](mixprec_sgd_params &h) {
+                h.momentum = 0.9;
+                h.weight_decay = 1e-3;
+                h.unscale_grads = 1;
+              },
+              true},
+             10);
+}
+TEST(SGD, UnscaleGradsNesterovMaximizeOneThread) {
+  run_config({"unscale_grads nesterov maximize",
+              [](mixprec_sgd_params &h) {
+                h.momentum = 0.9;
+                h.nesterov = 1;
+                h.maximize = 1;
+                h.unscale_grads = 1;
+              },
+              true, true, true, /*threads=*/1},
+             11);
+}
+TEST(SGD, UnscaleGradsWithoutScaleWritesNoGrad) {
+  run_config({"unscale_grads, no scale", [](mixprec_sgd_params &h) { h.unscale_grads = 1; }}, 12);
+}
+
+std::vector<uint32_t> snapshot(const std::vector<Param> &ps);
+
+// As AdamW.UnscaleGradsNonFiniteAndExtremes (test_adamw.cc).
+TEST(SGD, UnscaleGradsNonFiniteAndExtremes) {
+  const uint32_t f32s[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc12345u, 0x7f800001u,
+                           0x00000000u, 0x80000000u, 0x00000001u, 0x7f7fffffu, 0x33800000u};
+  const uint32_t f16s[] = {0x7c00u, 0xfc00u, 0x7e00u, 0xfe01u, 0x7c01u,
+                           0x0000u, 0x8000u, 0x0001u, 0x7bffu, 0x3c00u};
+  const uint32_t bf16s[] = {0x7f80u, 0xff80u, 0x7fc0u, 0xffc1u, 0x7f81u,
+                            0x0000u, 0x8000u, 0x0001u, 0x7f7fu, 0x3f80u};
+  for (float scale : {65536.0f, 3000.0f, 0.125f}) {
+    SCOPED_TRACE("scale " + std::to_string(scale));
+    std::mt19937 rng(mpt::kSeed + 130);
+    std::vector<Param> a;
+    for (mixprec_dtype pd : {MIXPREC_F32, MIXPREC_F16, MIXPREC_BF16})
+      for (mixprec_dtype gd : {MIXPREC_F32, MIXPREC_F16, MIXPREC_BF16})
+        for (int64_t n : {int64_t(10), int64_t(43)}) a.emplace_back(n, pd, gd, rng);
+    for (Param &q : a) {
+      mpt::fill_random(q.grad, rng, -20, 10);
+      const uint32_t *sp = q.grad.dtype() == MIXPREC_F32 ? f32s : q.grad.dtype() == MIXPREC_F16 ? f16s : bf16s;
+      for (int64_t i = 0; i < q.numel(); i++)
+        if (i < 10 || rng() % 5 == 0) q.grad.set_raw(i, sp[(size_t(i) + rng() % 3) % 10]);
+    }
+    std::vector<Param> b = a;
+    mixprec_sgd_params h = mixprec_sgd_params_default();
+    h.momentum = 0.9;
+    h.weight_decay = 1e-2;
+    h.maximize = 1;
+    h.grad_scale = &scale;
+    const std::vector<Buf> given = grads_of(a);
+    for (int s = 0; s < 2; s++) {  // the first step (buf = g), then a later one
+      std::vector<mixprec_opt_tensor> la, lb;
+      for (Param &q : a) la.push_back(q.desc(true));
+      for (Param &q : b) lb.push_back(q.desc(true));
+      h.unscale_grads = 1;
+      ASSERT_EQ(mixprec_sgd_step(la.data(), int64_t(la.size()), &h), MIXPREC_OK);
+      h.unscale_grads = 0;
+      ASSERT_EQ(mixprec_sgd_step(lb.data(), int64_t(lb.size()), &h), MIXPREC_OK);
+      for (size_t t = 0; t < a.size(); t++) {
+        SCOPED_TRACE("step " + std::to_string(s) + " tensor " + std::to_string(t));
+        EXPECT_EQ(expect_grads(a[t].grad, given[t], &scale), 0);
+        EXPECT_EQ(expect_grads(b[t].grad, given[t], nullptr), 0);
+        b[t].grad = a[t].grad;
+      }
+      EXPECT_TRUE(snapshot(a) == snapshot(b)) << "unscale_grads changed the update";
+      for (size_t t = 0; t < a.size(); t++) a[t].grad = b[t].grad = given[t];
+    }
+  }
+}
+
 std::vector<uint32_t> snapshot(const std::vector<Param> &ps) {
   std::vector<uint32_t> s;
   for (const Param &q : ps) {
@@ -266,6 +382,7 @@ TEST(SGD, FoundInfSkipsWholeStepAndKeepsFirstStep) {
     for (float fi : {1.0f, 2.0f, kNaN, -3.0f}) {
       const std::vector<uint32_t> before = snapshot(ps);
       h.found_inf = &fi;
+      h.unscale_grads = 1;  // a skipped step writes no grad either
       std::vector<mixprec_opt_tensor> list;
       for (Param &q : ps) list.push_back(q.desc(true));
       EXPECT_EQ(mixprec_sgd_step(list.data(), int64_t(list.size()), &h), MIXPREC_OK);
@@ -273,6 +390,7 @@ TEST(SGD, FoundInfSkipsWholeStepAndKeepsFirstStep) {
     }
     float zero = 0.0f;
     h.found_inf = &zero;
+    h.unscale_grads = 0;  // the reference below reads the grads
     std::vector<mixprec_opt_tensor> list;
     for (Param &q : ps) list.push_back(q.desc(true));
     ASSERT_EQ(mixprec_sgd_step(list.data(), int64_t(list.size()), &h), MIXPREC_OK);
@@ -382,6 +500,8 @@ TEST(SGD, DefaultsAreTorchs) {
   EXPECT_EQ(h.maximize, 0);
   EXPECT_EQ(h.first_step, 0);
   EXPECT_EQ(h.lr_tensor, nullptr);
+  EXPECT_EQ(h.sr_seed, 0u);
+  EXPECT_EQ(h.unscale_grads, 0);
 }
 
 }  // namespace
