@@ -92,6 +92,40 @@ for _name in ("unscale_", "unscale_norm_", "grad_norm", "update_scale_", "update
     _bump_versions_on_mutation(_name)
 
 
+# ---- sparse arguments ------------------------------------------------------------
+
+_SPARSE_KEYS = ("SparseCPU", "SparseCUDA", "SparseMeta", "SparseCsrCPU", "SparseCsrCUDA", "SparseCsrMeta")
+
+
+def _refuse_sparse(name: str, lib: torch.library.Library = _IMPL_LIB) -> None:
+    """A sparse argument sends a call to the Sparse* dispatch keys, where a
+    C++ op has no kernel: torch's "Could not run ... with arguments from the
+    'SparseCPU' backend" (a page of registrations, no argument named). This
+    kernel names the first sparse argument instead; it writes nothing."""
+    op = getattr(torch.ops.mixprec, name).default
+    arg_names = [a.name for a in op._schema.arguments]
+
+    def refuse(*args, **kwargs):
+        named = list(zip(arg_names, args)) + list(kwargs.items())
+        for arg, v in named:
+            items = list(enumerate(v)) if isinstance(v, (list, tuple)) else [(None, v)]
+            for i, t in items:
+                if isinstance(t, torch.Tensor) and t.layout != torch.strided:
+                    where = arg if i is None else f"{arg}[{i}]"
+                    raise RuntimeError(
+                        f"mixprec::{name}: {where} must be a strided tensor, got {t.layout} "
+                        "(sparse tensors are not supported; call .to_dense() on it)"
+                    )
+        raise RuntimeError(f"mixprec::{name}: sparse tensors are not supported")
+
+    for key in _SPARSE_KEYS:
+        lib.impl(name, refuse, key)
+
+
+for _name in ("unscale_", "unscale_norm_", "grad_norm", "update_scale_", "update_scale_ex_"):
+    _refuse_sparse(_name)
+
+
 # ---- fake kernels ------------------------------------------------------------
 
 

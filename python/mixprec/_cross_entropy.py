@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import torch
 
-from ._amp import _same_device
+from ._amp import _refuse_sparse, _same_device
 from ._softmax import _check_float, _no_double_backward
 
 __all__ = ["cross_entropy"]
 
 _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+
+# A sparse argument: a mixprec error naming it, not the dispatcher's page.
+for _name in ("cross_entropy", "cross_entropy_backward"):
+    _refuse_sparse(_name)
 
 
 # ---- fake kernels ------------------------------------------------------------

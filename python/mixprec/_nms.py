@@ -30,8 +30,13 @@ from __future__ import annotations
 
 import torch
 
+from ._amp import _refuse_sparse
 from ._library import FLOAT_DTYPES as _FLOAT
 from ._library import handles as _handles
+
+# A sparse argument: a mixprec error naming it, not the dispatcher's page.
+for _name in ("nms", "batched_nms", "nms_padded"):
+    _refuse_sparse(_name)
 
 
 def _check(op, boxes, scores, idxs, iou_threshold, score_threshold):

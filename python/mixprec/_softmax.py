@@ -23,8 +23,12 @@ from __future__ import annotations
 
 import torch
 
-from ._amp import _same_device
+from ._amp import _refuse_sparse, _same_device
 from ._library import FLOAT_DTYPES as _FLOAT
+
+# A sparse argument: a mixprec error naming it, not the dispatcher's page.
+for _name in ("softmax", "log_softmax", "softmax_backward", "log_softmax_backward"):
+    _refuse_sparse(_name)
 
 __all__ = ["softmax", "log_softmax"]
 
