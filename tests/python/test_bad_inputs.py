@@ -194,6 +194,12 @@ def test_update_scale_ex_bad_bounds():
         lambda: torch.ops.mixprec.update_scale_ex_(*ts, 2.0, 0.5, 10, 0, 0.0, 4.0), ts,
         "mixprec::update_scale_ex_", "hysteresis",
     )
+    # Above INT32_MAX, refused rather than truncated (2^32 + 2 acted as 2).
+    for h in (2**31, 2**32 + 2):
+        _expect_error(
+            lambda: torch.ops.mixprec.update_scale_ex_(*ts, 2.0, 0.5, 10, h, 0.0, 4.0), ts,
+            "mixprec::update_scale_ex_", "hysteresis", str(h),
+        )
     bad_skip = [ts[0], ts[1], ts[2], torch.tensor(0, dtype=torch.int32), ts[4]]
     _expect_error(
         lambda: torch.ops.mixprec.update_scale_ex_(*bad_skip, 2.0, 0.5, 10, 1, 0.0, 4.0), bad_skip,
@@ -219,7 +225,8 @@ try:
     torch.ops.mixprec.unscale_([torch.ones(2, dtype=torch.float64)], fi, torch.tensor([0.5]))
     raise SystemExit("no error")
 except RuntimeError as e:
-    assert "grads[0]" in str(e)
+    # The message starts with the op: no C++ function, source path or line.
+    assert "grads[0]" in str(e) and str(e).startswith("mixprec::unscale_: "), str(e)
 print("OK")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
