@@ -87,3 +87,32 @@ def torch_unscale(grads, inv):
 def norm64(tensors):
     """The 2-norm of all the tensors together, in float64."""
     return torch.sqrt(sum(t.double().square().sum() for t in tensors))
+
+
+# ---- multi-process tests ------------------------------------------------------------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(fn, args, nprocs: int, timeout: float = 180.0) -> None:
+    """torch.multiprocessing.spawn(fn, args, nprocs) that fails instead of
+    hanging: a rank stuck in a collective (a peer died, a port was taken)
+    is killed after ``timeout`` seconds and the test fails."""
+    import time
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.spawn(fn, args=args, nprocs=nprocs, join=False)
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            raise TimeoutError(f"{nprocs} processes did not finish in {timeout:.0f} s")

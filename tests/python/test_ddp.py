@@ -8,24 +8,19 @@ working: a step with an inf on one rank only is skipped on both, and the
 scales stay equal.
 """
 
+import datetime
 import os
-import socket
 import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import mixprec
 
+from _reference import free_port, spawn
+
 WORLD = 2
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Net(torch.nn.Sequential):
@@ -52,7 +47,7 @@ def _worker(rank, port, mode, result_dir):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
     try:
         torch.manual_seed(1234 + rank)  # what DDP recipes do: a different stream per rank
         model = _net().to(torch.bfloat16)
@@ -103,7 +98,7 @@ def _worker(rank, port, mode, result_dir):
 
 def _run(mode):
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_worker, args=(_free_port(), mode, d), nprocs=WORLD, join=True)
+        spawn(_worker, (free_port(), mode, d), WORLD)
         return torch.load(os.path.join(d, "result.pt"))
 
 

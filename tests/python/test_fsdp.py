@@ -6,25 +6,20 @@ each test reads its result. References are torch's own optimizer and
 GradScaler on the same sharded model and data.
 """
 
+import datetime
 import os
-import socket
 import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import mixprec
 
+from _reference import free_port, spawn
+
 WORLD = 2
 STEPS = 3
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _net(seed=0):
@@ -260,7 +255,7 @@ def _worker(rank, port, result_dir):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
     out = {}
     try:
         _scenario_fsdp2_fp32(out, "fp32_policy_adamw", "adamw")
@@ -304,7 +299,7 @@ def results():
     pytest.importorskip("torch.distributed.fsdp")
     with tempfile.TemporaryDirectory() as d:
         one_rank = _save_on_one_rank(os.path.join(d, "ckpt1"))
-        mp.spawn(_worker, args=(_free_port(), d), nprocs=WORLD, join=True)
+        spawn(_worker, (free_port(), d), WORLD)
         res = [torch.load(os.path.join(d, f"rank{r}.pt")) for r in range(WORLD)]
         res[0]["dcp_one_rank_source"] = one_rank
         expected = torch.load(os.path.join(d, "ckpt", "expected.pt"))
@@ -377,7 +372,7 @@ def _worker_2d(rank, port, result_dir):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=4)
+    dist.init_process_group("gloo", rank=rank, world_size=4, timeout=datetime.timedelta(seconds=60))
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -417,7 +412,7 @@ def _worker_2d(rank, port, result_dir):
 
 def test_2d_mesh_fsdp_x_tensor_parallel_like_torch():
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_worker_2d, args=(_free_port(), d), nprocs=4, join=True)
+        spawn(_worker_2d, (free_port(), d), 4)
         results = [torch.load(os.path.join(d, f"rank{r}.pt")) for r in range(4)]
     for r in results:
         assert r["mixprec"]["scale"] == r["torch"]["scale"] == 512.0  # every rank skipped step 1
