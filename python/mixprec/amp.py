@@ -217,8 +217,9 @@ class GradScaler(torch.amp.GradScaler):
         bit for bit) and the step divides the still-scaled gradients by
         ``scale / clip_coef`` in FP32. The gradients are read twice and
         written never (unfolded: read three times, written twice), but they
-        stay scaled and unclipped in ``p.grad`` until the step: use it when
-        nothing between this call and ``step()`` reads them. Results equal the
+        stay scaled and unclipped in ``p.grad``, also after the step (the
+        unfolded path leaves them unscaled and clipped): use it when nothing
+        reads them between this call and the next backward. Results equal the
         unfolded path to FP32 rounding (one rounding instead of two)."""
         if not isinstance(optimizer, torch.optim.Optimizer):
             return torch.nn.utils.clip_grad_norm_(optimizer, max_norm, norm_type, error_if_nonfinite, foreach)
@@ -259,6 +260,7 @@ class GradScaler(torch.amp.GradScaler):
         # step() hands this to the optimizer as its grad_scale (the UNSCALED
         # stage passes optimizer.grad_scale through unchanged).
         optimizer.grad_scale = _amp_clip.folded_grad_scale(self._scale, total, max_norm)  # type: ignore[attr-defined]
+        optimizer._grads_read_only = True  # type: ignore[attr-defined]  (step() reads, never writes, the grads)
         optimizer_state["found_inf_per_device"] = found
         optimizer_state["stage"] = OptState.UNSCALED
         return total
@@ -268,7 +270,10 @@ class GradScaler(torch.amp.GradScaler):
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> float | None:
         """As torch's: unscales if needed, then steps unless a gradient was
         inf/NaN. Optimizers with ``_step_supports_amp_scaling`` get
-        ``grad_scale`` / ``found_inf`` tensors and skip on the device."""
+        ``grad_scale`` / ``found_inf`` tensors and skip on the device;
+        mixprec's (like torch's fused ones) write the unscaled gradients back
+        in the same pass, except on a skipped step and after a folded clip,
+        where ``p.grad`` keeps the scaled values."""
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
@@ -309,6 +314,7 @@ class GradScaler(torch.amp.GradScaler):
             if not has_grad_scaler_kwarg:
                 del optimizer.grad_scale  # type: ignore[attr-defined]
                 del optimizer.found_inf  # type: ignore[attr-defined]
+            optimizer.__dict__.pop("_grads_read_only", None)
             return retval
 
         if optimizer_state["stage"] is OptState.READY:
@@ -470,7 +476,8 @@ def backward_and_step(
     the gradients. Returns the total gradient norm before clipping (a device
     tensor, no sync) when ``max_norm`` is given, else None. With a mixprec
     optimizer the unscale and the clip are folded into the step
-    (``clip_grad_norm_(..., fold=True)``): the gradients are never written.
+    (``clip_grad_norm_(..., fold=True)``): the gradients are never written,
+    so they stay scaled; ``set_to_none=True`` (the default) drops them.
 
     Typical use with a BF16/FP16 model and FP32 master weights::
 

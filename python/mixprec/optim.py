@@ -7,6 +7,13 @@ loss scale if a GradScaler hands one over, updates master and state in FP32
 and writes the parameter back rounded to nearest even. FP32 parameters work
 too (no master copy). A step is skipped on the device when the GradScaler
 found an inf/NaN: no host sync (``_step_supports_amp_scaling = True``).
+When a GradScaler hands over the loss scale, the same pass writes the
+unscaled gradient back into ``p.grad`` (as torch's fused optimizers do), so
+code reading gradients after ``scaler.step(opt)`` sees what torch shows.
+They stay scaled (only read) after a skipped step (as torch's fused
+optimizers leave them) and on the folded path (``clip_grad_norm_(...,
+fold=True)``, ``mixprec.amp.backward_and_step``), which opts out of writing
+them.
 
 The update rules are torch's (``torch.optim.AdamW`` / ``torch.optim.SGD``),
 and a state_dict of torch's optimizers loads into these (master weights are
@@ -213,6 +220,14 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
             g = torch.empty_like(op_p, dtype=g.dtype).copy_(g)
         return g
 
+    def _writes_unscaled_grads(self) -> bool:
+        """A GradScaler hands over grad_scale with the grads still scaled:
+        the op writes ``g / grad_scale`` back into each grad in the same
+        pass (as torch's fused optimizers do), unless the scaler folded the
+        clip into the step (``clip_grad_norm_(fold=True)``,
+        ``backward_and_step``), where the grads are only read."""
+        return getattr(self, "grad_scale", None) is not None and not getattr(self, "_grads_read_only", False)
+
     def _scaler_tensors(self, device: torch.device):
         """grad_scale / found_inf handed over by a GradScaler, on ``device``."""
         grad_scale = getattr(self, "grad_scale", None)
@@ -316,18 +331,21 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
                 steps = [st["step"] for st in states]
                 lr, lr_tensor = self._lr_args(group["lr"], device)
                 grad_scale, found_inf = self._scaler_tensors(device)
+                write_grads = self._writes_unscaled_grads()
                 self._step_device(
                     group, params, op_params, states, grads, masters, steps, lr, lr_tensor, grad_scale,
-                    found_inf, self._sr_seed(group, gi, first),
+                    found_inf, self._sr_seed(group, gi, first), write_grads,
                 )
-                for p, w in zip(params, op_params):
+                for p, w, g in zip(params, op_params, grads):
                     if w is not local(p):
                         local(p).copy_(w)
+                    if write_grads and g is not local(p.grad):
+                        local(p.grad).copy_(g)  # the op wrote the re-laid-out copy
                 self._record_versions(params)
         return loss
 
     def _step_device(self, group, params, op_params, states, grads, masters, steps, lr, lr_tensor, grad_scale,
-                     found_inf, sr_seed) -> None:
+                     found_inf, sr_seed, unscale_grads) -> None:
         """Creates the optimizer's own state where missing and calls its op.
         ``params`` and ``states`` as the optimizer holds them (DTensors
         under FSDP2 / tensor parallel); ``op_params``, ``grads`` and
@@ -432,7 +450,7 @@ class AdamW(_FusedMasterWeightOptimizer):
         super().__init__(params, defaults)
 
     def _step_device(self, group, params, op_params, states, grads, masters, steps, lr, lr_tensor, grad_scale,
-                     found_inf, sr_seed) -> None:
+                     found_inf, sr_seed, unscale_grads) -> None:
         for p, st in zip(params, states):
             if "exp_avg" not in st:
                 st["exp_avg"] = self._fp32_zeros(p)
@@ -446,6 +464,7 @@ class AdamW(_FusedMasterWeightOptimizer):
             self._op_state(states, "max_exp_avg_sq", op_params) if group["amsgrad"] else [],
             steps, lr, float(beta1), float(beta2), float(group["weight_decay"]), float(group["eps"]),
             bool(group["amsgrad"]), bool(group["maximize"]), lr_tensor, grad_scale, found_inf, sr_seed,
+            unscale_grads,
         )
 
 
@@ -499,7 +518,7 @@ class SGD(_FusedMasterWeightOptimizer):
                 st["step"] = torch.ones((), dtype=torch.float32, device=buf.device)
 
     def _step_device(self, group, params, op_params, states, grads, masters, steps, lr, lr_tensor, grad_scale,
-                     found_inf, sr_seed) -> None:
+                     found_inf, sr_seed, unscale_grads) -> None:
         momentum = float(group["momentum"])
         bufs = []
         if momentum != 0.0:
@@ -511,5 +530,5 @@ class SGD(_FusedMasterWeightOptimizer):
             op_params, grads, masters, bufs, steps,
             lr, momentum, float(group["dampening"]), float(group["weight_decay"]),
             bool(group["nesterov"]), bool(group["maximize"]),
-            lr_tensor, grad_scale, found_inf, sr_seed,
+            lr_tensor, grad_scale, found_inf, sr_seed, unscale_grads,
         )
