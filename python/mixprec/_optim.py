@@ -13,12 +13,22 @@ from __future__ import annotations
 
 import torch
 
+from ._amp import _bump_versions_on_mutation, _refuse_sparse, _same_device
 from ._library import FLOAT_DTYPES as _FLOAT
 
 
-def _check_opt(op, params, grads, masters, steps, states):
+def _check_opt(op, params, grads, masters, steps, states, scalars=()):
     n = len(params)
     torch._check(n > 0, lambda: f"mixprec::{op}: params must be a non-empty list of tensors")
+    # A meta tensor among CPU ones sends the call here (the Meta kernel):
+    # refuse it, or the step would silently do nothing.
+    lists = [("grads", grads), ("masters", masters), ("steps", steps), *states]
+    _same_device(
+        op, "params[0]", params[0],
+        *((f"params[{i}]", t) for i, t in enumerate(params)),
+        *((f"{name}[{i}]", t) for name, lst in lists for i, t in enumerate(lst)),
+        *scalars,
+    )
     for name, lst in (("grads", grads), ("masters", masters), ("steps", steps)):
         torch._check(len(lst) == n, lambda: f"mixprec::{op}: {name} has {len(lst)} tensors but params has {n}")
     for name, lst in states:
@@ -40,12 +50,22 @@ def _adamw_step_fake(params, grads, masters, exp_avgs, exp_avg_sqs, max_exp_avg_
                      weight_decay, eps, amsgrad, maximize, lr_tensor, grad_scale, found_inf, sr_seed=0,
                      unscale_grads=False):
     _check_opt("adamw_step_", params, grads, masters, steps,
-               (("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs), ("max_exp_avg_sqs", max_exp_avg_sqs)))
+               (("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs), ("max_exp_avg_sqs", max_exp_avg_sqs)),
+               (("lr_tensor", lr_tensor), ("grad_scale", grad_scale), ("found_inf", found_inf)))
     return None
 
 
 @torch.library.register_fake("mixprec::sgd_step_")
 def _sgd_step_fake(params, grads, masters, momentum_buffers, steps, lr, momentum, dampening, weight_decay,
                    nesterov, maximize, lr_tensor, grad_scale, found_inf, sr_seed=0, unscale_grads=False):
-    _check_opt("sgd_step_", params, grads, masters, steps, (("momentum_buffers", momentum_buffers),))
+    _check_opt("sgd_step_", params, grads, masters, steps, (("momentum_buffers", momentum_buffers),),
+               (("lr_tensor", lr_tensor), ("grad_scale", grad_scale), ("found_inf", found_inf)))
     return None
+
+
+# As the amp ops: the version counters of everything the step writes are
+# bumped (autograd sees a saved param overwritten), and a sparse argument
+# gets a message naming it.
+for _name in ("adamw_step_", "sgd_step_"):
+    _bump_versions_on_mutation(_name)
+    _refuse_sparse(_name)

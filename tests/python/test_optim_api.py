@@ -108,16 +108,20 @@ def test_load_old_state_dict_fills_defaults(kind):
     for g in sd["param_groups"]:
         for k in ("maximize", "foreach", "capturable", "differentiable", "fused", "master_weights", "seed"):
             g.pop(k, None)
-    fresh = ours_cls(model.parameters(), lr=0.01)
+    twin = copy.deepcopy(model)  # its own params: two optimizers on one param would see each other's writes
+    for p, q in zip(model.parameters(), twin.parameters()):
+        q.grad = p.grad.clone()
+    fresh = ours_cls(twin.parameters(), lr=0.01)
     fresh.load_state_dict(sd)
     for k in ("maximize", "foreach", "capturable", "differentiable", "fused", "master_weights", "seed"):
         assert k in fresh.param_groups[0]
+    assert sd["state"][0]["step"] == 1
     fresh.step()
-    reference = copy.deepcopy(opt.state_dict())
     opt.step()
     for (a, b) in zip(opt.state.values(), fresh.state.values()):
         assert torch.equal(a["master"], b["master"])
-    assert reference["state"][0]["step"] == 1
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(p, q)
 
 
 def test_non_dict_state_entries_do_not_crash():
@@ -263,3 +267,28 @@ def test_state_dict_into_torch_optimizer_recipe_keeps_fp32():
         assert torch.equal(p.detach(), st["master"])
     model(torch.randn(3, 6)).sum().backward()
     torch_opt.step()  # and it steps
+
+
+@pytest.mark.parametrize("op", ["adamw_step_", "sgd_step_"])
+def test_optimizer_ops_bump_versions_and_refuse_meta_mixes(op):
+    """Like the amp ops: what the step writes gets its version counter
+    bumped (autograd can see a saved param overwritten), and a meta tensor
+    among CPU ones is an error naming it instead of a silent no-op."""
+    p = torch.randn(8)
+    g = torch.randn(8)
+    bufs = [torch.zeros(8)]
+    step = [torch.zeros(())]
+    if op == "adamw_step_":
+        call = lambda fi: torch.ops.mixprec.adamw_step_(  # noqa: E731
+            [p], [g], [torch.empty(0)], bufs, [torch.zeros(8)], [], step, 1e-2, 0.9, 0.999, 0.0, 1e-8, False, False,
+            None, None, fi)
+    else:
+        call = lambda fi: torch.ops.mixprec.sgd_step_(  # noqa: E731
+            [p], [g], [torch.empty(0)], bufs, step, 1e-2, 0.9, 0.0, 0.0, False, False, None, None, fi)
+    before = p.clone()
+    with pytest.raises(RuntimeError, match=rf"mixprec::{op}: found_inf is on meta but params\[0\] is on cpu"):
+        call(torch.zeros((), device="meta"))
+    assert torch.equal(p, before) and step[0].item() == 0
+    v = p._version
+    call(torch.zeros(()))
+    assert p._version > v and not torch.equal(p, before)
