@@ -37,7 +37,7 @@ inline bool same_layout(const Tensor& a, const Tensor& b) {
 inline mixprec_dtype float_dtype(const char* op, const char* list, size_t i,
                                  const Tensor& t) {
   mixprec_dtype d;
-  STD_TORCH_CHECK(to_mixprec_dtype(t.scalar_type(), &d), "mixprec::", op, ": ", list, "[", i,
+  MIXPREC_CHECK(to_mixprec_dtype(t.scalar_type(), &d), "mixprec::", op, ": ", list, "[", i,
                   "] must be float32, float16 or bfloat16, got ", dtype_name(t.scalar_type()));
   return d;
 }
@@ -45,11 +45,11 @@ inline mixprec_dtype float_dtype(const char* op, const char* list, size_t i,
 // An element-for-element companion of params[i] (grad, master, state).
 inline void check_companion(const char* op, const char* list, size_t i, const Tensor& t,
                             const Tensor& param, const Where& dev) {
-  STD_TORCH_CHECK(t.defined() && t.layout() == Layout::Strided, "mixprec::", op, ": ", list, "[",
+  MIXPREC_CHECK(t.defined() && t.layout() == Layout::Strided, "mixprec::", op, ": ", list, "[",
                   i, "] must be a defined strided tensor (sparse is not supported)");
-  STD_TORCH_CHECK(where(t) == dev, "mixprec::", op, ": ", list, "[", i, "] is on ",
+  MIXPREC_CHECK(where(t) == dev, "mixprec::", op, ": ", list, "[", i, "] is on ",
                   describe(where(t)), " but params[", i, "] is on ", describe(dev));
-  STD_TORCH_CHECK(same_layout(t, param), "mixprec::", op, ": ", list, "[", i,
+  MIXPREC_CHECK(same_layout(t, param), "mixprec::", op, ": ", list, "[", i,
                   "] must have the same shape and strides as params[", i, "]");
 }
 
@@ -69,25 +69,25 @@ inline OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
                         const std::optional<Tensor>& found_inf) {
   OptArgs a;
   const size_t n = params.size();
-  STD_TORCH_CHECK(n > 0, "mixprec::", op, ": params must be a non-empty list of tensors");
-  STD_TORCH_CHECK(grads.size() == n, "mixprec::", op, ": grads has ", grads.size(),
+  MIXPREC_CHECK(n > 0, "mixprec::", op, ": params must be a non-empty list of tensors");
+  MIXPREC_CHECK(grads.size() == n, "mixprec::", op, ": grads has ", grads.size(),
                   " tensors but params has ", n);
-  STD_TORCH_CHECK(masters.size() == n, "mixprec::", op, ": masters has ", masters.size(),
+  MIXPREC_CHECK(masters.size() == n, "mixprec::", op, ": masters has ", masters.size(),
                   " tensors but params has ", n);
-  STD_TORCH_CHECK(steps.size() == n, "mixprec::", op, ": steps has ", steps.size(),
+  MIXPREC_CHECK(steps.size() == n, "mixprec::", op, ": steps has ", steps.size(),
                   " tensors but params has ", n);
   for (int k = 0; k < n_states; k++)
-    STD_TORCH_CHECK(states[k]->empty() || states[k]->size() == n, "mixprec::", op, ": ",
+    MIXPREC_CHECK(states[k]->empty() || states[k]->size() == n, "mixprec::", op, ": ",
                     state_names[k], " has ", states[k]->size(), " tensors but params has ", n);
   a.device = where(params[0]);
   a.list.resize(n);
   for (size_t i = 0; i < n; i++) {
     const Tensor& p = params[i];
-    STD_TORCH_CHECK(p.defined() && p.layout() == Layout::Strided, "mixprec::", op, ": params[", i,
+    MIXPREC_CHECK(p.defined() && p.layout() == Layout::Strided, "mixprec::", op, ": params[", i,
                     "] must be a defined strided tensor");
-    STD_TORCH_CHECK(where(p) == a.device, "mixprec::", op, ": params[", i, "] is on ",
+    MIXPREC_CHECK(where(p) == a.device, "mixprec::", op, ": params[", i, "] is on ",
                     describe(where(p)), " but params[0] is on ", describe(a.device));
-    STD_TORCH_CHECK(is_dense(p), "mixprec::", op, ": params[", i,
+    MIXPREC_CHECK(is_dense(p), "mixprec::", op, ": params[", i,
                     "] must be contiguous or dense in some dimension order");
     mixprec_opt_tensor& d = a.list[i];
     d.numel = p.numel();
@@ -98,19 +98,19 @@ inline OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
     d.grad = d.numel ? grads[i].data_ptr() : nullptr;
     const Tensor& m = masters[i];
     if (d.param_dtype == MIXPREC_F32 || (m.defined() && m.numel() == 0 && d.numel == 0)) {
-      STD_TORCH_CHECK(!m.defined() || m.numel() == 0, "mixprec::", op, ": masters[", i,
+      MIXPREC_CHECK(!m.defined() || m.numel() == 0, "mixprec::", op, ": masters[", i,
                       "] must be an empty tensor: params[", i, "] is float32 (its own master)");
       d.master = nullptr;
     } else if (!m.defined() || m.numel() == 0) {
       // No master: the stochastic-rounding mode, for bfloat16 only.
-      STD_TORCH_CHECK(d.param_dtype == MIXPREC_BF16, "mixprec::", op, ": masters[", i,
+      MIXPREC_CHECK(d.param_dtype == MIXPREC_BF16, "mixprec::", op, ": masters[", i,
                       "] is empty but params[", i,
                       "] is float16: only bfloat16 params can go without an FP32 master"
                       " (stochastic rounding)");
       d.master = nullptr;
     } else {
       check_companion(op, "masters", i, m, p, a.device);
-      STD_TORCH_CHECK(m.scalar_type() == ScalarType::Float, "mixprec::", op, ": masters[", i,
+      MIXPREC_CHECK(m.scalar_type() == ScalarType::Float, "mixprec::", op, ": masters[", i,
                       "] must be float32, got ", dtype_name(m.scalar_type()));
       d.master = d.numel ? static_cast<float*>(m.data_ptr()) : nullptr;
     }
@@ -119,7 +119,7 @@ inline OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
       if (states[k]->empty()) continue;
       const Tensor& t = (*states[k])[i];
       check_companion(op, state_names[k], i, t, p, a.device);
-      STD_TORCH_CHECK(t.scalar_type() == ScalarType::Float, "mixprec::", op, ": ",
+      MIXPREC_CHECK(t.scalar_type() == ScalarType::Float, "mixprec::", op, ": ",
                       state_names[k], "[", i, "] must be float32, got ",
                       dtype_name(t.scalar_type()));
       state_ptr[k] = d.numel ? static_cast<float*>(t.data_ptr()) : nullptr;
@@ -128,9 +128,9 @@ inline OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
     d.exp_avg_sq = state_ptr[1];
     d.max_exp_avg_sq = state_ptr[2];
     const Tensor& st = steps[i];
-    STD_TORCH_CHECK(st.defined() && st.scalar_type() == ScalarType::Float && st.numel() == 1,
+    MIXPREC_CHECK(st.defined() && st.scalar_type() == ScalarType::Float && st.numel() == 1,
                     "mixprec::", op, ": steps[", i, "] must be a one-element float32 tensor");
-    STD_TORCH_CHECK(where(st) == a.device, "mixprec::", op, ": steps[", i, "] is on ",
+    MIXPREC_CHECK(where(st) == a.device, "mixprec::", op, ": steps[", i, "] is on ",
                     describe(where(st)), " but params[", i, "] is on ", describe(a.device));
     d.step = static_cast<float*>(st.data_ptr());
   }
@@ -145,8 +145,28 @@ inline OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
   a.lr_tensor = scalar_ptr[0];
   a.grad_scale = scalar_ptr[1];
   a.found_inf = scalar_ptr[2];
+  // The C contract: no two tensors of one step overlap (the same tensor
+  // twice, a grad that is its own param, exp_avg aliasing exp_avg_sq would
+  // each be read and written out of order). The scalars are only read.
+  std::vector<Span> spans;
+  const struct { const std::vector<Tensor>* list; const char* name; } lists[] = {
+      {&params, "params"}, {&grads, "grads"}, {&masters, "masters"}, {&steps, "steps"}};
+  for (const auto& l : lists)
+    for (size_t i = 0; i < l.list->size(); i++) add_span(spans, (*l.list)[i], l.name, (int64_t)i);
+  for (int k = 0; k < n_states; k++)
+    for (size_t i = 0; i < states[k]->size(); i++)
+      add_span(spans, (*states[k])[i], state_names[k], (int64_t)i);
+  check_disjoint(op, std::move(spans));
   return a;
 }
+
+// The hyper-parameter checks the C API makes (optim_check.h: torch's ranges
+// plus finiteness), made here first so the error names the argument and its
+// value instead of the C status text.
+inline void check_hyper(const char* op, const char* name, double v, bool ok, const char* range) {
+  MIXPREC_CHECK(ok, "mixprec::", op, ": ", name, " must be ", range, ", got ", v);
+}
+inline bool finite_ge0(double v) { return std::isfinite(v) && v >= 0.0; }
 
 template <class B>
 void adamw_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
@@ -157,10 +177,15 @@ void adamw_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
                    std::optional<Tensor> lr_tensor, std::optional<Tensor> grad_scale,
                    std::optional<Tensor> found_inf, int64_t sr_seed, bool unscale_grads) {
   const char* op = "adamw_step_";
-  STD_TORCH_CHECK(!exp_avgs.empty() && !exp_avg_sqs.empty(), "mixprec::", op,
+  MIXPREC_CHECK(!exp_avgs.empty() && !exp_avg_sqs.empty(), "mixprec::", op,
                   ": exp_avgs and exp_avg_sqs are required");
-  STD_TORCH_CHECK(amsgrad == !max_exp_avg_sqs.empty(), "mixprec::", op,
+  MIXPREC_CHECK(amsgrad == !max_exp_avg_sqs.empty(), "mixprec::", op,
                   ": max_exp_avg_sqs must be given exactly when amsgrad is true");
+  if (!lr_tensor.has_value()) check_hyper(op, "lr", lr, finite_ge0(lr), "finite and >= 0");
+  check_hyper(op, "beta1", beta1, beta1 >= 0.0 && beta1 < 1.0, "in [0, 1)");
+  check_hyper(op, "beta2", beta2, beta2 >= 0.0 && beta2 < 1.0, "in [0, 1)");
+  check_hyper(op, "weight_decay", weight_decay, finite_ge0(weight_decay), "finite and >= 0");
+  check_hyper(op, "eps", eps, finite_ge0(eps), "finite and >= 0");
   const std::vector<Tensor>* states[3] = {&exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs};
   const char* const names[3] = {"exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"};
   OptArgs a = opt_args(op, params, grads, masters, states, names, 3, steps, lr_tensor,
@@ -190,8 +215,15 @@ void sgd_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
                  std::optional<Tensor> lr_tensor, std::optional<Tensor> grad_scale,
                  std::optional<Tensor> found_inf, int64_t sr_seed, bool unscale_grads) {
   const char* op = "sgd_step_";
-  STD_TORCH_CHECK((momentum != 0) == !momentum_buffers.empty(), "mixprec::", op,
+  MIXPREC_CHECK((momentum != 0) == !momentum_buffers.empty(), "mixprec::", op,
                   ": momentum_buffers must be given exactly when momentum is not 0");
+  if (!lr_tensor.has_value()) check_hyper(op, "lr", lr, finite_ge0(lr), "finite and >= 0");
+  check_hyper(op, "momentum", momentum, finite_ge0(momentum), "finite and >= 0");
+  check_hyper(op, "weight_decay", weight_decay, finite_ge0(weight_decay), "finite and >= 0");
+  check_hyper(op, "dampening", dampening, std::isfinite(dampening), "finite");
+  MIXPREC_CHECK(!nesterov || (momentum > 0.0 && dampening == 0.0), "mixprec::", op,
+                ": nesterov needs momentum > 0 and dampening == 0, got momentum ", momentum,
+                " and dampening ", dampening);
   const std::vector<Tensor>* states[1] = {&momentum_buffers};
   const char* const names[1] = {"momentum_buffers"};
   OptArgs a = opt_args(op, params, grads, masters, states, names, 1, steps, lr_tensor,

@@ -292,3 +292,37 @@ def test_optimizer_ops_bump_versions_and_refuse_meta_mixes(op):
     v = p._version
     call(torch.zeros(()))
     assert p._version > v and not torch.equal(p, before)
+
+
+def _sgd(p, g, bufs=(), lr=1e-2, momentum=0.0, nesterov=False, steps=None):
+    torch.ops.mixprec.sgd_step_([p], [g], [torch.empty(0)], list(bufs), steps or [torch.zeros(())], lr, momentum,
+                                0.0, 0.0, nesterov, False, None, None, None)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(lr=-0.01), r"sgd_step_: lr must be finite and >= 0, got -0.01"),
+    (dict(lr=float("nan")), r"sgd_step_: lr must be finite and >= 0, got nan"),
+    (dict(nesterov=True), r"sgd_step_: nesterov needs momentum > 0"),
+])
+def test_optimizer_op_hyper_parameter_errors_name_the_argument(kw, msg):
+    p, g = torch.randn(8), torch.randn(8)
+    before = p.clone()
+    with pytest.raises(RuntimeError, match=msg) as e:
+        _sgd(p, g, **kw)
+    assert ".h:" not in str(e.value) and ".cpp:" not in str(e.value)
+    assert torch.equal(p, before)
+
+
+def test_optimizer_op_aliasing_refused():
+    """The C contract says no two tensors of one step overlap; torch does not
+    check, mixprec does (a grad that is its own param, exp_avg aliasing
+    exp_avg_sq)."""
+    p, g = torch.randn(8), torch.randn(8)
+    before = p.clone()
+    with pytest.raises(RuntimeError, match=r"params\[0\] and grads\[0\] share memory"):
+        _sgd(p, p)
+    ea = torch.zeros(8)
+    with pytest.raises(RuntimeError, match=r"exp_avgs\[0\] and exp_avg_sqs\[0\] share memory"):
+        torch.ops.mixprec.adamw_step_([p], [g], [torch.empty(0)], [ea], [ea], [], [torch.zeros(())], 1e-2, 0.9, 0.999,
+                                      0.0, 1e-8, False, False, None, None, None)
+    assert torch.equal(p, before) and torch.equal(ea, torch.zeros(8))
