@@ -22,6 +22,9 @@ load()
 # Each family module registers its ops' fake kernels and autograd (needs the
 # ops defined, so after load()).
 from . import _amp, _cross_entropy, _nms, _optim, _softmax  # noqa: E402,F401
+from . import _distributed  # noqa: E402
+
+_distributed.register_dtensor_handlers()
 from . import amp  # noqa: E402
 from . import ops  # noqa: E402
 from . import optim  # noqa: E402

@@ -4,10 +4,9 @@ know about sharded parameters, in one place.
 * DTensor parameters and gradients (FSDP2's ``fully_shard``, tensor
   parallel) are handed to mixprec's ops as their local shards
   (``local()``): the ops are elementwise per tensor (the optimizers) or
-  reductions the callers finish themselves (found_inf, norms), so no
-  DTensor sharding rule is involved and none is registered; calling
-  ``torch.ops.mixprec.*`` directly on DTensors raises DTensor's
-  NotImplementedError.
+  reductions the callers finish themselves (found_inf, norms). Direct
+  ``torch.ops.mixprec.*`` calls on DTensors go through the handlers at the
+  end of this module.
 * The ranks that hold shards of one model must agree: found_inf is reduced
   (MAX) and squared gradient norms summed over them before anyone uses them.
   For a DTensor gradient those ranks are the mesh dimensions it is sharded
@@ -125,3 +124,74 @@ class NormParts:
                 _all_reduce(s, dist.ReduceOp.SUM, g)
             sq = sq + s
         return sq.sqrt().float()
+
+
+# ---- torch.ops.mixprec.* called directly on DTensors ----------------------------
+# DTensor has no sharding rule for mixprec's list ops (its rule language
+# cannot say "reduce found_inf over the mesh" or "the norm of the whole
+# tensor"), so each op gets a handler in DTensor's dispatcher table, the
+# mechanism torch itself uses for _amp_foreach_non_finite_check_and_unscale_:
+# the op runs on the local shards, then found_inf is reduced (MAX) over the
+# shard groups and the norms become the norms of the whole tensors. The
+# table is private to torch (present from 2.10 to 2.14 at least); without it
+# direct calls on DTensors keep raising DTensor's NotImplementedError, and
+# the scaler and optimizers, which pass local shards themselves, still work.
+
+
+def _locals(x):
+    if isinstance(x, (list, tuple)):
+        return type(x)(_locals(t) for t in x)
+    return local(x) if is_dtensor(x) else x
+
+
+def _grad_groups(grads) -> list[tuple]:
+    return [reduction_groups(g, g, None) for g in grads]
+
+
+def _ordered_groups(per_grad) -> dict:
+    out: dict = {}
+    for groups in per_grad:
+        out.update(dict.fromkeys(groups))
+    return out
+
+
+def _elementwise_handler(op_call, args, kwargs):
+    return op_call(*_locals(args), **{k: _locals(v) for k, v in kwargs.items()})
+
+
+def _unscale_handler(op_call, args, kwargs):
+    grads, found_inf = args[0], args[1]
+    out = op_call(*_locals(args), **{k: _locals(v) for k, v in kwargs.items()})
+    per_grad = _grad_groups(grads)
+    for g in grads:
+        check_placements(g, f"mixprec::{op_call._schema.name.split('::')[-1]}")
+    reduce_found_inf({None: local(found_inf)}, _ordered_groups(per_grad))
+    if out is None:
+        return None
+    per, _total = out
+    # Per-tensor norms of the whole tensors: squared local norms summed over
+    # each grad's shard groups (in mesh-dim order, the same on every rank).
+    sq = per.double() * per.double()
+    parts = []
+    for i, groups in enumerate(per_grad):
+        s = sq[i].clone()
+        for g in groups:
+            _all_reduce(s, dist.ReduceOp.SUM, g)
+        parts.append(s)
+    sq = torch.stack(parts) if parts else sq
+    return sq.sqrt().float(), sq.sum().sqrt().float()
+
+
+def register_dtensor_handlers() -> bool:
+    """Installs the handlers above; False where this torch has no table."""
+    if DTensor is None:
+        return False
+    table = getattr(getattr(DTensor, "_op_dispatcher", None), "_custom_op_handlers", None)
+    if not isinstance(table, dict):
+        return False
+    ops = torch.ops.mixprec
+    for name in ("adamw_step_", "sgd_step_"):
+        table[getattr(ops, name).default] = _elementwise_handler
+    for name in ("unscale_", "unscale_norm_", "grad_norm"):
+        table[getattr(ops, name).default] = _unscale_handler
+    return True

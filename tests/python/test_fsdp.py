@@ -221,6 +221,47 @@ def _train_plain(model, opt, batches):
         opt.zero_grad()
 
 
+def _scenario_direct_ops(out):
+    """torch.ops.mixprec.* called directly on DTensor grads and params of a
+    BF16 FSDP2 model: unscale_norm_ gives the whole tensors' norms and a
+    found_inf every rank agrees on (an inf in rank 0's shard only), and
+    adamw_step_ steps the local shards like the optimizer class does."""
+    from torch.distributed.tensor import DTensor
+
+    model = _shard(_net().to(torch.bfloat16))
+    x, y = _batches(dist.get_rank(), torch.bfloat16)[0]
+    torch.nn.functional.cross_entropy(model(x).float(), y).backward()
+    params = list(model.parameters())
+    grads = [p.grad for p in params]
+    full = [_full(g).double() for g in grads]
+    want = torch.stack([f.norm() for f in full])
+    fi = torch.zeros(())
+    per, total = torch.ops.mixprec.unscale_norm_(grads, fi, torch.ones(()))
+    res = {"per_rel": ((per.double() - want).abs() / want).max().item(),
+           "total_rel": abs(total.item() - want.norm().item()) / want.norm().item(), "fi_clean": fi.item()}
+    grads[0]._local_tensor.view(-1)[0] = float("inf") if dist.get_rank() == 0 else grads[0]._local_tensor.view(-1)[0]
+    fi = torch.zeros(())
+    torch.ops.mixprec.unscale_(grads, fi, torch.ones(()))
+    res["fi_inf"] = fi.item()
+    grads[0]._local_tensor.view(-1)[0] = 0.0
+    # adamw_step_ on DTensors vs the optimizer class on a twin model.
+    twin = _shard(_net().to(torch.bfloat16))
+    twin_opt = mixprec.optim.AdamW(twin.parameters(), lr=1e-2, weight_decay=0.0)
+    for tp, g in zip(twin.parameters(), grads):
+        tp.grad = g.detach().clone()
+    twin_opt.step()
+    masters = [p.detach().float() for p in params]
+    zeros = [torch.zeros_like(m) for m in masters]
+    steps = [torch.zeros(()) for _ in params]
+    torch.ops.mixprec.adamw_step_([p.detach() for p in params], grads, masters, zeros, [torch.zeros_like(m) for m in masters],
+                                  [], steps, 1e-2, 0.9, 0.999, 0.0, 1e-8, False, False, None, None, None)
+    res["step_equal"] = all(
+        torch.equal(_full(p.detach()), _full(tp.detach())) and torch.equal(_full(m), _full(twin_opt.state[tp]["master"]))
+        for p, tp, m in zip(params, twin.parameters(), masters))
+    res["dtensor_masters"] = all(isinstance(m, DTensor) for m in masters)
+    out["direct_ops"] = res
+
+
 def _scenario_fsdp1(out, clip):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
@@ -265,6 +306,7 @@ def _worker(rank, port, result_dir):
         _scenario_fsdp2_half(out, "bf16_model_sgd", "sgd", torch.bfloat16)
         _scenario_fsdp2_half(out, "bf16_model_inf_on_rank0", "adamw", torch.bfloat16, inf_at=1)
         _scenario_fsdp2_fp32(out, "fp32_policy_clip", "adamw", clip=0.5)
+        _scenario_direct_ops(out)
         _scenario_fsdp1(out, clip=0.5)
         _scenario_dcp(out, os.path.join(result_dir, "ckpt"))
         _scenario_dcp_from_one_rank(out, os.path.join(result_dir, "ckpt1"))
@@ -334,6 +376,14 @@ def test_fsdp2_clip_uses_global_norm(results):
         torch.testing.assert_close(torch.tensor(res["our_norms"]), torch.tensor(res["ref_norms"]), rtol=1e-5, atol=0)
         assert res["max_rel"] < 1e-6, res
     assert results[0]["fp32_policy_clip"]["our_norms"] == results[1]["fp32_policy_clip"]["our_norms"]
+
+
+def test_direct_op_calls_on_dtensors(results):
+    for r in results:
+        res = r["direct_ops"]
+        assert res["per_rel"] < 1e-5 and res["total_rel"] < 1e-5, res
+        assert res["fi_clean"] == 0.0 and res["fi_inf"] == 1.0, res  # rank 1 sees rank 0's inf
+        assert res["step_equal"] and res["dtensor_masters"], res
 
 
 def test_fsdp1_inf_skips_everywhere_and_norm_is_global(results):
