@@ -75,6 +75,23 @@ def _squares(norms: torch.Tensor) -> torch.Tensor:
     return (n * n).sum()
 
 
+def _grads_with_groups(optimizer, where: str, process_group, all_groups: dict, refuse_fp16: bool = False):
+    """(param, its reduction groups) for every param with a grad, in param
+    order, after the checks that must pass before anything is written;
+    ``all_groups`` collects the groups in first-appearance order, the same
+    on every rank (see _distributed.reduce_found_inf)."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.grad is None:
+                continue
+            if refuse_fp16 and param.grad.dtype == torch.float16:
+                raise ValueError(_FP16_GRADS_MESSAGE)
+            _distributed.check_placements(param.grad, where)
+            groups = _distributed.reduction_groups(param, param.grad, process_group)
+            all_groups.update(dict.fromkeys(groups))
+            yield param, groups
+
+
 def unscale_grads(
     optimizer: torch.optim.Optimizer,
     inv_scale: torch.Tensor,
@@ -105,24 +122,18 @@ def unscale_grads(
     parts = NormParts()
     all_groups: dict = {}  # ordered: every rank reduces over the same groups in the same order
     with torch.no_grad():
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                if not allow_fp16 and param.grad.dtype == torch.float16:
-                    raise ValueError(_FP16_GRADS_MESSAGE)
-                _distributed.check_placements(param.grad, "mixprec.amp.GradScaler")
-                groups = _distributed.reduction_groups(param, param.grad, process_group)
-                all_groups.update(dict.fromkeys(groups))
-                grad = local(param.grad)
-                if grad.is_sparse:
-                    if grad.dtype is torch.float16:
-                        param.grad = grad = grad.coalesce()
-                    other[grad.device][grad.dtype].append((grad._values(), groups))
-                elif fusable(grad):
-                    fused[grad.device].append((grad, groups))
-                else:
-                    other[grad.device][grad.dtype].append((grad, groups))
+        for param, groups in _grads_with_groups(
+            optimizer, "mixprec.amp.GradScaler", process_group, all_groups, refuse_fp16=not allow_fp16
+        ):
+            grad = local(param.grad)
+            if grad.is_sparse:
+                if grad.dtype is torch.float16:
+                    param.grad = grad = grad.coalesce()
+                other[grad.device][grad.dtype].append((grad._values(), groups))
+            elif fusable(grad):
+                fused[grad.device].append((grad, groups))
+            else:
+                other[grad.device][grad.dtype].append((grad, groups))
         for device, entries in fused.items():
             grads = [g for g, _ in entries]
             fi, inv = per_device_found_inf.get(device), per_device_inv_scale.get(device)
@@ -181,14 +192,9 @@ def grad_norms_read_only(optimizer, inv_scale: torch.Tensor, found_inf: torch.Te
     per_device_found_inf = _MultiDeviceReplicator(found_inf)
     entries_by_device: dict[torch.device, list[tuple[torch.Tensor, tuple]]] = defaultdict(list)
     all_groups: dict = {}  # ordered: every rank reduces over the same groups in the same order
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.grad is not None:
-                _distributed.check_placements(p.grad, "mixprec.amp.GradScaler.clip_grad_norm_")
-                groups = _distributed.reduction_groups(p, p.grad, process_group)
-                all_groups.update(dict.fromkeys(groups))
-                g = local(p.grad)
-                entries_by_device[g.device].append((g, groups))
+    for p, groups in _grads_with_groups(optimizer, "mixprec.amp.GradScaler.clip_grad_norm_", process_group, all_groups):
+        g = local(p.grad)
+        entries_by_device[g.device].append((g, groups))
     parts = NormParts()
     with torch.no_grad():
         for device, entries in entries_by_device.items():

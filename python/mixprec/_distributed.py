@@ -148,13 +148,6 @@ def _grad_groups(grads) -> list[tuple]:
     return [reduction_groups(g, g, None) for g in grads]
 
 
-def _ordered_groups(per_grad) -> dict:
-    out: dict = {}
-    for groups in per_grad:
-        out.update(dict.fromkeys(groups))
-    return out
-
-
 def _elementwise_handler(op_call, args, kwargs):
     return op_call(*_locals(args), **{k: _locals(v) for k, v in kwargs.items()})
 
@@ -165,7 +158,10 @@ def _unscale_handler(op_call, args, kwargs):
     per_grad = _grad_groups(grads)
     for g in grads:
         check_placements(g, f"mixprec::{op_call._schema.name.split('::')[-1]}")
-    reduce_found_inf({None: local(found_inf)}, _ordered_groups(per_grad))
+    ordered: dict = {}  # first-appearance order, the same on every rank
+    for groups in per_grad:
+        ordered.update(dict.fromkeys(groups))
+    reduce_found_inf({None: local(found_inf)}, ordered)
     if out is None:
         return None
     per, _total = out
