@@ -23,8 +23,8 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "internal.h"
 #include "nms_check.h"
+#include "nms_internal.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -84,26 +84,16 @@ static sweep_fn choose_sweep(void) {
   }
 }
 
-/* The largest float f with f <= t (t not NaN): `float > t` <=> `> f`. */
-static float float_floor(double t) {
+float mixprec__nms_float_floor(double t) {
   float f = (float)t;
   if ((double)f > t) f = nextafterf(f, -INFINITY);
   return f;
 }
 
-/* Sort key: larger key = earlier in the output. NaN above +inf (torch.sort's
- * order), -0 equal to +0. The radix sort sorts ~key ascending. */
-MIXPREC__FORCE_INLINE uint32_t score_key(float s) {
-  uint32_t u = mixprec__f32_bits(s);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0xffffffffu;
-  if ((u & 0x7fffffffu) == 0) u = 0;
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-/* Stable LSD radix sort of m (key, value) pairs by ascending key, 8 bits per
- * pass; passes whose digit is the same for every key are skipped. Result in
- * keys/vals; tk/tv are scratch of the same size. */
-static void radix_sort(uint32_t *keys, int32_t *vals, uint32_t *tk, int32_t *tv, int64_t m) {
+/* 8 bits per pass; passes whose digit is the same for every key are
+ * skipped. */
+void mixprec__nms_radix_sort(uint32_t *keys, int32_t *vals, uint32_t *tk, int32_t *tv,
+                             int64_t m) {
   for (int shift = 0; shift < 32; shift += 8) {
     int64_t count[257] = {0};
     for (int64_t i = 0; i < m; i++) count[((keys[i] >> shift) & 0xffu) + 1]++;
@@ -210,7 +200,7 @@ static int greedy_x(const nms_soa *s, int64_t begin, int64_t end, float thr, int
     s->key[k] = x_key(a);
     s->val[k] = (int32_t)k;
   }
-  radix_sort(s->key + begin, s->val + begin, s->tkey + begin, s->tval + begin, len);
+  mixprec__nms_radix_sort(s->key + begin, s->val + begin, s->tkey + begin, s->tval + begin, len);
   for (int64_t q = begin; q < end; q++) {
     const int32_t p = s->val[q];
     s->sx1[q] = s->x1[p];
@@ -267,14 +257,14 @@ static int cmp_class_rank(const void *pa, const void *pb) {
   return (a->rank > b->rank) - (a->rank < b->rank);
 }
 
-/* Fills perm[0..m) with the ranks 0..m-1 grouped by class (each class in
- * rank order) and seg[0..n_seg] with the class boundaries. seg has room for
- * m + 1 entries. Returns the segment count, or -1 if out of memory. */
-static int64_t group_by_class(const void *classes, mixprec_index_dtype cdt, const int32_t *orig,
-                              int64_t m, int32_t *perm, int64_t *seg) {
+/* Fills perm[0..m) with the ranks 0..m-1 grouped by class cls[rank] (each
+ * class in rank order) and seg[0..n_seg] with the class boundaries. seg has
+ * room for m + 1 entries. Returns the segment count, or -1 if out of
+ * memory. */
+static int64_t group_by_class(const int64_t *cls, int64_t m, int32_t *perm, int64_t *seg) {
   int64_t lo = INT64_MAX, hi = INT64_MIN;
   for (int64_t r = 0; r < m; r++) {
-    int64_t c = load_class(classes, cdt, orig[r]);
+    int64_t c = cls[r];
     if (c < lo) lo = c;
     if (c > hi) hi = c;
   }
@@ -285,19 +275,19 @@ static int64_t group_by_class(const void *classes, mixprec_index_dtype cdt, cons
     int64_t *count = (int64_t *)calloc((size_t)range + 1, sizeof *count);
     if (!count) return -1;
     for (int64_t r = 0; r < m; r++)
-      count[(uint64_t)load_class(classes, cdt, orig[r]) - (uint64_t)lo + 1u]++;
+      count[(uint64_t)cls[r] - (uint64_t)lo + 1u]++;
     for (uint64_t k = 1; k <= range; k++) {
       if (count[k]) seg[n_seg++] = count[k - 1];
       count[k] += count[k - 1];
     }
     for (int64_t r = 0; r < m; r++)
-      perm[count[(uint64_t)load_class(classes, cdt, orig[r]) - (uint64_t)lo]++] = (int32_t)r;
+      perm[count[(uint64_t)cls[r] - (uint64_t)lo]++] = (int32_t)r;
     free(count);
   } else {
     class_rank *cr = (class_rank *)malloc(sizeof *cr * (size_t)m);
     if (!cr) return -1;
     for (int64_t r = 0; r < m; r++) {
-      cr[r].cls = load_class(classes, cdt, orig[r]);
+      cr[r].cls = cls[r];
       cr[r].rank = (int32_t)r;
     }
     qsort(cr, (size_t)m, sizeof *cr, cmp_class_rank);
@@ -334,18 +324,18 @@ static mixprec_status check_args(const void *boxes, mixprec_dtype boxes_dtype,
   return mixprec__nms_check_data(boxes, scores, n, p, keep);
 }
 
-static mixprec_status run(const void *boxes, mixprec_dtype boxes_dtype, const void *scores,
-                          mixprec_dtype scores_dtype, const void *classes,
-                          mixprec_index_dtype classes_dtype, int64_t n,
-                          const mixprec_nms_params *p, int64_t *keep, int64_t *n_keep) {
-  const int64_t cap = mixprec_nms_capacity(n, p);
-  const float iou_thr = float_floor(p->iou_threshold);
-  const float score_thr = p->use_score_threshold ? float_floor(p->score_threshold) : 0.0f;
+mixprec_status mixprec__nms_sorted(const void *boxes, mixprec_dtype boxes_dtype,
+                                   const int32_t *rows, const int64_t *cls, int64_t m,
+                                   float iou_thr, int64_t max_keep, int max_threads,
+                                   uint8_t *flags) {
+  for (int64_t r = 0; r < m; r++) flags[r] = 0;
+  if (m == 0 || max_keep == 0) return MIXPREC_OK;
 
-  /* One allocation: keys, tk (u32), orig, tv, rank, dead, perm (i32),
-   * x1, y1, x2, y2, area (f32), seg (i64), flags (u8). */
-  const size_t nn = (size_t)n + 8;
-  const size_t bytes = nn * (4 * 2 + 4 * 5 + 4 * 5 + 8 + 1 + 4 * 7) + 64;
+  /* One allocation: seg (i64); perm, rank, dead, sdead, xpos, val, tval
+   * (i32); x1, y1, x2, y2, area and their x-sorted copies (f32); key, tkey
+   * (u32). */
+  const size_t nn = (size_t)m + 8;
+  const size_t bytes = nn * (8 + 4 * 7 + 4 * 10 + 4 * 2) + 64;
   uint8_t *mem = (uint8_t *)malloc(bytes);
   if (!mem) return MIXPREC_ERR_OUT_OF_MEMORY;
   uint8_t *at = mem;
@@ -353,10 +343,6 @@ static mixprec_status run(const void *boxes, mixprec_dtype boxes_dtype, const vo
   type *name = (type *)at;      \
   at += sizeof(type) * (count)
   TAKE(int64_t, seg, nn);
-  TAKE(uint32_t, keys, nn);
-  TAKE(uint32_t, tk, nn);
-  TAKE(int32_t, orig, nn);
-  TAKE(int32_t, tv, nn);
   TAKE(int32_t, perm, nn);
   nms_soa s;
   TAKE(float, x1, nn);
@@ -373,29 +359,20 @@ static mixprec_status run(const void *boxes, mixprec_dtype boxes_dtype, const vo
   TAKE(float, sarea, nn);
   TAKE(int32_t, sdead, nn);
   TAKE(int32_t, xpos, nn);
-  TAKE(uint8_t, flags, nn);
+  TAKE(uint32_t, key, nn);
+  TAKE(uint32_t, tkey, nn);
+  TAKE(int32_t, val, nn);
+  TAKE(int32_t, tval, nn);
 #undef TAKE
   s.x1 = x1, s.y1 = y1, s.x2 = x2, s.y2 = y2, s.area = area, s.rank = rank, s.dead = dead;
   s.sx1 = sx1, s.sy1 = sy1, s.sx2 = sx2, s.sy2 = sy2, s.sarea = sarea, s.sdead = sdead;
-  /* The score sort's buffers are free once the boxes are gathered. */
-  s.xpos = xpos, s.key = keys, s.tkey = tk, s.val = tv, s.tval = perm;
-
-  /* Candidates (score > threshold), sorted by decreasing score, stable. */
-  int64_t m = 0;
-  for (int64_t i = 0; i < n; i++) {
-    float sc = mixprec__load_f32(scores, scores_dtype, i);
-    if (p->use_score_threshold && !(sc > score_thr)) continue;
-    keys[m] = ~score_key(sc);
-    orig[m] = (int32_t)i;
-    m++;
-  }
-  radix_sort(keys, orig, tk, tv, m);
+  s.xpos = xpos, s.key = key, s.tkey = tkey, s.val = val, s.tval = tval;
 
   int64_t n_seg = 1;
   seg[0] = 0;
   seg[1] = m;
-  if (classes && m > 0) {
-    n_seg = group_by_class(classes, classes_dtype, orig, m, perm, seg);
+  if (cls) {
+    n_seg = group_by_class(cls, m, perm, seg);
     if (n_seg < 0) {
       free(mem);
       return MIXPREC_ERR_OUT_OF_MEMORY;
@@ -405,7 +382,7 @@ static mixprec_status run(const void *boxes, mixprec_dtype boxes_dtype, const vo
   }
   for (int64_t k = 0; k < m; k++) {
     const int32_t r = perm[k];
-    const int64_t i = orig[r];
+    const int64_t i = rows[r];
     x1[k] = mixprec__load_f32(boxes, boxes_dtype, 4 * i + 0);
     y1[k] = mixprec__load_f32(boxes, boxes_dtype, 4 * i + 1);
     x2[k] = mixprec__load_f32(boxes, boxes_dtype, 4 * i + 2);
@@ -413,33 +390,80 @@ static mixprec_status run(const void *boxes, mixprec_dtype boxes_dtype, const vo
     area[k] = (x2[k] - x1[k]) * (y2[k] - y1[k]);
     rank[k] = r;
     dead[k] = 0;
-    flags[k] = 0;
   }
 
   const sweep_fn sweep = choose_sweep();
-  const int64_t max_keep = p->max_output >= 0 ? p->max_output : -1;
-  if (max_keep != 0) {
-    if (n_seg == 1) {
-      class_nms(&s, 0, m, iou_thr, max_keep, sweep, flags);
-    } else {
-      /* Threads pay only for enough pairs: a parallel region costs tens of
-       * microseconds, and far more when the cores are shared (a spinning
-       * OpenMP worker then loses whole scheduler ticks). */
-      double pairs = 0.0;
-      for (int64_t c = 0; c < n_seg; c++) {
-        const double len = (double)(seg[c + 1] - seg[c]);
-        pairs += 0.5 * len * len;
-      }
-      int threads = mixprec__num_threads();
-      if (threads > n_seg) threads = (int)n_seg;
-      if (pairs < PARALLEL_MIN_PAIRS) threads = 1;
-      (void)threads;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-#endif
-      for (int64_t c = 0; c < n_seg; c++)
-        class_nms(&s, seg[c], seg[c + 1], iou_thr, max_keep, sweep, flags);
+  if (n_seg == 1) {
+    class_nms(&s, 0, m, iou_thr, max_keep, sweep, flags);
+  } else {
+    /* Threads pay only for enough pairs: a parallel region costs tens of
+     * microseconds, and far more when the cores are shared (a spinning
+     * OpenMP worker then loses whole scheduler ticks). */
+    double pairs = 0.0;
+    for (int64_t c = 0; c < n_seg; c++) {
+      const double len = (double)(seg[c + 1] - seg[c]);
+      pairs += 0.5 * len * len;
     }
+    int threads = max_threads < 1 ? 1 : max_threads;
+    if (threads > n_seg) threads = (int)n_seg;
+    if (pairs < PARALLEL_MIN_PAIRS) threads = 1;
+    (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+#endif
+    for (int64_t c = 0; c < n_seg; c++)
+      class_nms(&s, seg[c], seg[c + 1], iou_thr, max_keep, sweep, flags);
+  }
+  free(mem);
+  return MIXPREC_OK;
+}
+
+static mixprec_status run(const void *boxes, mixprec_dtype boxes_dtype, const void *scores,
+                          mixprec_dtype scores_dtype, const void *classes,
+                          mixprec_index_dtype classes_dtype, int64_t n,
+                          const mixprec_nms_params *p, int64_t *keep, int64_t *n_keep) {
+  const int64_t cap = mixprec_nms_capacity(n, p);
+  const float iou_thr = mixprec__nms_float_floor(p->iou_threshold);
+  const float score_thr =
+      p->use_score_threshold ? mixprec__nms_float_floor(p->score_threshold) : 0.0f;
+
+  /* One allocation: cls (i64); keys, tk (u32); orig, tv (i32); flags (u8). */
+  const size_t nn = (size_t)n + 8;
+  const size_t bytes = nn * (8 + 4 * 2 + 4 * 2 + 1) + 64;
+  uint8_t *mem = (uint8_t *)malloc(bytes);
+  if (!mem) return MIXPREC_ERR_OUT_OF_MEMORY;
+  uint8_t *at = mem;
+#define TAKE(type, name, count) \
+  type *name = (type *)at;      \
+  at += sizeof(type) * (count)
+  TAKE(int64_t, cls, nn);
+  TAKE(uint32_t, keys, nn);
+  TAKE(uint32_t, tk, nn);
+  TAKE(int32_t, orig, nn);
+  TAKE(int32_t, tv, nn);
+  TAKE(uint8_t, flags, nn);
+#undef TAKE
+
+  /* Candidates (score > threshold), sorted by decreasing score, stable. */
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; i++) {
+    float sc = mixprec__load_f32(scores, scores_dtype, i);
+    if (p->use_score_threshold && !(sc > score_thr)) continue;
+    keys[m] = ~mixprec__nms_score_key(sc);
+    orig[m] = (int32_t)i;
+    m++;
+  }
+  mixprec__nms_radix_sort(keys, orig, tk, tv, m);
+  if (classes)
+    for (int64_t r = 0; r < m; r++) cls[r] = load_class(classes, classes_dtype, orig[r]);
+
+  const int64_t max_keep = p->max_output >= 0 ? p->max_output : -1;
+  const mixprec_status st =
+      mixprec__nms_sorted(boxes, boxes_dtype, orig, classes ? cls : NULL, m, iou_thr, max_keep,
+                          mixprec__num_threads(), flags);
+  if (st != MIXPREC_OK) {
+    free(mem);
+    return st;
   }
 
   int64_t count = 0;

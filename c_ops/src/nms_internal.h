@@ -1,0 +1,43 @@
+/* What nms.c shares with the batched detection post-processing (detect.c):
+ * the score order, the radix sort, the threshold rounding, and the greedy
+ * NMS core over candidates already in output order, so both run one
+ * implementation of the sweep (nms_avx2.c) and of torchvision's IoU rules. */
+#ifndef MIXPREC_NMS_INTERNAL_H
+#define MIXPREC_NMS_INTERNAL_H
+
+#include "internal.h"
+
+/* Sort key of a score: larger key = earlier in the output. NaN above +inf
+ * (torch.sort's order), -0 equal to +0. Sorting ~key ascending gives the
+ * decreasing-score order. */
+MIXPREC__FORCE_INLINE uint32_t mixprec__nms_score_key(float s) {
+  uint32_t u = mixprec__f32_bits(s);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0xffffffffu;
+  if ((u & 0x7fffffffu) == 0) u = 0;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Stable LSD radix sort of m (key, value) pairs by ascending key. Result in
+ * keys/vals; tk/tv are scratch of the same size. */
+void mixprec__nms_radix_sort(uint32_t *keys, int32_t *vals, uint32_t *tk, int32_t *tv,
+                             int64_t m);
+
+/* The largest float f with f <= t (t not NaN): `float > t` <=> `> f`. */
+float mixprec__nms_float_floor(double t);
+
+/* Greedy NMS of m candidates given in output order (position r = 0 is the
+ * highest score; ties already resolved by the caller). Candidate r's box is
+ * row rows[r] of `boxes` (x1, y1, x2, y2 of boxes_dtype per row), its class
+ * cls[r] (cls NULL: one class): a kept candidate suppresses the later ones
+ * of its class with IoU > iou_thr (iou_thr from mixprec__nms_float_floor).
+ * Sets flags[r] to 1 for each kept r, 0 for the others; each class stops
+ * after max_keep kept boxes (< 0: no limit). Classes run on up to
+ * max_threads OpenMP threads when they hold enough work; the result does
+ * not depend on it. Returns MIXPREC_OK or MIXPREC_ERR_OUT_OF_MEMORY (flags
+ * then unspecified). */
+mixprec_status mixprec__nms_sorted(const void *boxes, mixprec_dtype boxes_dtype,
+                                   const int32_t *rows, const int64_t *cls, int64_t m,
+                                   float iou_thr, int64_t max_keep, int max_threads,
+                                   uint8_t *flags);
+
+#endif /* MIXPREC_NMS_INTERNAL_H */
