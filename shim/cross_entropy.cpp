@@ -22,6 +22,18 @@ struct CpuBackend {
                                           static_cast<const int64_t*>(a.target.data_ptr()), &a.p,
                                           stats, wsum, dx);
   }
+  static mixprec_status cross_entropy_soft(const CeArgs& a, float* loss, float* stats,
+                                           const Tensor&) {
+    return mixprec_cross_entropy_soft(a.positions ? a.logits.data_ptr() : nullptr, a.dtype,
+                                      a.positions ? a.target.data_ptr() : nullptr, a.target_dtype,
+                                      &a.p, loss, stats);
+  }
+  static mixprec_status cross_entropy_soft_backward(const CeArgs& a, const float* grad_loss,
+                                                    const float* stats, void* dx, void* dt) {
+    return mixprec_cross_entropy_soft_backward(grad_loss, a.logits.data_ptr(), a.dtype,
+                                               a.target.data_ptr(), a.target_dtype, &a.p, stats,
+                                               dx, dt);
+  }
 };
 
 }  // namespace
@@ -41,6 +53,18 @@ STABLE_TORCH_LIBRARY_FRAGMENT(mixprec, m) {
       "cross_entropy_backward(Tensor grad_loss, Tensor self, Tensor target, Tensor? weight,"
       " Tensor stats, Tensor weight_sum, int reduction, int ignore_index,"
       " float label_smoothing) -> Tensor");
+  // Cross-entropy with class-probability targets of self's shape (float32,
+  // float16 or bfloat16; torch's probability-target form: no ignore_index,
+  // mean over positions). Returns the float32 loss and per position (max,
+  // log-sum, sum_c w_c t'_c) as float32 of shape (3, *loss positions).
+  m.def(
+      "cross_entropy_soft(Tensor self, Tensor target, Tensor? weight, int reduction,"
+      " float label_smoothing) -> (Tensor, Tensor)");
+  // (grad_self, grad_target); one not asked for is an empty tensor of shape [0].
+  m.def(
+      "cross_entropy_soft_backward(Tensor grad_loss, Tensor self, Tensor target, Tensor? weight,"
+      " Tensor stats, int reduction, float label_smoothing, bool self_grad, bool target_grad)"
+      " -> (Tensor, Tensor)");
 }
 
 
@@ -49,4 +73,6 @@ STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
   using B = ce::CpuBackend;
   m.impl("cross_entropy", TORCH_BOX(&ce::cross_entropy_op<B>));
   m.impl("cross_entropy_backward", TORCH_BOX(&ce::cross_entropy_backward_op<B>));
+  m.impl("cross_entropy_soft", TORCH_BOX(&ce::cross_entropy_soft_op<B>));
+  m.impl("cross_entropy_soft_backward", TORCH_BOX(&ce::cross_entropy_soft_backward_op<B>));
 }

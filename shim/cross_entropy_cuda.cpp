@@ -34,6 +34,24 @@ struct CudaBackend {
         grad_loss, a.logits.data_ptr(), a.dtype, static_cast<const int64_t*>(a.target.data_ptr()),
         &a.p, stats, wsum, dx, current_cuda_stream("cross_entropy_backward", a.device.index));
   }
+  static mixprec_status cross_entropy_soft(const CeArgs& a, float* loss, float* stats,
+                                           const Tensor& like) {
+    torch::stable::accelerator::DeviceGuard guard(a.device.index);
+    const int64_t bytes = mixprec_cuda_cross_entropy_workspace_size(&a.p);
+    MIXPREC_CHECK(bytes >= 0, "mixprec::cross_entropy_soft: invalid sizes");
+    Tensor ws = torch::stable::new_empty(like, {bytes > 0 ? bytes : 1}, ScalarType::Byte);
+    return mixprec_cuda_cross_entropy_soft(
+        a.positions ? a.logits.data_ptr() : nullptr, a.dtype,
+        a.positions ? a.target.data_ptr() : nullptr, a.target_dtype, &a.p, loss, stats,
+        ws.data_ptr(), bytes, current_cuda_stream("cross_entropy_soft", a.device.index));
+  }
+  static mixprec_status cross_entropy_soft_backward(const CeArgs& a, const float* grad_loss,
+                                                    const float* stats, void* dx, void* dt) {
+    torch::stable::accelerator::DeviceGuard guard(a.device.index);
+    return mixprec_cuda_cross_entropy_soft_backward(
+        grad_loss, a.logits.data_ptr(), a.dtype, a.target.data_ptr(), a.target_dtype, &a.p, stats,
+        dx, dt, current_cuda_stream("cross_entropy_soft_backward", a.device.index));
+  }
 };
 
 }  // namespace
@@ -45,4 +63,6 @@ STABLE_TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
   using B = ce::CudaBackend;
   m.impl("cross_entropy", TORCH_BOX(&ce::cross_entropy_op<B>));
   m.impl("cross_entropy_backward", TORCH_BOX(&ce::cross_entropy_backward_op<B>));
+  m.impl("cross_entropy_soft", TORCH_BOX(&ce::cross_entropy_soft_op<B>));
+  m.impl("cross_entropy_soft_backward", TORCH_BOX(&ce::cross_entropy_soft_backward_op<B>));
 }

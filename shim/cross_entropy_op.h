@@ -1,10 +1,14 @@
-// The cross-entropy ops (cross_entropy, cross_entropy_backward), validated
+// The cross-entropy ops (cross_entropy, cross_entropy_backward, and for
+// class-probability targets cross_entropy_soft(_backward)), validated
 // once for both devices: each op is a template over a backend B
 // (cross_entropy.cpp: CPU, cross_entropy_cuda.cpp: CUDA) that only says how
 // to run the C entry point:
 //   B::check_device(op, where)                             the tensors are B's
 //   B::cross_entropy(args, loss, stats, weight_sum, like)  -> mixprec_status
 //   B::cross_entropy_backward(args, grad_loss, stats, weight_sum, grad_logits)
+//                                                          -> mixprec_status
+//   B::cross_entropy_soft(args, loss, stats, like)          -> mixprec_status
+//   B::cross_entropy_soft_backward(args, grad_loss, stats, grad_logits, grad_target)
 //                                                          -> mixprec_status
 // like: the tensor whose device scratch goes to.
 #pragma once
@@ -26,7 +30,23 @@ struct CeArgs {
   Tensor logits, target, weight;  // contiguous
   std::vector<int64_t> loss_shape;  // target's shape
   int64_t positions;
+  mixprec_dtype target_dtype;  // soft targets only
 };
+
+// The optional float32 class weights, one per class, on self's device.
+inline void ce_weight(const char* op, const std::optional<Tensor>& weight, CeArgs& a) {
+  if (!weight.has_value() || !weight->defined()) return;
+  const Tensor& w = *weight;
+  MIXPREC_CHECK(w.layout() == Layout::Strided && w.scalar_type() == ScalarType::Float,
+                  "mixprec::", op, ": weight must be a float32 tensor, got ",
+                  dtype_name(w.scalar_type()));
+  MIXPREC_CHECK(w.dim() == 1 && w.sizes()[0] == a.p.classes, "mixprec::", op,
+                  ": weight must have shape [", a.p.classes, "] (one per class), got ",
+                  shape_str(w));
+  same_device(op, "weight", w, a.device, "self");
+  a.weight = dense(w);
+  a.p.weight = a.p.classes ? static_cast<const float*>(a.weight.data_ptr()) : nullptr;
+}
 
 // The checks of mixprec::cross_entropy and its backward, in one place.
 inline CeArgs ce_args(const char* op, const Tensor& self, const Tensor& target,
@@ -45,8 +65,9 @@ inline CeArgs ce_args(const char* op, const Tensor& self, const Tensor& target,
                         tt == ScalarType::BFloat16 || tt == ScalarType::Double;
   MIXPREC_CHECK(tt == ScalarType::Long, "mixprec::", op,
                   ": target must be int64 class indices, got ", dtype_name(tt),
-                  floating ? " (class-probability targets are not supported)"
-                           : " (convert it with target.long())");
+                  floating ? " (a class-probability target must have self's shape "
+                           : " (convert it with target.long())",
+                  floating ? shape_str(self) + ")" : std::string());
   same_device(op, "target", target, a.device, "self");
   auto s = self.sizes();
   std::vector<int64_t> want;
@@ -82,18 +103,8 @@ inline CeArgs ce_args(const char* op, const Tensor& self, const Tensor& target,
   a.p.ignore_index = ignore_index;
   a.p.label_smoothing = label_smoothing;
   a.p.reduction = static_cast<mixprec_reduction>(reduction);
-  if (weight.has_value() && weight->defined()) {
-    const Tensor& w = *weight;
-    MIXPREC_CHECK(w.layout() == Layout::Strided && w.scalar_type() == ScalarType::Float,
-                    "mixprec::", op, ": weight must be a float32 tensor, got ",
-                    dtype_name(w.scalar_type()));
-    MIXPREC_CHECK(w.dim() == 1 && w.sizes()[0] == a.p.classes, "mixprec::", op,
-                    ": weight must have shape [", a.p.classes, "] (one per class), got ",
-                    shape_str(w));
-    same_device(op, "weight", w, a.device, "self");
-    a.weight = dense(w);
-    a.p.weight = a.p.classes ? static_cast<const float*>(a.weight.data_ptr()) : nullptr;
-  }
+  a.target_dtype = MIXPREC_F32;
+  ce_weight(op, weight, a);
   a.logits = dense(self);
   a.target = dense(target);
   a.loss_shape = sizes_of(target);
@@ -165,6 +176,125 @@ Tensor cross_entropy_backward_op(Tensor grad_loss, Tensor self, Tensor target,
                   ") that is not ignore_index (", ignore_index, ")");
   check_status(st, op);
   return dx;
+}
+
+// ---- class-probability (soft) targets: cross_entropy_soft(_backward) ---------
+
+// The checks of mixprec::cross_entropy_soft and its backward: target of
+// self's shape, float32/float16/bfloat16 (any of them with any logits
+// dtype). loss_shape is self's shape without the class dimension.
+inline CeArgs soft_args(const char* op, const Tensor& self, const Tensor& target,
+                        const std::optional<Tensor>& weight, int64_t reduction,
+                        double label_smoothing) {
+  CeArgs a;
+  a.dtype = float_arg(op, "self", self);
+  a.device = where(self);
+  const int64_t nd = self.dim();
+  MIXPREC_CHECK(nd >= 1, "mixprec::", op,
+                  ": self must have shape (C), (N, C) or (N, C, d1, ...), got a 0-dim tensor");
+  MIXPREC_CHECK(target.defined() && target.layout() == Layout::Strided, "mixprec::", op,
+                  ": target must be a defined strided tensor");
+  const ScalarType tt = target.scalar_type();
+  MIXPREC_CHECK(to_mixprec_dtype(tt, &a.target_dtype), "mixprec::", op,
+                  ": target holds class probabilities and must be float32, float16 or bfloat16, got ",
+                  dtype_name(tt),
+                  tt == ScalarType::Long ? " (class indices go to mixprec::cross_entropy, with the "
+                                           "class dimension left out of target's shape)"
+                                         : "");
+  same_device(op, "target", target, a.device, "self");
+  MIXPREC_CHECK(sizes_of(target) == sizes_of(self), "mixprec::", op, ": target has shape ",
+                  shape_str(target), " but class probabilities must have self's shape ",
+                  shape_str(self));
+  auto s = self.sizes();
+  a.p = mixprec_cross_entropy_params_default();
+  a.p.outer = nd == 1 ? 1 : s[0];
+  a.p.classes = nd == 1 ? s[0] : s[1];
+  a.p.inner = 1;
+  if (nd >= 2) a.loss_shape.push_back(s[0]);
+  for (int64_t d = 2; d < nd; d++) {
+    a.p.inner *= s[d];
+    a.loss_shape.push_back(s[d]);
+  }
+  a.positions = a.p.outer * a.p.inner;
+  MIXPREC_CHECK(a.p.classes >= 1 || a.positions == 0, "mixprec::", op,
+                  ": self has 0 classes (dimension 1 of size 0)");
+  MIXPREC_CHECK(reduction >= 0 && reduction <= 2, "mixprec::", op,
+                  ": reduction must be 0 (none), 1 (mean) or 2 (sum), got ", reduction);
+  MIXPREC_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, "mixprec::", op,
+                  ": label_smoothing must be in [0, 1], got ", label_smoothing);
+  a.p.label_smoothing = label_smoothing;
+  a.p.reduction = static_cast<mixprec_reduction>(reduction);
+  ce_weight(op, weight, a);
+  a.logits = dense(self);
+  a.target = dense(target);
+  return a;
+}
+
+inline std::vector<int64_t> soft_stats_shape(const CeArgs& a) {
+  std::vector<int64_t> r{3};
+  r.insert(r.end(), a.loss_shape.begin(), a.loss_shape.end());
+  return r;
+}
+
+// Returns the float32 loss and per position (max, log-sum, sum_c w_c t'_c)
+// as a float32 (3, *loss_shape) tensor for the backward.
+template <class B>
+std::tuple<Tensor, Tensor> cross_entropy_soft_op(Tensor self, Tensor target,
+                                                 std::optional<Tensor> weight, int64_t reduction,
+                                                 double label_smoothing) {
+  const char* op = "cross_entropy_soft";
+  CeArgs a = soft_args(op, self, target, weight, reduction, label_smoothing);
+  B::check_device(op, a.device);
+  Tensor loss = reduction == 0
+                    ? torch::stable::new_empty(self, a.loss_shape, ScalarType::Float)
+                    : torch::stable::new_empty(self, {}, ScalarType::Float);
+  Tensor stats = torch::stable::new_empty(self, soft_stats_shape(a), ScalarType::Float);
+  check_status(B::cross_entropy_soft(a, static_cast<float*>(loss.data_ptr()),
+                                     static_cast<float*>(stats.data_ptr()), self),
+               op);
+  return {loss, stats};
+}
+
+// Returns (grad_self in self's dtype, grad_target in target's dtype); an
+// output not asked for (self_grad / target_grad false) is an empty tensor
+// of shape [0].
+template <class B>
+std::tuple<Tensor, Tensor> cross_entropy_soft_backward_op(
+    Tensor grad_loss, Tensor self, Tensor target, std::optional<Tensor> weight, Tensor stats,
+    int64_t reduction, double label_smoothing, bool self_grad, bool target_grad) {
+  const char* op = "cross_entropy_soft_backward";
+  CeArgs a = soft_args(op, self, target, weight, reduction, label_smoothing);
+  B::check_device(op, a.device);
+  MIXPREC_CHECK(grad_loss.defined() && grad_loss.layout() == Layout::Strided &&
+                    grad_loss.scalar_type() == ScalarType::Float,
+                  "mixprec::", op, ": grad_loss must be a float32 tensor");
+  same_device(op, "grad_loss", grad_loss, a.device, "self");
+  if (reduction == 0) {
+    MIXPREC_CHECK(sizes_of(grad_loss) == a.loss_shape, "mixprec::", op, ": grad_loss has shape ",
+                    shape_str(grad_loss), " but the unreduced loss has self's shape without "
+                    "dimension 1");
+  } else {
+    MIXPREC_CHECK(grad_loss.numel() == 1, "mixprec::", op,
+                    ": grad_loss of a reduced loss must have one element, got ", grad_loss.numel());
+  }
+  MIXPREC_CHECK(stats.defined() && stats.layout() == Layout::Strided &&
+                    stats.scalar_type() == ScalarType::Float &&
+                    sizes_of(stats) == soft_stats_shape(a),
+                  "mixprec::", op, ": stats must be the float32 tensor of shape (3, ...) "
+                  "that mixprec::cross_entropy_soft returned");
+  same_device(op, "stats", stats, a.device, "self");
+  Tensor gl = dense(grad_loss), sc = dense(stats);
+  Tensor dx = self_grad ? torch::stable::new_empty(self, sizes_of(self), self.scalar_type())
+                        : torch::stable::new_empty(self, {0}, self.scalar_type());
+  Tensor dt = target_grad ? torch::stable::new_empty(target, sizes_of(target), target.scalar_type())
+                          : torch::stable::new_empty(target, {0}, target.scalar_type());
+  if (self.numel() == 0 || (!self_grad && !target_grad)) return {dx, dt};
+  check_status(B::cross_entropy_soft_backward(a, static_cast<const float*>(gl.data_ptr()),
+                                              static_cast<const float*>(sc.data_ptr()),
+                                              self_grad ? dx.data_ptr() : nullptr,
+                                              target_grad ? dt.data_ptr() : nullptr),
+               op);
+  return {dx, dt};
 }
 
 }  // namespace cross_entropy

@@ -33,4 +33,15 @@ MIXPREC__INLINE mixprec_status mixprec__ce_check(const void *logits, mixprec_dty
   return MIXPREC_OK;
 }
 
+/* The soft-target entry points: the target's dtype, then the class-index
+ * checks (the target pointer only tested for NULL, never read here). */
+MIXPREC__INLINE mixprec_status mixprec__ce_soft_check(const void *logits, mixprec_dtype dtype,
+                                                    const void *target, mixprec_dtype target_dtype,
+                                                    const mixprec_cross_entropy_params *p,
+                                                    int64_t *positions) {
+  if (!p) return MIXPREC_ERR_NULL_POINTER;
+  if (mixprec_dtype_size(target_dtype) == 0) return MIXPREC_ERR_BAD_DTYPE;
+  return mixprec__ce_check(logits, dtype, (const int64_t *)target, p, positions);
+}
+
 #endif /* MIXPREC_CE_CHECK_H */

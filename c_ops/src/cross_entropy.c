@@ -186,3 +186,170 @@ mixprec_status mixprec_cross_entropy_backward(const float *grad_loss, const void
   }
   return MIXPREC_OK;
 }
+
+/* ---- class-probability (soft) targets ------------------------------------- */
+
+typedef void (*soft_stats_fn)(const void *, mixprec_dtype, const void *, mixprec_dtype, int64_t,
+                              int64_t, int64_t, const float *, float, float, float *, float *,
+                              float *, float *);
+typedef void (*soft_grad_fn)(const void *, mixprec_dtype, const void *, mixprec_dtype, void *,
+                             void *, int64_t, int64_t, int64_t, const float *, const float *,
+                             const float *, const float *, const float *, const float *, float,
+                             float);
+
+void mixprec__ce_soft_stats_scalar(const void *x, mixprec_dtype xd, const void *t,
+                                   mixprec_dtype td, int64_t n, int64_t stride, int64_t width,
+                                   const float *weight, float keep, float add, float *mx,
+                                   float *se, float *tw, float *twx) {
+  double s[MIXPREC__SM_WIDTH], a[MIXPREC__SM_WIDTH], b[MIXPREC__SM_WIDTH];
+  for (int64_t j = 0; j < width; j++) {
+    mx[j] = -INFINITY;
+    s[j] = a[j] = b[j] = 0.0;
+  }
+  for (int64_t c = 0; c < n; c++)
+    for (int64_t j = 0; j < width; j++) {
+      const float v = mixprec__load_f32(x, xd, c * stride + j);
+      if (v > mx[j]) mx[j] = v;
+    }
+  for (int64_t c = 0; c < n; c++) {
+    const float wc = weight ? weight[c] : 1.0f;
+    for (int64_t j = 0; j < width; j++) {
+      const int64_t i = c * stride + j;
+      const float d = mixprec__load_f32(x, xd, i) - mx[j];
+      const float wt = wc * (mixprec__load_f32(t, td, i) * keep + add);
+      s[j] += (double)expf(d);
+      a[j] += (double)wt;
+      b[j] += (double)wt * (double)d;
+    }
+  }
+  for (int64_t j = 0; j < width; j++) {
+    se[j] = (float)s[j];
+    tw[j] = (float)a[j];
+    twx[j] = (float)b[j];
+  }
+}
+
+void mixprec__ce_soft_grad_scalar(const void *x, mixprec_dtype xd, const void *t,
+                                  mixprec_dtype td, void *dx, void *dt, int64_t n, int64_t stride,
+                                  int64_t width, const float *mx, const float *lg, const float *a,
+                                  const float *g, const float *cdt, const float *weight,
+                                  float keep, float add) {
+  for (int64_t c = 0; c < n; c++) {
+    const float wc = weight ? weight[c] : 1.0f;
+    for (int64_t j = 0; j < width; j++) {
+      const int64_t i = c * stride + j;
+      const float lp = (mixprec__load_f32(x, xd, i) - mx[j]) - lg[j];
+      if (dx) {
+        const float wt = wc * (mixprec__load_f32(t, td, i) * keep + add);
+        mixprec__store_f32(dx, xd, i, a[j] * expf(lp) - g[j] * wt);
+      }
+      if (dt) mixprec__store_f32(dt, td, i, cdt[j] * wc * lp);
+    }
+  }
+}
+
+mixprec_status mixprec_cross_entropy_soft(const void *logits, mixprec_dtype dtype,
+                                          const void *target, mixprec_dtype target_dtype,
+                                          const mixprec_cross_entropy_params *p, float *loss,
+                                          float *stats) {
+  int64_t positions;
+  mixprec_status status = mixprec__ce_soft_check(logits, dtype, target, target_dtype, p, &positions);
+  if (status != MIXPREC_OK) return status;
+  if (!loss && (positions > 0 || p->reduction != MIXPREC_REDUCTION_NONE))
+    return MIXPREC_ERR_NULL_POINTER;
+  const int64_t n = p->classes, inner = p->inner;
+  /* t' = t * (1 - eps) + eps / C in float, as torch's FP32 expression. */
+  const float keep = (float)(1.0 - p->label_smoothing);
+  const float add = n > 0 ? (float)(p->label_smoothing / (double)n) : 0.0f;
+  soft_stats_fn fn = mixprec__ce_soft_stats_scalar;
+#if defined(MIXPREC_X86)
+  if (mixprec__sm_use_avx2()) fn = mixprec__ce_soft_stats_avx2;
+#endif
+  const int64_t slices = positions ? mixprec__sm_slice_count(p->outer, inner) : 0;
+  /* Per-slice loss sums, added in slice order: independent of the threads. */
+  double *part = NULL;
+  if (slices > 0) {
+    part = (double *)malloc(sizeof(double) * (size_t)slices);
+    if (!part) return MIXPREC_ERR_OUT_OF_MEMORY;
+  }
+  const size_t es = (size_t)mixprec_dtype_size(dtype), ts = (size_t)mixprec_dtype_size(target_dtype);
+  const int n_threads = positions * n < MIXPREC__SM_PARALLEL_MIN ? 1 : mixprec__num_threads();
+  const int chunk = mixprec__sm_chunk_slices(positions * n, slices);
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(n_threads) if (n_threads > 1)
+  for (int64_t t = 0; t < slices; t++) {
+    int64_t width, pos;
+    const int64_t off = mixprec__sm_slice_at(t, n, inner, &width, &pos);
+    float mx[MIXPREC__SM_WIDTH], se[MIXPREC__SM_WIDTH], tw[MIXPREC__SM_WIDTH], twx[MIXPREC__SM_WIDTH];
+    fn((const char *)logits + (size_t)off * es, dtype, (const char *)target + (size_t)off * ts,
+       target_dtype, n, inner, width, p->weight, keep, add, mx, se, tw, twx);
+    double sl = 0.0;
+    for (int64_t j = 0; j < width; j++) {
+      const float lg = logf(se[j]);
+      /* -sum_c w t' ((x_c - max) - lg) = T * lg - sum_c w t' (x_c - max): for a
+       * non-negative target both terms are >= 0, nothing cancels. */
+      const double v = (double)tw[j] * (double)lg - (double)twx[j];
+      sl += v;
+      if (p->reduction == MIXPREC_REDUCTION_NONE) loss[pos + j] = (float)v;
+      if (stats) {
+        stats[pos + j] = mx[j];
+        stats[positions + pos + j] = lg;
+        stats[2 * positions + pos + j] = tw[j];
+      }
+    }
+    part[t] = sl;
+  }
+  double total = 0.0;
+  for (int64_t t = 0; t < slices; t++) total += part[t];
+  free(part);
+  if (p->reduction == MIXPREC_REDUCTION_SUM) loss[0] = (float)total;
+  /* torch divides by the number of positions; none: 0 / 0 = NaN. */
+  if (p->reduction == MIXPREC_REDUCTION_MEAN) loss[0] = (float)(total / (double)positions);
+  return MIXPREC_OK;
+}
+
+mixprec_status mixprec_cross_entropy_soft_backward(const float *grad_loss, const void *logits,
+                                                   mixprec_dtype dtype, const void *target,
+                                                   mixprec_dtype target_dtype,
+                                                   const mixprec_cross_entropy_params *p,
+                                                   const float *stats, void *grad_logits,
+                                                   void *grad_target) {
+  int64_t positions;
+  mixprec_status status = mixprec__ce_soft_check(logits, dtype, target, target_dtype, p, &positions);
+  if (status != MIXPREC_OK || positions == 0 || (!grad_logits && !grad_target)) return status;
+  if (!grad_loss || !stats) return MIXPREC_ERR_NULL_POINTER;
+  const int64_t n = p->classes, inner = p->inner;
+  const double keep_d = 1.0 - p->label_smoothing;
+  const float keep = (float)keep_d;
+  const float add = (float)(p->label_smoothing / (double)n);
+  float g_all = 0.0f;
+  if (p->reduction == MIXPREC_REDUCTION_SUM) g_all = grad_loss[0];
+  if (p->reduction == MIXPREC_REDUCTION_MEAN) g_all = (float)((double)grad_loss[0] / (double)positions);
+  soft_grad_fn fn = mixprec__ce_soft_grad_scalar;
+#if defined(MIXPREC_X86)
+  if (mixprec__sm_use_avx2()) fn = mixprec__ce_soft_grad_avx2;
+#endif
+  const int64_t slices = mixprec__sm_slice_count(p->outer, inner);
+  const size_t es = (size_t)mixprec_dtype_size(dtype), ts = (size_t)mixprec_dtype_size(target_dtype);
+  const int n_threads = positions * n < MIXPREC__SM_PARALLEL_MIN ? 1 : mixprec__num_threads();
+  const int chunk = mixprec__sm_chunk_slices(positions * n, slices);
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(n_threads) if (n_threads > 1)
+  for (int64_t t = 0; t < slices; t++) {
+    int64_t width, pos;
+    const int64_t off = mixprec__sm_slice_at(t, n, inner, &width, &pos);
+    float m[MIXPREC__SM_WIDTH], l[MIXPREC__SM_WIDTH], a[MIXPREC__SM_WIDTH], g[MIXPREC__SM_WIDTH];
+    float cdt[MIXPREC__SM_WIDTH];
+    for (int64_t j = 0; j < width; j++) {
+      const float gj = p->reduction == MIXPREC_REDUCTION_NONE ? grad_loss[pos + j] : g_all;
+      m[j] = stats[pos + j];
+      l[j] = stats[positions + pos + j];
+      a[j] = (float)((double)gj * (double)stats[2 * positions + pos + j]);
+      g[j] = gj;
+      cdt[j] = (float)(-(double)gj * keep_d);
+    }
+    fn((const char *)logits + (size_t)off * es, dtype, (const char *)target + (size_t)off * ts,
+       target_dtype, grad_logits ? (char *)grad_logits + (size_t)off * es : NULL,
+       grad_target ? (char *)grad_target + (size_t)off * ts : NULL, n, inner, width, m, l, a, g,
+       cdt, p->weight, keep, add);
+  }
+  return MIXPREC_OK;
+}

@@ -86,6 +86,24 @@ void mixprec__ce_grad_scalar(const void *x, mixprec_dtype xd, void *dx,
                              const float *mx, const float *lg, const float *a,
                              const float *b, const float *weight, const int32_t *tc,
                              const float *bt);
+/* Soft (class-probability) targets; t has x's layout, t'_c = t_c * keep +
+ * add (keep = 1 - eps, add = eps / C), w_c = 1 without weight. Per column j:
+ * mx[j] = max_c x_c, se[j] = sum_c exp(x_c - mx[j]), tw[j] = sum_c w_c t'_c,
+ * twx[j] = sum_c w_c t'_c (x_c - mx[j]). */
+void mixprec__ce_soft_stats_scalar(const void *x, mixprec_dtype xd, const void *t,
+                                   mixprec_dtype td, int64_t n, int64_t stride,
+                                   int64_t width, const float *weight, float keep,
+                                   float add, float *mx, float *se, float *tw,
+                                   float *twx);
+/* Per column j, with lp_c = (x_c - mx[j]) - lg[j]: dx_c = a[j] * exp(lp_c)
+ * - g[j] * w_c t'_c (when dx is not NULL) and dt_c = cdt[j] * w_c * lp_c in
+ * td (when dt is not NULL). */
+void mixprec__ce_soft_grad_scalar(const void *x, mixprec_dtype xd, const void *t,
+                                  mixprec_dtype td, void *dx, void *dt, int64_t n,
+                                  int64_t stride, int64_t width, const float *mx,
+                                  const float *lg, const float *a, const float *g,
+                                  const float *cdt, const float *weight, float keep,
+                                  float add);
 #if defined(MIXPREC_X86)
 void mixprec__softmax_fwd_avx2(const void *x, mixprec_dtype xd, void *y,
                                mixprec_dtype yd, int64_t n, int64_t stride,
@@ -101,6 +119,17 @@ void mixprec__ce_grad_avx2(const void *x, mixprec_dtype xd, void *dx,
                            const float *mx, const float *lg, const float *a,
                            const float *b, const float *weight, const int32_t *tc,
                            const float *bt);
+void mixprec__ce_soft_stats_avx2(const void *x, mixprec_dtype xd, const void *t,
+                                 mixprec_dtype td, int64_t n, int64_t stride,
+                                 int64_t width, const float *weight, float keep,
+                                 float add, float *mx, float *se, float *tw,
+                                 float *twx);
+void mixprec__ce_soft_grad_avx2(const void *x, mixprec_dtype xd, const void *t,
+                                mixprec_dtype td, void *dx, void *dt, int64_t n,
+                                int64_t stride, int64_t width, const float *mx,
+                                const float *lg, const float *a, const float *g,
+                                const float *cdt, const float *weight, float keep,
+                                float add);
 #endif
 
 #endif /* MIXPREC_SOFTMAX_INTERNAL_H */

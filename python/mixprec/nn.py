@@ -16,7 +16,9 @@ __all__ = ["CrossEntropyLoss", "Softmax", "LogSoftmax"]
 
 
 class CrossEntropyLoss(torch.nn.Module):
-    """``torch.nn.CrossEntropyLoss`` for class-index targets; the loss is
+    """``torch.nn.CrossEntropyLoss`` for class-index targets and for
+    class-probability targets of the input's shape (Mixup/CutMix: timm's
+    ``SoftTargetCrossEntropy`` is this with the defaults); the loss is
     float32 whatever the logits' dtype."""
 
     def __init__(

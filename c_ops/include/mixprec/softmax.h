@@ -156,6 +156,69 @@ MIXPREC_API mixprec_status mixprec_cross_entropy_backward(
     const float *stats, const float *weight_sum, void *grad_logits);
 
 /* ------------------------------------------------------------------------ */
+/* Cross-entropy with class-probability (soft) targets                       */
+/* ------------------------------------------------------------------------ */
+
+/*! mixprec_cross_entropy_soft() :
+ *  The loss of torch.nn.functional.cross_entropy(x.float(), target.float(),
+ *  weight, reduction=..., label_smoothing=eps) for a class-probability
+ *  target of the logits' shape (Mixup/CutMix, knowledge distillation),
+ *  computed from the logits and the target in their own dtypes (dtype and
+ *  target_dtype, each F32, F16 or BF16, independently). p is the class-index
+ *  entry point's struct; p->ignore_index is not used (torch has no
+ *  ignore_index for probability targets). Per position i, with
+ *  t'_c = t_c * (1 - eps) + eps / C, w_c = weight[c] (1 without weight) and
+ *  log p_c = (x_c - max) - log(sum_c exp(x_c - max)):
+ *    loss_i = -sum_c w_c * t'_c * log p_c
+ *  Reduction NONE writes loss_i to loss[outer * inner]; SUM writes sum_i
+ *  loss_i to loss[0]; MEAN writes sum_i loss_i / (outer * inner) (torch
+ *  divides by the number of positions here, not by a weight sum; an empty
+ *  input gives 0 / 0 = NaN, as torch). Sums over positions are taken in
+ *  double in a fixed order and rounded to float once. The target is not
+ *  required to sum to 1 or to be non-negative (torch does not check either);
+ *  a NaN anywhere in a position's logits or target makes its loss NaN.
+ *  stats (optional, 3 * outer * inner floats) receives per position i:
+ *  stats[i] = max_c x_c, stats[P + i] = log(sum_c exp(x_c - max)) and
+ *  stats[2P + i] = sum_c w_c * t'_c (P = outer * inner): what
+ *  mixprec_cross_entropy_soft_backward() needs besides the inputs.
+ *  @return : MIXPREC_OK; MIXPREC_ERR_BAD_ARGUMENT for label_smoothing
+ *            outside [0, 1] or an unknown reduction; MIXPREC_ERR_BAD_DTYPE for
+ *            an unknown dtype or target_dtype; MIXPREC_ERR_BAD_SIZE for a
+ *            negative size, a product that overflows int64, or classes
+ *            outside [1, INT32_MAX] when there is a position;
+ *            MIXPREC_ERR_NULL_POINTER for NULL p, or NULL logits, target or
+ *            loss when there is a position (loss also for SUM/MEAN of an empty
+ *            input); MIXPREC_ERR_OUT_OF_MEMORY if scratch space could not be
+ *            had. Nothing is written on an error. */
+MIXPREC_API mixprec_status mixprec_cross_entropy_soft(
+    const void *logits, mixprec_dtype dtype, const void *target,
+    mixprec_dtype target_dtype, const mixprec_cross_entropy_params *p,
+    float *loss, float *stats);
+
+/*! mixprec_cross_entropy_soft_backward() :
+ *  Gradients of the loss of mixprec_cross_entropy_soft(): with respect to the
+ *  logits, written in their dtype to grad_logits, and with respect to the
+ *  target, written in target_dtype to grad_target (contiguous (outer,
+ *  classes, inner) each; either may be NULL when it is not wanted, both NULL
+ *  is a no-op). grad_loss is the gradient of the output: outer * inner
+ *  floats for NONE, one float otherwise; stats is what
+ *  mixprec_cross_entropy_soft() wrote. Per position, with g = grad_loss
+ *  (divided by outer * inner for MEAN), T = stats[2P + i] = sum_c w_c t'_c,
+ *  p_c the softmax from stats:
+ *    grad_logits_c = g * (T * p_c - w_c * t'_c)
+ *    grad_target_c = -g * (1 - eps) * w_c * log p_c
+ *  (torch's gradients of the same loss).
+ *  @return : MIXPREC_OK; MIXPREC_ERR_NULL_POINTER for NULL grad_loss or
+ *            stats when an output is wanted and there is a position; the
+ *            other statuses as mixprec_cross_entropy_soft(). Nothing is
+ *            written on an error. */
+MIXPREC_API mixprec_status mixprec_cross_entropy_soft_backward(
+    const float *grad_loss, const void *logits, mixprec_dtype dtype,
+    const void *target, mixprec_dtype target_dtype,
+    const mixprec_cross_entropy_params *p, const float *stats,
+    void *grad_logits, void *grad_target);
+
+/* ------------------------------------------------------------------------ */
 /* CUDA entry points (libmixprec_cuda only)                                  */
 /* ------------------------------------------------------------------------ */
 
@@ -213,6 +276,26 @@ MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_backward(
     const int64_t *target, const mixprec_cross_entropy_params *p,
     const float *stats, const float *weight_sum, void *grad_logits,
     void *stream);
+
+/*! mixprec_cuda_cross_entropy_soft(), mixprec_cuda_cross_entropy_soft_backward() :
+ *  As the CPU entry points, on device pointers (logits, target, p->weight,
+ *  loss, stats, grad_loss, grad_logits, grad_target; p stays a host
+ *  pointer), enqueued on `stream`. `workspace` holds at least
+ *  mixprec_cuda_cross_entropy_workspace_size(p) bytes (the same scratch as
+ *  the class-index op). Same statuses as the CPU, plus
+ *  MIXPREC_ERR_BAD_ARGUMENT for a pointer not aligned to its dtype and
+ *  MIXPREC_ERR_BAD_SIZE for workspace_bytes too small or a grid too large;
+ *  reductions deterministic (fixed order, no atomics). */
+MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_soft(
+    const void *logits, mixprec_dtype dtype, const void *target,
+    mixprec_dtype target_dtype, const mixprec_cross_entropy_params *p,
+    float *loss, float *stats, void *workspace, int64_t workspace_bytes,
+    void *stream);
+MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_soft_backward(
+    const float *grad_loss, const void *logits, mixprec_dtype dtype,
+    const void *target, mixprec_dtype target_dtype,
+    const mixprec_cross_entropy_params *p, const float *stats,
+    void *grad_logits, void *grad_target, void *stream);
 
 #ifdef __cplusplus
 } /* extern "C" */
