@@ -101,6 +101,7 @@ def unscale_grads(
     want_norm: bool = False,
     read_only: bool = False,
     process_group=None,
+    per_tensor: list | None = None,
 ):
     """Unscales every grad of ``optimizer``: one fused call per device for
     all float32/float16/bfloat16 dense grads (this rank's shards of DTensor
@@ -111,12 +112,15 @@ def unscale_grads(
     fused grads get from the read-only ``grad_norm`` op.
     ``allow_fp16=False`` raises torch's ValueError on a float16 gradient
     before anything is written. ``process_group``: the ranks sharing FSDP1
-    flat parameters (default: the world)."""
+    flat parameters (default: the world). ``per_tensor``: a list that
+    receives ``(params, per-tensor norms, their reduction groups)`` of each
+    call (the overflow diagnostics of ``_amp_health``); the fused calls then
+    return their per-tensor norms (the same pass, the same grads written)."""
     per_device_inv_scale = _MultiDeviceReplicator(inv_scale)
     per_device_found_inf = _MultiDeviceReplicator(found_inf)
     # device -> [(grad, its reduction groups)]
-    fused: dict[torch.device, list[tuple[torch.Tensor, tuple]]] = defaultdict(list)
-    other: dict[torch.device, dict[torch.dtype, list[tuple[torch.Tensor, tuple]]]] = defaultdict(
+    fused: dict[torch.device, list[tuple[torch.Tensor, tuple, torch.Tensor]]] = defaultdict(list)
+    other: dict[torch.device, dict[torch.dtype, list[tuple[torch.Tensor, tuple, torch.Tensor]]]] = defaultdict(
         lambda: defaultdict(list)
     )
     parts = NormParts()
@@ -129,25 +133,28 @@ def unscale_grads(
             if grad.is_sparse:
                 if grad.dtype is torch.float16:
                     param.grad = grad = grad.coalesce()
-                other[grad.device][grad.dtype].append((grad._values(), groups))
+                other[grad.device][grad.dtype].append((grad._values(), groups, param))
             elif fusable(grad):
-                fused[grad.device].append((grad, groups))
+                fused[grad.device].append((grad, groups, param))
             else:
-                other[grad.device][grad.dtype].append((grad, groups))
+                other[grad.device][grad.dtype].append((grad, groups, param))
         for device, entries in fused.items():
-            grads = [g for g, _ in entries]
+            grads = [g for g, _, _ in entries]
             fi, inv = per_device_found_inf.get(device), per_device_inv_scale.get(device)
+            per = None
             if read_only:
-                torch.ops.mixprec.grad_norm(grads, fi, inv)
-            elif want_norm:
+                per, _ = torch.ops.mixprec.grad_norm(grads, fi, inv)
+            elif want_norm or per_tensor is not None:
                 per, total = torch.ops.mixprec.unscale_norm_(grads, fi, inv)
-                _add_norms(parts, device, entries, per, total)
+                if want_norm:
+                    _add_norms(parts, device, entries, per, total)
             else:
                 torch.ops.mixprec.unscale_(grads, fi, inv)
+            _collect(per_tensor, entries, per)
         for device, per_dtype in other.items():
             fi, inv = per_device_found_inf.get(device), per_device_inv_scale.get(device)
             for entries in per_dtype.values():
-                grads = [g for g, _ in entries]
+                grads = [g for g, _, _ in entries]
                 if grads[0].dtype is torch.bfloat16 or grads[0].dtype is torch.float16:
                     # torch's op may lack these dtypes on this device:
                     # unscale an FP32 copy and write it back rounded.
@@ -157,9 +164,11 @@ def unscale_grads(
                         g.copy_(w)
                 else:
                     torch._amp_foreach_non_finite_check_and_unscale_(grads, fi, inv)
-                if want_norm:
+                if want_norm or per_tensor is not None:
                     per = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads])
-                    _add_norms(parts, device, entries, per, torch.linalg.vector_norm(per))
+                    if want_norm:
+                        _add_norms(parts, device, entries, per, torch.linalg.vector_norm(per))
+                    _collect(per_tensor, entries, per)
     found = per_device_found_inf._per_device_tensors
     _distributed.reduce_found_inf(found, all_groups)
     return found, parts
@@ -169,7 +178,7 @@ def _add_norms(parts: NormParts, device, entries, per: torch.Tensor, total: torc
     """One fused call's norms into ``parts``: its total as it is when every
     grad is whole on this rank (the common case, bit for bit what the op
     returned), else the squared per-tensor norms per reduction key."""
-    keys = [groups for _, groups in entries]
+    keys = [groups for _, groups, _ in entries]
     if not any(keys):
         parts.add_local(device, total)
         return
@@ -184,24 +193,32 @@ def _add_norms(parts: NormParts, device, entries, per: torch.Tensor, total: torc
             parts.add_local(device, sq.sqrt())
 
 
-def grad_norms_read_only(optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor, process_group=None):
+def _collect(per_tensor: list | None, entries, per: torch.Tensor | None) -> None:
+    if per_tensor is not None and per is not None:
+        per_tensor.append(([p for _, _, p in entries], per, [groups for _, groups, _ in entries]))
+
+
+def grad_norms_read_only(
+    optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor, process_group=None, per_tensor: list | None = None
+):
     """The read-only pass of the folded clip: per-device found_inf (reduced
     over sharding ranks) and the NormParts of ``grad * inv_scale``, the
     grads untouched (all must be fusable)."""
     per_device_inv_scale = _MultiDeviceReplicator(inv_scale)
     per_device_found_inf = _MultiDeviceReplicator(found_inf)
-    entries_by_device: dict[torch.device, list[tuple[torch.Tensor, tuple]]] = defaultdict(list)
+    entries_by_device: dict[torch.device, list[tuple[torch.Tensor, tuple, torch.Tensor]]] = defaultdict(list)
     all_groups: dict = {}  # ordered: every rank reduces over the same groups in the same order
     for p, groups in _grads_with_groups(optimizer, "mixprec.amp.GradScaler.clip_grad_norm_", process_group, all_groups):
         g = local(p.grad)
-        entries_by_device[g.device].append((g, groups))
+        entries_by_device[g.device].append((g, groups, p))
     parts = NormParts()
     with torch.no_grad():
         for device, entries in entries_by_device.items():
             per, total = torch.ops.mixprec.grad_norm(
-                [g for g, _ in entries], per_device_found_inf.get(device), per_device_inv_scale.get(device)
+                [g for g, _, _ in entries], per_device_found_inf.get(device), per_device_inv_scale.get(device)
             )
             _add_norms(parts, device, entries, per, total)
+            _collect(per_tensor, entries, per)
     found = per_device_found_inf._per_device_tensors
     _distributed.reduce_found_inf(found, all_groups)
     return found, parts

@@ -16,6 +16,10 @@ keep working), with these differences:
   ``min_scale`` and ``max_scale``; the defaults reproduce torch exactly.
 * For optimizers with ``_step_supports_amp_scaling`` (torch's fused ones,
   mixprec's) nothing synchronises with the host, as in torch.
+* Overflow diagnostics (``diagnostics=True`` or ``named_parameters=``):
+  which parameters' gradients were inf/NaN, every gradient's norm, and a
+  training-health record (scale, skips, global grad norm per step, the
+  parameters that overflowed most often), from the unscale pass itself.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ import torch
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
 from . import _amp_clip, _amp_grads
+from ._amp_health import Overflow, Recorder, TrainingHealth
 from ._library import handles
 
-__all__ = ["GradScaler", "OptState", "backward_and_step"]
+__all__ = ["GradScaler", "OptState", "Overflow", "TrainingHealth", "backward_and_step"]
 
 # The scaler's methods keep Python state between calls (which optimizer was
 # unscaled, stepped; the per-device found_inf tensors). torch.compile loses
@@ -52,7 +57,17 @@ class GradScaler(torch.amp.GradScaler):
     Keyword-only extras: ``hysteresis`` (1: back off on every overflow),
     ``min_scale`` (0.0), ``max_scale`` (inf), ``process_group`` (the ranks
     that share FSDP1 flat parameters, as torch's ``ShardedGradScaler`` takes
-    it; default the world).
+    it; default the world), ``diagnostics`` (False) and
+    ``named_parameters`` (e.g. ``model.named_parameters()``; implies
+    ``diagnostics=True`` and gives the reports parameter names).
+
+    Diagnostics: every unscale pass then also returns each gradient's L2
+    norm (the fused kernel's per-tensor norms: the same single read of the
+    gradients; an inf/NaN gradient has a non-finite norm), kept on the
+    scale's device with the step's scale, skip flag and global norm, and a
+    per-parameter count of overflowing steps: no host sync until
+    ``last_overflow()``, ``last_grad_norms()`` or ``health()`` is called.
+    Each step adds a few tiny device ops; off by default.
 
     Sharded models (FSDP2 / tensor-parallel DTensor gradients, FSDP1 flat
     parameters): found_inf is reduced (MAX) over the ranks that hold shards
@@ -75,6 +90,8 @@ class GradScaler(torch.amp.GradScaler):
         min_scale: float = 0.0,
         max_scale: float = float("inf"),
         process_group=None,
+        diagnostics: bool = False,
+        named_parameters=None,
     ) -> None:
         self._device = str(device)
         self._enabled = enabled
@@ -111,6 +128,7 @@ class GradScaler(torch.amp.GradScaler):
         self._init_skipped_steps = 0
         self._skipped_steps: torch.Tensor | None = None
         self._per_optimizer_states: dict[int, dict[str, Any]] = defaultdict(_refresh_per_optimizer_state)
+        self._health = Recorder(named_parameters) if (diagnostics or named_parameters is not None) else None
 
     # ------------------------------------------------------------ state ----
     def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
@@ -145,12 +163,14 @@ class GradScaler(torch.amp.GradScaler):
         allow_fp16: bool,
         want_norm: bool = False,
         read_only: bool = False,
+        per_tensor: list | None = None,
     ):
         """torch's hook (its ``_unscale_grads_`` returns the per-device
         found_inf dict); mixprec's returns the per-device norms too."""
         return _amp_grads.unscale_grads(
             optimizer, inv_scale, found_inf, allow_fp16=allow_fp16, want_norm=want_norm, read_only=read_only,
             process_group=self._process_group,
+            per_tensor=per_tensor,
         )
 
     @_eager
@@ -179,7 +199,11 @@ class GradScaler(torch.amp.GradScaler):
         inv_scale = self._scale.double().reciprocal().float()
         found_inf = torch.full((), 0.0, dtype=torch.float32, device=self._scale.device)
         allow_fp16 = _amp_grads.accepts_fp16_grads(optimizer)
-        found, norms = self._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16, want_norm=return_norm)
+        per_tensor = [] if self._health is not None else None
+        found, norms = self._unscale_grads_(
+            optimizer, inv_scale, found_inf, allow_fp16, want_norm=return_norm, per_tensor=per_tensor
+        )
+        self._record(optimizer, per_tensor)
         optimizer_state["found_inf_per_device"] = found
         optimizer_state["stage"] = OptState.UNSCALED
         if not return_norm:
@@ -254,7 +278,11 @@ class GradScaler(torch.amp.GradScaler):
         assert self._scale is not None
         inv_scale = self._scale.double().reciprocal().float()
         found_inf = torch.full((), 0.0, dtype=torch.float32, device=self._scale.device)
-        found, norms = _amp_grads.grad_norms_read_only(optimizer, inv_scale, found_inf, self._process_group)
+        per_tensor = [] if self._health is not None else None
+        found, norms = _amp_grads.grad_norms_read_only(
+            optimizer, inv_scale, found_inf, self._process_group, per_tensor=per_tensor
+        )
+        self._record(optimizer, per_tensor)
         total = norms.total(self._scale.device)
         _amp_clip.check_finite(total, error_if_nonfinite)
         # step() hands this to the optimizer as its grad_scale (the UNSCALED
@@ -331,7 +359,12 @@ class GradScaler(torch.amp.GradScaler):
         found_inf = torch.full((), 0.0, dtype=torch.float32, device=_scale.device)
         # torch multiplies every grad by 1.0 in place here; the fused grads
         # are only read.
-        found, _ = self._unscale_grads_(optimizer, dummy_inv_scale, found_inf, True, read_only=True)
+        per_tensor = [] if self._health is not None else None
+        found, _ = self._unscale_grads_(
+            optimizer, dummy_inv_scale, found_inf, True, read_only=True, per_tensor=per_tensor
+        )
+        # The check ran with inv_scale 1: its norms are of the scaled grads.
+        self._record(optimizer, per_tensor, factor=_scale.double().reciprocal())
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found
         return found
 
@@ -370,6 +403,8 @@ class GradScaler(torch.amp.GradScaler):
             found_inf_combined = found_infs[0]
             for extra in found_infs[1:]:
                 found_inf_combined = found_inf_combined + extra
+            if self._health is not None:
+                self._health.end_step(_scale, found_inf_combined)
             assert self._hysteresis_tracker is not None and self._skipped_steps is not None
             if handles(_scale.device):
                 torch.ops.mixprec.update_scale_ex_(
@@ -400,6 +435,42 @@ class GradScaler(torch.amp.GradScaler):
         torch._amp_update_scale_(
             scale, tracker, found_inf, self._growth_factor, self._backoff_factor, self._growth_interval
         )
+
+    # -------------------------------------------------------- diagnostics ----
+    def _record(self, optimizer, per_tensor, factor: torch.Tensor | None = None) -> None:
+        if self._health is not None and per_tensor:
+            assert self._scale is not None
+            self._health.record(optimizer, per_tensor, self._scale.device, factor)
+
+    def _diagnostics(self, what: str) -> Recorder:
+        if self._health is None:
+            raise RuntimeError(
+                f"mixprec.amp.GradScaler.{what}: diagnostics are off; construct the scaler with "
+                "diagnostics=True or named_parameters=model.named_parameters()"
+            )
+        return self._health
+
+    def last_overflow(self) -> list[Overflow]:
+        """The parameters whose gradients had an inf or NaN in the latest
+        unscale pass (this iteration's if it has been unscaled, else the
+        last step's), each as ``Overflow(index, name, grad_norm)``: its
+        position in its optimizer's parameters, its name (``named_parameters``)
+        or ``str(index)``, and its unscaled gradient's L2 norm (inf or nan).
+        Empty when nothing overflowed. Synchronises once."""
+        return self._diagnostics("last_overflow").last_overflow()
+
+    def last_grad_norms(self) -> dict[str, float]:
+        """Every parameter's unscaled gradient L2 norm from the latest
+        unscale pass, by name (see ``last_overflow``). Synchronises once."""
+        return self._diagnostics("last_grad_norms").last_grad_norms()
+
+    def health(self) -> TrainingHealth:
+        """The record of every ``update()`` so far: the scale each step ran
+        with, whether it was skipped, the global gradient norm (unscaled,
+        before clipping; nan for a step without an unscale pass), and how
+        many steps each parameter's gradient overflowed in (most first).
+        ``print()`` it for a summary. Synchronises once."""
+        return self._diagnostics("health").health()
 
     # ------------------------------------------------------ persistence ----
     def _get_hysteresis_tracker(self) -> int:
