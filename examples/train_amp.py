@@ -83,27 +83,34 @@ class SmallCNN(torch.nn.Module):
 
 
 class Progress:
-    """A one-line progress bar per run: redrawn in place on a terminal, a
-    few plain lines otherwise (logs, CI)."""
+    """A progress bar per run (tqdm) on a terminal; a few plain lines
+    otherwise (logs, CI), where a redrawn bar is noise."""
 
-    def __init__(self, name, total, width=30):
-        self.name, self.total, self.width = name, total, width
-        self.tty = sys.stdout.isatty()
+    def __init__(self, name, total):
+        self.name, self.total = name, total
         self.t0 = time.perf_counter()
-        self.last_pct = -1
+        self.done, self.last_quarter, self.bar = 0, -1, None
+        if sys.stdout.isatty():
+            from tqdm import tqdm  # scripts/requirements.txt; only needed on a terminal
+
+            self.bar = tqdm(total=total, desc=f"  {name:<11}", unit="step", file=sys.stdout,
+                            dynamic_ncols=True, leave=True,
+                            bar_format="{desc}{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
 
     def update(self, done, loss):
-        pct = 100 * done // self.total
-        if not self.tty and pct // 25 == self.last_pct // 25 and done != self.total:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
+            self.bar.update(done - self.done)
+            self.done = done
+            if done >= self.total:
+                self.bar.close()
             return
-        self.last_pct = pct
-        filled = self.width * done // self.total
-        bar = "#" * filled + "." * (self.width - filled)
-        line = f"  {self.name:<11}[{bar}] {pct:3d}%  step {done}/{self.total}  loss {loss:.4f}  {time.perf_counter() - self.t0:5.1f}s"
-        if self.tty:
-            print("\r" + line, end="" if done != self.total else "\n", flush=True)
-        else:
-            print(line, flush=True)
+        quarter = 4 * done // self.total
+        if quarter == self.last_quarter and done != self.total:
+            return
+        self.last_quarter = quarter
+        print(f"  {self.name:<11}{100 * done // self.total:3d}%  step {done}/{self.total}  loss {loss:.4f}"
+              f"  {time.perf_counter() - self.t0:5.1f}s", flush=True)
 
 
 def tensor_bytes(tensors):
@@ -161,7 +168,11 @@ def train(mode, init_state, data, epochs, device, seed=0, batch=64, clip=1.0, lr
             # FP32 math from the half logits, no FP32 copy of them.
             return mixprec.ops.cross_entropy(logits, y)
 
-    scaler = mixprec.amp.GradScaler(device.type, enabled=amp_dtype is not None)
+    # named_parameters: overflow diagnostics and a health record (scale, skips,
+    # grad norms) from the unscale pass itself.
+    scaler = mixprec.amp.GradScaler(device.type, enabled=amp_dtype is not None,
+                                    named_parameters=model.named_parameters() if amp_dtype is not None else None)
+    fp32_norms = []
     n_batches = (len(xtr) + batch - 1) // batch
     bar = Progress(f"{mode} s{seed}", epochs * n_batches)
     steps, losses = 0, []
@@ -178,7 +189,7 @@ def train(mode, init_state, data, epochs, device, seed=0, batch=64, clip=1.0, lr
             if amp_dtype is not None:
                 scaler.clip_grad_norm_(opt, clip)  # norm from the unscale pass
             else:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                fp32_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
             scaler.step(opt)
             scaler.update()
             losses.append(loss.detach().float())
@@ -202,6 +213,8 @@ def train(mode, init_state, data, epochs, device, seed=0, batch=64, clip=1.0, lr
         "final_loss": float(torch.stack(losses[-10:]).mean()),
         "scale": scaler.get_scale() if amp_dtype is not None else None,
         "skipped": scaler.get_skipped_steps() if amp_dtype is not None else 0,
+        "health": scaler.health() if amp_dtype is not None else None,
+        "grad_norms": scaler.health().grad_norm if amp_dtype is not None else torch.stack(fp32_norms).tolist(),
         "state_mb": mem_state / 2**20,
         "act_mb": mem_act / 2**20,
         "n_params": sum(p.numel() for p in model.parameters()),
@@ -223,6 +236,7 @@ def aggregate(seeds, fp32_seeds):
     r["steps_per_s"] = sum(x["steps_per_s"] for x in seeds) / n
     r["scale"] = seeds[-1]["scale"]
     r["skipped"] = sum(x["skipped"] for x in seeds)
+    # scale, grad-norm and health curves: the first seed's (r = seeds[0])
     return r
 
 
@@ -232,7 +246,7 @@ def write_plot(results, path, steps_per_epoch):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    fig, (ax, ax_scale, ax_norm) = plt.subplots(1, 3, figsize=(16, 4.2), dpi=100)
     k = max(1, steps_per_epoch // 4)
     for r in results:
         ls = torch.tensor(r["losses"])
@@ -247,6 +261,31 @@ def write_plot(results, path, steps_per_epoch):
     ax.set_title("Digits CNN: FP32 vs mixed precision with mixprec")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
+    # Beside it, from GradScaler.health() (first seed): the loss scale (skipped
+    # steps marked) and the global gradient norm before clipping.
+    for i, r in enumerate(results):
+        color = f"C{i}"
+        x = (torch.arange(len(r["grad_norms"])) / steps_per_epoch).tolist()
+        ax_norm.plot(x, r["grad_norms"], color=color, lw=0.8, alpha=0.8, label=r["mode"])
+        h = r.get("health")
+        if h is not None and h.steps:
+            ax_scale.step(x[: h.steps], h.scale, where="post", color=color, lw=1.2, label=r["mode"])
+            skipped = [(xi, s) for xi, s, sk in zip(x, h.scale, h.skipped) if sk]
+            if skipped:
+                ax_scale.plot(*zip(*skipped), "x", color=color, ms=5)
+    ax_scale.set_yscale("log", base=2)
+    ax_scale.set_xlabel("epoch")
+    ax_scale.set_ylabel("loss scale (x = skipped step)", fontsize=8)
+    ax_scale.set_title("GradScaler: loss scale")
+    ax_scale.grid(True, which="both", alpha=0.3)
+    if ax_scale.has_data():
+        ax_scale.legend()
+    ax_norm.set_yscale("log")
+    ax_norm.set_xlabel("epoch")
+    ax_norm.set_ylabel("global grad norm before clipping", fontsize=8)
+    ax_norm.set_title("gradient norm (from the unscale pass)")
+    ax_norm.grid(True, which="both", alpha=0.3)
+    ax_norm.legend()
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -426,6 +465,9 @@ def main(argv=None):
                   f"with {100 * (1 - r['state_mb'] / results[0]['state_mb']):.0f}% less training-state memory")
     print("state MB = parameters + gradients + optimizer state (FP32 masters included); activ. MB = tensors\n"
           "saved for backward by one batch of 64. Loss scale starts at 65536; skipped = overflowing steps.")
+    for r in results:
+        if r["mode"] == "fp16" and r["health"] is not None:
+            print(f"fp16 (seed 0), GradScaler(named_parameters=...).health():\n{r['health']}")
     if device.type == "cpu":
         print("On a CPU without native BF16/FP16 arithmetic torch's half-precision convolutions are slower\n"
               "than FP32: steps/s here measure torch's kernels, not mixprec's. Speed-ups show on GPUs.")

@@ -34,6 +34,13 @@ def test_demo_quick_mode(capsys, tmp_path):
     # Same bytes with FP32 masters; a quarter less without them.
     assert abs(by["bf16"]["state_mb"] - by["fp32"]["state_mb"]) < 1e-6
     assert abs(by["bf16-sr"]["state_mb"] / by["fp32"]["state_mb"] - 0.75) < 1e-3
+    # The FP16 run's health record (GradScaler(named_parameters=...)): one entry
+    # per step, its skips the scaler's count; printed as a summary.
+    h = by["fp16"]["health"]
+    assert h.steps == len(by["fp16"]["losses"]) and h.skipped_steps == by["fp16"]["skipped"]
+    assert h.scale[0] == 65536.0 and all(n > 0 for n, sk in zip(h.grad_norm, h.skipped) if not sk)
+    assert "fp16 (seed 0)" in out and "training health over" in out
+    assert len(by["fp32"]["grad_norms"]) == len(by["fp32"]["losses"])
     assert "vs fp32" in out and "parity" in out
     # A valid PNG, of a sensible size.
     data = plot.read_bytes()
