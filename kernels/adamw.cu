@@ -28,6 +28,7 @@ struct mixprec__adamw_k {
   mixprec__adamw_hyper h;
   uint64_t sr_seed;
   bool unscale; /* unscale_grads with a grad_scale */
+  mixprec__ema_hyper eh; /* the EMA's decay formula (the buffers are packed per group) */
 };
 
 /* One element: the formulas of adamw_range in c_ops/src/adamw.c. s0 is
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(MIXPREC__OPT_CU_THREADS)
     const int64_t begin = (c - a.chunk_start[t]) * MIXPREC__OPT_CU_CHUNK;
     const int64_t left = a.numel[t] - begin;
     const int n = left < MIXPREC__OPT_CU_CHUNK ? (int)left : MIXPREC__OPT_CU_CHUNK;
-    mixprec__opt_span_dispatch(a, t, begin, n, true, k.unscale, k.sr_seed, op);
+    mixprec__opt_span_dispatch(a, t, begin, n, true, k.unscale, k.sr_seed, k.eh, op);
     __syncthreads(); /* the next chunk's scalars overwrite these */
   }
 }
@@ -114,9 +115,9 @@ __global__ void __launch_bounds__(MIXPREC__OPT_CU_THREADS)
 template <int CAP>
 static mixprec_status mixprec__adamw_group(const mixprec_opt_tensor *list, int64_t first,
                                            int count, const mixprec__adamw_k &k,
-                                           cudaStream_t stream) {
+                                           const mixprec_ema_params *ema, cudaStream_t stream) {
   mixprec__opt_args<CAP> a;
-  const int64_t n_chunks = mixprec__opt_pack<CAP>(list, first, count, 1, 1, k.h.amsgrad, &a);
+  const int64_t n_chunks = mixprec__opt_pack<CAP>(list, first, count, 1, 1, k.h.amsgrad, ema, &a);
   if (n_chunks == 0) return MIXPREC_OK;
   const unsigned grid =
       (unsigned)(n_chunks < MIXPREC__MAX_GRID ? n_chunks : MIXPREC__MAX_GRID);
@@ -130,7 +131,7 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_adamw_step(const mixprec_opt_
                                                               void *stream) {
   mixprec_status st = mixprec__adamw_check(list, n, p);
   if (st != MIXPREC_OK) return st;
-  st = mixprec__opt_check_alignment(list, n, 1, 1, p->amsgrad != 0);
+  st = mixprec__opt_check_alignment(list, n, 1, 1, p->amsgrad != 0, &p->ema);
   if (st != MIXPREC_OK) return st;
   if (n == 0) return MIXPREC_OK;
 
@@ -150,10 +151,11 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_adamw_step(const mixprec_opt_
   k.h = mixprec__adamw_hyper_of(p);
   k.sr_seed = p->sr_seed;
   k.unscale = p->grad_scale != NULL && p->unscale_grads != 0;
+  k.eh = mixprec__ema_hyper_of(&p->ema);
 
   cudaStream_t s = (cudaStream_t)stream;
   st = mixprec__opt_for_groups(n, [&](auto cap, int64_t first, int count) {
-    return mixprec__adamw_group<decltype(cap)::value>(list, first, count, k, s);
+    return mixprec__adamw_group<decltype(cap)::value>(list, first, count, k, &p->ema, s);
   });
   if (st == MIXPREC_OK) st = mixprec__opt_advance(steps, n_steps, p->found_inf, s);
   free(steps);

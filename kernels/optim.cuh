@@ -38,11 +38,14 @@
  * buffers the step will touch. */
 MIXPREC__INLINE mixprec_status mixprec__opt_check_alignment(const mixprec_opt_tensor *list,
                                                           int64_t n, int use_m, int use_v,
-                                                          int use_vmax) {
+                                                          int use_vmax,
+                                                          const mixprec_ema_params *ema) {
   for (int64_t i = 0; i < n; i++) {
     const mixprec_opt_tensor *t = &list[i];
     if (t->step && (uintptr_t)t->step % 4 != 0) return MIXPREC_ERR_BAD_ARGUMENT;
     if (t->numel == 0) continue;
+    const float *e = mixprec__ema_buf(ema, i);
+    if (e && (uintptr_t)e % 4 != 0) return MIXPREC_ERR_BAD_ARGUMENT;
     const uintptr_t pa = (uintptr_t)mixprec_dtype_size(t->param_dtype);
     const uintptr_t ga = (uintptr_t)mixprec_dtype_size(t->grad_dtype);
     if ((uintptr_t)t->param % pa != 0 || (uintptr_t)t->grad % ga != 0 ||
@@ -155,6 +158,7 @@ struct mixprec__opt_args {
   float *s1[CAP];
   float *s2[CAP];
   const float *step[CAP];
+  float *ema[CAP]; /* the EMA buffer, NULL: none */
   int64_t numel[CAP];
   int64_t chunk_start[CAP + 1];
   int64_t first_index;
@@ -173,7 +177,7 @@ static_assert(sizeof(mixprec__opt_args<MIXPREC__OPT_CAP_LARGE>) + 256 <= MIXPREC
 template <int CAP>
 static int64_t mixprec__opt_pack(const mixprec_opt_tensor *list, int64_t first, int count,
                                  int use_s0, int use_s1, int use_s2,
-                                 mixprec__opt_args<CAP> *a) {
+                                 const mixprec_ema_params *ema, mixprec__opt_args<CAP> *a) {
   memset(a, 0, sizeof *a);
   int64_t chunks = 0;
   for (int i = 0; i < count; i++) {
@@ -187,6 +191,7 @@ static int64_t mixprec__opt_pack(const mixprec_opt_tensor *list, int64_t first, 
     a->s1[i] = use_s1 ? t->exp_avg_sq : NULL;
     a->s2[i] = use_s2 ? t->max_exp_avg_sq : NULL;
     a->step[i] = t->step;
+    a->ema[i] = mixprec__ema_buf(ema, first + i);
     a->numel[i] = t->numel;
     a->chunk_start[i] = chunks;
     chunks += mixprec__mta_chunks(t->numel, MIXPREC__OPT_CU_CHUNK);
@@ -197,7 +202,7 @@ static int64_t mixprec__opt_pack(const mixprec_opt_tensor *list, int64_t first, 
     int aligned = (uintptr_t)a->p32[i] % f4 == 0 && (uintptr_t)t->grad % ga == 0 &&
                   (!half || (uintptr_t)t->param % h4 == 0) &&
                   (uintptr_t)a->s0[i] % f4 == 0 && (uintptr_t)a->s1[i] % f4 == 0 &&
-                  (uintptr_t)a->s2[i] % f4 == 0;
+                  (uintptr_t)a->s2[i] % f4 == 0 && (uintptr_t)a->ema[i] % f4 == 0;
     a->kind[i] = (uint8_t)((unsigned)t->param_dtype | ((unsigned)t->grad_dtype << 2) |
                            (aligned ? MIXPREC__OPT_ALIGNED : 0) | (sr ? MIXPREC__OPT_SR : 0));
   }
@@ -305,6 +310,7 @@ struct mixprec__opt_span_ptrs {
   void *half;
   const void *grad;
   float *s0, *s1, *s2;
+  float *ema; /* NULL: no EMA update in this chunk */
 };
 
 template <int CAP>
@@ -319,6 +325,7 @@ MIXPREC__DEVICE mixprec__opt_span_ptrs mixprec__opt_span_at(const mixprec__opt_a
   s.s0 = a.s0[t] ? a.s0[t] + begin : NULL;
   s.s1 = a.s1[t] ? a.s1[t] + begin : NULL;
   s.s2 = a.s2[t] ? a.s2[t] + begin : NULL;
+  s.ema = a.ema[t] ? a.ema[t] + begin : NULL;
   (void)pd;
   return s;
 }
@@ -349,7 +356,7 @@ MIXPREC__DEVICE void mixprec__opt_st4g(const void *grad, int64_t i, const float 
 template <int PD, int GD, bool ALIGNED, bool SR, typename Op>
 MIXPREC__DEVICE void mixprec__opt_span(const mixprec__opt_span_ptrs &s, int n, int tail_from,
                                        bool read_s0, bool write_g, uint32_t key, int64_t begin,
-                                       const Op &op) {
+                                       mixprec__ema_w ew, const Op &op) {
   static_assert(!SR || PD == MIXPREC_BF16, "stochastic rounding is for BF16 params only");
   constexpr int T = MIXPREC__OPT_CU_THREADS;
   constexpr int V = MIXPREC__OPT_CU_VEC;
@@ -375,6 +382,13 @@ MIXPREC__DEVICE void mixprec__opt_span(const mixprec__opt_span_ptrs &s, int n, i
       if (s.s0) mixprec__opt_st4f(s.s0, i, a0);
       if (s.s1) mixprec__opt_st4f(s.s1, i, a1);
       if (s.s2) mixprec__opt_st4f(s.s2, i, a2);
+      if (s.ema) {
+        float e[V];
+        mixprec__opt_ld4<MIXPREC_F32>(s.ema, i, e);
+#pragma unroll
+        for (int k = 0; k < V; k++) e[k] = mixprec__ema_lerp(e[k], p[k], ew);
+        mixprec__opt_st4f(s.ema, i, e);
+      }
       if constexpr (SR) {
         mixprec__opt_st4sr(s.half, i, key, begin + i, p);
       } else {
@@ -401,6 +415,7 @@ MIXPREC__DEVICE void mixprec__opt_span(const mixprec__opt_span_ptrs &s, int n, i
     if (s.s0) s.s0[i] = a0;
     if (s.s1) s.s1[i] = a1;
     if (s.s2) s.s2[i] = a2;
+    if (s.ema) s.ema[i] = mixprec__ema_lerp(s.ema[i], p, ew);
     if constexpr (SR) {
       ((uint16_t *)s.half)[i] = mixprec__f32_to_bf16_sr(p, mixprec__sr_bits(key, begin + i));
     } else {
@@ -416,17 +431,17 @@ template <bool ALIGNED, typename Op>
 MIXPREC__DEVICE void mixprec__opt_span_dispatch2(int pd, int gd, bool sr,
                                                  const mixprec__opt_span_ptrs &s, int n, int tf,
                                                  bool read_s0, bool write_g, uint32_t key,
-                                                 int64_t begin, const Op &op) {
+                                                 int64_t begin, mixprec__ema_w ew, const Op &op) {
 #define MIXPREC__OPT_G(PD, SR)                                                              \
   switch (gd) {                                                                             \
     case MIXPREC_F32:                                                                       \
-      mixprec__opt_span<PD, MIXPREC_F32, ALIGNED, SR>(s, n, tf, read_s0, write_g, key, begin, op);  \
+      mixprec__opt_span<PD, MIXPREC_F32, ALIGNED, SR>(s, n, tf, read_s0, write_g, key, begin, ew, op);  \
       break;                                                                                \
     case MIXPREC_F16:                                                                       \
-      mixprec__opt_span<PD, MIXPREC_F16, ALIGNED, SR>(s, n, tf, read_s0, write_g, key, begin, op);  \
+      mixprec__opt_span<PD, MIXPREC_F16, ALIGNED, SR>(s, n, tf, read_s0, write_g, key, begin, ew, op);  \
       break;                                                                                \
     default:                                                                                \
-      mixprec__opt_span<PD, MIXPREC_BF16, ALIGNED, SR>(s, n, tf, read_s0, write_g, key, begin, op); \
+      mixprec__opt_span<PD, MIXPREC_BF16, ALIGNED, SR>(s, n, tf, read_s0, write_g, key, begin, ew, op); \
       break;                                                                                \
   }
   switch (pd) {
@@ -446,8 +461,14 @@ MIXPREC__DEVICE void mixprec__opt_span_dispatch2(int pd, int gd, bool sr,
 template <int CAP, typename Op>
 MIXPREC__DEVICE void mixprec__opt_span_dispatch(const mixprec__opt_args<CAP> &a, int t,
                                                 int64_t begin, int n, bool read_s0,
-                                                bool write_g, uint64_t sr_seed, const Op &op) {
-  const mixprec__opt_span_ptrs s = mixprec__opt_span_at(a, t, begin);
+                                                bool write_g, uint64_t sr_seed,
+                                                const mixprec__ema_hyper &eh, const Op &op) {
+  mixprec__opt_span_ptrs s = mixprec__opt_span_at(a, t, begin);
+  /* The EMA's weight at the count after this step (as the CPU: a double
+   * formula of the float count); not an update step: the buffer is left
+   * alone. Every thread computes it (the same value): no shared memory. */
+  mixprec__ema_w ew = {0.0f, 0.0f, 1};
+  if (s.ema && !mixprec__ema_weight_at(&eh, __fadd_rn(*a.step[t], 1.0f), &ew)) s.ema = NULL;
   const int pd = a.kind[t] & 3, gd = (a.kind[t] >> 2) & 3;
   /* torch's tail starts at numel - numel % 8, here relative to the chunk and
    * clamped to [0, n] (chunk sizes are multiples of 8). */
@@ -460,9 +481,9 @@ MIXPREC__DEVICE void mixprec__opt_span_dispatch(const mixprec__opt_args<CAP> &a,
       sr ? mixprec__sr_key(sr_seed, (uint64_t)(a.first_index + t), __fadd_rn(*a.step[t], 1.0f))
          : 0u;
   if (a.kind[t] & MIXPREC__OPT_ALIGNED)
-    mixprec__opt_span_dispatch2<true>(pd, gd, sr, s, n, tf, read_s0, write_g, key, begin, op);
+    mixprec__opt_span_dispatch2<true>(pd, gd, sr, s, n, tf, read_s0, write_g, key, begin, ew, op);
   else
-    mixprec__opt_span_dispatch2<false>(pd, gd, sr, s, n, tf, read_s0, write_g, key, begin, op);
+    mixprec__opt_span_dispatch2<false>(pd, gd, sr, s, n, tf, read_s0, write_g, key, begin, ew, op);
 }
 
 /* Nonzero when the step must be skipped: *found_inf is nonzero or NaN. */

@@ -20,6 +20,7 @@ struct mixprec__sgd_k {
   int first_step;
   uint64_t sr_seed;
   bool unscale; /* unscale_grads with a grad_scale */
+  mixprec__ema_hyper eh; /* the EMA's decay formula (the buffers are packed per group) */
 };
 
 /* One element: the formulas of sgd_range in c_ops/src/sgd.c. s0 is the
@@ -73,16 +74,16 @@ __global__ void __launch_bounds__(MIXPREC__OPT_CU_THREADS)
     const int64_t begin = (c - a.chunk_start[t]) * MIXPREC__OPT_CU_CHUNK;
     const int64_t left = a.numel[t] - begin;
     const int n = left < MIXPREC__OPT_CU_CHUNK ? (int)left : MIXPREC__OPT_CU_CHUNK;
-    mixprec__opt_span_dispatch(a, t, begin, n, !op.first, k.unscale, k.sr_seed, op);
+    mixprec__opt_span_dispatch(a, t, begin, n, !op.first, k.unscale, k.sr_seed, k.eh, op);
   }
 }
 
 template <int CAP>
 static mixprec_status mixprec__sgd_group(const mixprec_opt_tensor *list, int64_t first,
                                          int count, const mixprec__sgd_k &k,
-                                         cudaStream_t stream) {
+                                         const mixprec_ema_params *ema, cudaStream_t stream) {
   mixprec__opt_args<CAP> a;
-  const int64_t n_chunks = mixprec__opt_pack<CAP>(list, first, count, k.h.momentum_on, 0, 0, &a);
+  const int64_t n_chunks = mixprec__opt_pack<CAP>(list, first, count, k.h.momentum_on, 0, 0, ema, &a);
   if (n_chunks == 0) return MIXPREC_OK;
   const unsigned grid =
       (unsigned)(n_chunks < MIXPREC__MAX_GRID ? n_chunks : MIXPREC__MAX_GRID);
@@ -96,7 +97,7 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_sgd_step(const mixprec_opt_te
                                                             void *stream) {
   mixprec_status st = mixprec__sgd_check(list, n, p);
   if (st != MIXPREC_OK) return st;
-  st = mixprec__opt_check_alignment(list, n, p->momentum != 0.0, 0, 0);
+  st = mixprec__opt_check_alignment(list, n, p->momentum != 0.0, 0, 0, &p->ema);
   if (st != MIXPREC_OK) return st;
   if (n == 0) return MIXPREC_OK;
 
@@ -113,10 +114,11 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_sgd_step(const mixprec_opt_te
   k.sr_seed = p->sr_seed;
   k.first_step = p->first_step != 0;
   k.unscale = p->grad_scale != NULL && p->unscale_grads != 0;
+  k.eh = mixprec__ema_hyper_of(&p->ema);
 
   cudaStream_t s = (cudaStream_t)stream;
   st = mixprec__opt_for_groups(n, [&](auto cap, int64_t first, int count) {
-    return mixprec__sgd_group<decltype(cap)::value>(list, first, count, k, s);
+    return mixprec__sgd_group<decltype(cap)::value>(list, first, count, k, &p->ema, s);
   });
   if (st == MIXPREC_OK) st = mixprec__opt_advance(steps, n_steps, p->found_inf, s);
   free(steps);

@@ -36,18 +36,31 @@ STABLE_TORCH_LIBRARY_FRAGMENT(mixprec, m) {
   // grad_scale in its dtype (what torch's fused optimizers leave in p.grad);
   // params, masters and state are the same either way. grads is declared
   // mutable (g!) for that path; with unscale_grads=False it is not written.
+  // emas (empty: none): one float32 EMA buffer per param, moved toward the
+  // new FP32 weights in the same pass, ema.lerp_(w, 1 - decay) with timm
+  // ModelEmaV3's decay (ema_decay, ema_min_decay, ema_use_warmup,
+  // ema_warmup_gamma, ema_warmup_power, ema_update_after_step) at the
+  // param's step count after the step, on steps that are multiples of
+  // ema_update_every; a skipped step writes none (mixprec_ema_params).
   m.def(
       "adamw_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] masters,"
       " Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs,"
       " Tensor(f!)[] steps, float lr, float beta1, float beta2, float weight_decay,"
       " float eps, bool amsgrad, bool maximize, Tensor? lr_tensor, Tensor? grad_scale,"
-      " Tensor? found_inf, int sr_seed=0, bool unscale_grads=False) -> ()");
+      " Tensor? found_inf, int sr_seed=0,"
+      " bool unscale_grads=False, Tensor(h!)[]? emas=None, float ema_decay=0.9999,"
+      " float ema_min_decay=0., bool ema_use_warmup=False, float ema_warmup_gamma=1.,"
+      " float ema_warmup_power=0.66666666666666663, int ema_update_after_step=0,"
+      " int ema_update_every=1) -> ()");
   m.def(
       "sgd_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] masters,"
       " Tensor(c!)[] momentum_buffers, Tensor(d!)[] steps, float lr, float momentum,"
       " float dampening, float weight_decay, bool nesterov, bool maximize,"
       " Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf, int sr_seed=0,"
-      " bool unscale_grads=False) -> ()");
+      " bool unscale_grads=False, Tensor(h!)[]? emas=None, float ema_decay=0.9999,"
+      " float ema_min_decay=0., bool ema_use_warmup=False, float ema_warmup_gamma=1.,"
+      " float ema_warmup_power=0.66666666666666663, int ema_update_after_step=0,"
+      " int ema_update_every=1) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {

@@ -22,6 +22,7 @@ struct OptArgs {
   const float* lr_tensor;   // null when absent
   const float* grad_scale;  // null when absent
   const float* found_inf;   // null when absent
+  std::vector<float*> emas; // one per param when the step keeps an EMA, else empty
 };
 
 inline bool same_layout(const Tensor& a, const Tensor& b) {
@@ -66,7 +67,8 @@ inline OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
                         int n_states, const std::vector<Tensor>& steps,
                         const std::optional<Tensor>& lr_tensor,
                         const std::optional<Tensor>& grad_scale,
-                        const std::optional<Tensor>& found_inf) {
+                        const std::optional<Tensor>& found_inf,
+                        const std::vector<Tensor>& emas) {
   OptArgs a;
   const size_t n = params.size();
   MIXPREC_CHECK(n > 0, "mixprec::", op, ": params must be a non-empty list of tensors");
@@ -79,6 +81,8 @@ inline OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
   for (int k = 0; k < n_states; k++)
     MIXPREC_CHECK(states[k]->empty() || states[k]->size() == n, "mixprec::", op, ": ",
                     state_names[k], " has ", states[k]->size(), " tensors but params has ", n);
+  MIXPREC_CHECK(emas.empty() || emas.size() == n, "mixprec::", op, ": emas has ", emas.size(),
+                  " tensors but params has ", n);
   a.device = where(params[0]);
   a.list.resize(n);
   for (size_t i = 0; i < n; i++) {
@@ -133,6 +137,13 @@ inline OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
     MIXPREC_CHECK(where(st) == a.device, "mixprec::", op, ": steps[", i, "] is on ",
                     describe(where(st)), " but params[", i, "] is on ", describe(a.device));
     d.step = static_cast<float*>(st.data_ptr());
+    if (!emas.empty()) {
+      const Tensor& e = emas[i];
+      check_companion(op, "emas", i, e, p, a.device);
+      MIXPREC_CHECK(e.scalar_type() == ScalarType::Float, "mixprec::", op, ": emas[", i,
+                      "] must be float32, got ", dtype_name(e.scalar_type()));
+      a.emas.push_back(d.numel ? static_cast<float*>(e.data_ptr()) : nullptr);
+    }
   }
   const std::optional<Tensor>* scalars[3] = {&lr_tensor, &grad_scale, &found_inf};
   const char* scalar_names[3] = {"lr", "grad_scale", "found_inf"};
@@ -156,6 +167,7 @@ inline OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
   for (int k = 0; k < n_states; k++)
     for (size_t i = 0; i < states[k]->size(); i++)
       add_span(spans, (*states[k])[i], state_names[k], (int64_t)i);
+  for (size_t i = 0; i < emas.size(); i++) add_span(spans, emas[i], "emas", (int64_t)i);
   check_disjoint(op, std::move(spans));
   return a;
 }
@@ -168,6 +180,37 @@ inline void check_hyper(const char* op, const char* name, double v, bool ok, con
 }
 inline bool finite_ge0(double v) { return std::isfinite(v) && v >= 0.0; }
 
+// The EMA arguments (mixprec_ema_params), checked with names when an EMA is
+// kept; its buffers point into a.emas, which outlives the step.
+inline mixprec_ema_params ema_params(const char* op, const OptArgs& a, double decay,
+                                     double min_decay, bool use_warmup, double warmup_gamma,
+                                     double warmup_power, int64_t update_after_step,
+                                     int64_t update_every) {
+  mixprec_ema_params e = mixprec_adamw_params_default().ema;
+  if (a.emas.empty()) return e;
+  check_hyper(op, "ema_decay", decay, decay >= 0.0 && decay <= 1.0, "in [0, 1]");
+  check_hyper(op, "ema_min_decay", min_decay, min_decay >= 0.0 && min_decay <= 1.0, "in [0, 1]");
+  if (use_warmup) {
+    check_hyper(op, "ema_warmup_gamma", warmup_gamma,
+                std::isfinite(warmup_gamma) && warmup_gamma > 0.0, "finite and > 0");
+    check_hyper(op, "ema_warmup_power", warmup_power,
+                std::isfinite(warmup_power) && warmup_power > 0.0, "finite and > 0");
+  }
+  MIXPREC_CHECK(update_after_step >= 0, "mixprec::", op, ": ema_update_after_step must be >= 0, got ",
+                update_after_step);
+  MIXPREC_CHECK(update_every >= 1, "mixprec::", op, ": ema_update_every must be >= 1, got ",
+                update_every);
+  e.bufs = a.emas.data();
+  e.decay = decay;
+  e.min_decay = min_decay;
+  e.use_warmup = use_warmup;
+  e.warmup_gamma = warmup_gamma;
+  e.warmup_power = warmup_power;
+  e.update_after_step = update_after_step;
+  e.update_every = update_every;
+  return e;
+}
+
 template <class B>
 void adamw_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
                    std::vector<Tensor> masters, std::vector<Tensor> exp_avgs,
@@ -175,7 +218,10 @@ void adamw_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
                    std::vector<Tensor> steps, double lr, double beta1, double beta2,
                    double weight_decay, double eps, bool amsgrad, bool maximize,
                    std::optional<Tensor> lr_tensor, std::optional<Tensor> grad_scale,
-                   std::optional<Tensor> found_inf, int64_t sr_seed, bool unscale_grads) {
+                   std::optional<Tensor> found_inf, int64_t sr_seed, bool unscale_grads,
+                   std::optional<std::vector<Tensor>> emas, double ema_decay, double ema_min_decay,
+                   bool ema_use_warmup, double ema_warmup_gamma, double ema_warmup_power,
+                   int64_t ema_update_after_step, int64_t ema_update_every) {
   const char* op = "adamw_step_";
   MIXPREC_CHECK(!exp_avgs.empty() && !exp_avg_sqs.empty(), "mixprec::", op,
                   ": exp_avgs and exp_avg_sqs are required");
@@ -189,9 +235,11 @@ void adamw_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
   const std::vector<Tensor>* states[3] = {&exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs};
   const char* const names[3] = {"exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"};
   OptArgs a = opt_args(op, params, grads, masters, states, names, 3, steps, lr_tensor,
-                       grad_scale, found_inf);
+                       grad_scale, found_inf, emas ? *emas : std::vector<Tensor>{});
   B::check_device(op, a.device);
   mixprec_adamw_params p = mixprec_adamw_params_default();
+  p.ema = ema_params(op, a, ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma,
+                     ema_warmup_power, ema_update_after_step, ema_update_every);
   p.lr = lr;
   p.beta1 = beta1;
   p.beta2 = beta2;
@@ -213,7 +261,10 @@ void sgd_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
                  std::vector<Tensor> steps, double lr, double momentum, double dampening,
                  double weight_decay, bool nesterov, bool maximize,
                  std::optional<Tensor> lr_tensor, std::optional<Tensor> grad_scale,
-                 std::optional<Tensor> found_inf, int64_t sr_seed, bool unscale_grads) {
+                 std::optional<Tensor> found_inf, int64_t sr_seed, bool unscale_grads,
+                 std::optional<std::vector<Tensor>> emas, double ema_decay, double ema_min_decay,
+                 bool ema_use_warmup, double ema_warmup_gamma, double ema_warmup_power,
+                 int64_t ema_update_after_step, int64_t ema_update_every) {
   const char* op = "sgd_step_";
   MIXPREC_CHECK((momentum != 0) == !momentum_buffers.empty(), "mixprec::", op,
                   ": momentum_buffers must be given exactly when momentum is not 0");
@@ -227,9 +278,11 @@ void sgd_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
   const std::vector<Tensor>* states[1] = {&momentum_buffers};
   const char* const names[1] = {"momentum_buffers"};
   OptArgs a = opt_args(op, params, grads, masters, states, names, 1, steps, lr_tensor,
-                       grad_scale, found_inf);
+                       grad_scale, found_inf, emas ? *emas : std::vector<Tensor>{});
   B::check_device(op, a.device);
   mixprec_sgd_params p = mixprec_sgd_params_default();
+  p.ema = ema_params(op, a, ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma,
+                     ema_warmup_power, ema_update_after_step, ema_update_every);
   p.lr = lr;
   p.momentum = momentum;
   p.dampening = dampening;

@@ -29,6 +29,7 @@
  *   vmax = max(vmax, v)    body: Vectorized maximum, a NaN operand gives the
  *                          all-ones NaN; tail: std::max(vmax, v)
  *   p = p - (c(step_size) * m) / (sqrt(v or vmax) / c(sqrt(bc2)) + c(eps))
+ *   ema = lerp(ema, p, c(1 - decay))   (EMA of the weights, mixprec_ema_params)
  * with step_size = lr / (1 - beta1^t), bc2 = 1 - beta2^t in double, t the
  * float step count. The other capabilities of torch (AVX-512: width 16 with
  * the same formulas; DEFAULT, NEON/SVE: built without contraction) are not
@@ -48,6 +49,7 @@ MIXPREC__FORCE_INLINE void adamw_range(const mixprec_opt_tensor *t, int64_t begi
   const int sr = mixprec__opt_is_sr(t);
   float *P = half ? t->master : (float *)t->param;
   float *M = t->exp_avg, *V = t->exp_avg_sq, *VM = t->max_exp_avg_sq;
+  float *E = s->ema;
   for (int64_t i = begin; i < end; i++) {
     float g = mixprec__load_f32(t->grad, t->grad_dtype, i);
     if (k->has_scale) g = g / k->scale;
@@ -80,6 +82,7 @@ MIXPREC__FORCE_INLINE void adamw_range(const mixprec_opt_tensor *t, int64_t begi
     p = p - upd / denom;
     M[i] = m;
     V[i] = v;
+    if (E) E[i] = mixprec__ema_lerp(E[i], p, s->ema_w);
     if (sr) {
       mixprec__opt_store_bf16_sr(t->param, i, s->sr_key, p);
     } else {
@@ -132,6 +135,7 @@ mixprec_adamw_params mixprec_adamw_params_default(void) {
   p.found_inf = NULL;
   p.sr_seed = 0;
   p.unscale_grads = 0;
+  p.ema = mixprec__ema_params_default();
   return p;
 }
 
@@ -159,6 +163,7 @@ mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list, int64_t n,
   k.scale = p->grad_scale ? *p->grad_scale : 1.0f;
   k.unscale = p->grad_scale != NULL && p->unscale_grads != 0;
   k.stream = total >= MIXPREC__OPT_STREAM_MIN;
+  const mixprec__ema_hyper eh = mixprec__ema_hyper_of(&p->ema);
 
   /* Every count is read before any is written (tensors may share one). */
   for (int64_t i = 0; i < n; i++) {
@@ -170,6 +175,9 @@ mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list, int64_t n,
     mixprec__adamw_tensor_consts(lr, p->weight_decay, bc1, bc2, &sc[i].decay, &sc[i].step_size,
                                  &sc[i].bc2_sqrt);
     sc[i].sr_key = mixprec__sr_key(p->sr_seed, (uint64_t)i, t);
+    const mixprec__ema_scalars e = mixprec__ema_scalars_of(&p->ema, &eh, i, t);
+    sc[i].ema = e.buf;
+    sc[i].ema_w = e.w;
   }
 
   const mixprec__adamw_body_fn body = adamw_body_kernel();

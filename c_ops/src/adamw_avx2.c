@@ -14,7 +14,8 @@
  * (master-free BF16: read the param itself) are constants at each call. */
 MIXPREC__FORCE_INLINE __m256 update8(const mixprec_opt_tensor *t, int64_t i, const float *P,
                                const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k,
-                               const mixprec_dtype gd, const int amsgrad, const int sr) {
+                               const mixprec_dtype gd, const int amsgrad, const int sr,
+                               const int ema) {
   __m256 g = mixprec__opt_load8(t->grad, gd, i);
   if (k->has_scale) g = _mm256_div_ps(g, _mm256_set1_ps(k->scale));
   if (k->unscale) mixprec__opt_store8_grad(t->grad, gd, i, g);
@@ -41,14 +42,16 @@ MIXPREC__FORCE_INLINE __m256 update8(const mixprec_opt_tensor *t, int64_t i, con
   const __m256 upd = _mm256_mul_ps(_mm256_set1_ps(s->step_size), m);
   _mm256_storeu_ps(t->exp_avg + i, m);
   _mm256_storeu_ps(t->exp_avg_sq + i, v);
-  return _mm256_sub_ps(p, _mm256_div_ps(upd, denom));
+  p = _mm256_sub_ps(p, _mm256_div_ps(upd, denom));
+  if (ema) mixprec__opt_ema8(s->ema, i, p, s->ema_w);
+  return p;
 }
 
 /* One dtype combination (constants at each call). */
 MIXPREC__FORCE_INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin, int64_t end,
                              const mixprec__adamw_scalars *s_in, const mixprec__adamw_consts *k_in,
                              const mixprec_dtype pd, const mixprec_dtype gd, const int amsgrad,
-                             const int sr) {
+                             const int sr, const int ema) {
   /* Local copies: the compiler may then keep every field in a register
    * (vector stores may alias anything, the caller's structs included). */
   const mixprec_opt_tensor tc = *t_in;
@@ -59,36 +62,45 @@ MIXPREC__FORCE_INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin
   const mixprec__adamw_consts *k = &kc;
   float *P = pd != MIXPREC_F32 && !sr ? t->master : (float *)t->param;
   int64_t i = begin;
-#define UPDATE8(j, r) update8(t, j, P, s, k, gd, amsgrad, r)
+#define UPDATE8(j, r) update8(t, j, P, s, k, gd, amsgrad, r, ema)
   MIXPREC__OPT_BODY_LOOP(t, P, pd, sr, s->sr_key, k->stream, i, end, UPDATE8);
 #undef UPDATE8
   return i;
 }
 
-#define MIXPREC__ADAMW_GD(pd, ams, sr)                                              \
-  switch (t->grad_dtype) {                                                          \
-    case MIXPREC_F16: return body(t, begin, end, s, k, pd, MIXPREC_F16, ams, sr);   \
-    case MIXPREC_BF16: return body(t, begin, end, s, k, pd, MIXPREC_BF16, ams, sr); \
-    default: return body(t, begin, end, s, k, pd, MIXPREC_F32, ams, sr);            \
+#define MIXPREC__ADAMW_GD(pd, ams, sr, ema)                                              \
+  switch (t->grad_dtype) {                                                               \
+    case MIXPREC_F16: return body(t, begin, end, s, k, pd, MIXPREC_F16, ams, sr, ema);   \
+    case MIXPREC_BF16: return body(t, begin, end, s, k, pd, MIXPREC_BF16, ams, sr, ema); \
+    default: return body(t, begin, end, s, k, pd, MIXPREC_F32, ams, sr, ema);            \
   }
 
-#define MIXPREC__ADAMW_PD(ams)                                    \
+#define MIXPREC__ADAMW_PD(ams, ema)                               \
   switch (t->param_dtype) {                                       \
-    case MIXPREC_F16: MIXPREC__ADAMW_GD(MIXPREC_F16, ams, 0)      \
+    case MIXPREC_F16: MIXPREC__ADAMW_GD(MIXPREC_F16, ams, 0, ema) \
     case MIXPREC_BF16:                                            \
       if (mixprec__opt_is_sr(t)) {                                \
-        MIXPREC__ADAMW_GD(MIXPREC_BF16, ams, 1)                   \
+        MIXPREC__ADAMW_GD(MIXPREC_BF16, ams, 1, ema)              \
       } else {                                                    \
-        MIXPREC__ADAMW_GD(MIXPREC_BF16, ams, 0)                   \
+        MIXPREC__ADAMW_GD(MIXPREC_BF16, ams, 0, ema)              \
       }                                                           \
-    default: MIXPREC__ADAMW_GD(MIXPREC_F32, ams, 0)               \
+    default: MIXPREC__ADAMW_GD(MIXPREC_F32, ams, 0, ema)          \
   }
 
+/* EMA on/off is a constant of each instantiation: with it off the loop is
+ * exactly the one without the feature. */
 int64_t mixprec__adamw_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
                                  const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k) {
+  if (s->ema) {
+    if (k->h.amsgrad) {
+      MIXPREC__ADAMW_PD(1, 1)
+    } else {
+      MIXPREC__ADAMW_PD(0, 1)
+    }
+  }
   if (k->h.amsgrad) {
-    MIXPREC__ADAMW_PD(1)
+    MIXPREC__ADAMW_PD(1, 0)
   } else {
-    MIXPREC__ADAMW_PD(0)
+    MIXPREC__ADAMW_PD(0, 0)
   }
 }

@@ -40,6 +40,23 @@ MIXPREC__INLINE int mixprec__opt_is_sr(const mixprec_opt_tensor *t) {
   return t->param_dtype == MIXPREC_BF16 && !t->master;
 }
 
+/* The EMA's hyper-parameters (mixprec_ema_params); nothing when it is off. */
+MIXPREC__INLINE mixprec_status mixprec__ema_check(const mixprec_ema_params *e) {
+  if (!e->bufs) return MIXPREC_OK;
+  if (!(e->decay >= 0.0 && e->decay <= 1.0) || !(e->min_decay >= 0.0 && e->min_decay <= 1.0) ||
+      e->update_after_step < 0 || e->update_every < 0)
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  if (e->use_warmup && (!mixprec__opt_finite_ge(e->warmup_gamma, 0.0) || !(e->warmup_gamma > 0.0) ||
+                        !mixprec__opt_finite_ge(e->warmup_power, 0.0) || !(e->warmup_power > 0.0)))
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  return MIXPREC_OK;
+}
+
+/* Tensor i's EMA buffer (NULL: none, also when the EMA is off). */
+MIXPREC__INLINE float *mixprec__ema_buf(const mixprec_ema_params *e, int64_t i) {
+  return e->bufs ? e->bufs[i] : NULL;
+}
+
 /* The argument checks of mixprec_adamw_step / mixprec_sgd_step, shared with
  * their CUDA twins (kernels/optim.cuh) so both return the same status. */
 MIXPREC__INLINE mixprec_status mixprec__adamw_check(const mixprec_opt_tensor *list, int64_t n,
@@ -53,6 +70,7 @@ MIXPREC__INLINE mixprec_status mixprec__adamw_check(const mixprec_opt_tensor *li
   if (!mixprec__opt_finite_ge(p->eps, 0.0) || !mixprec__opt_finite_ge(p->weight_decay, 0.0) ||
       !(p->beta1 >= 0.0 && p->beta1 < 1.0) || !(p->beta2 >= 0.0 && p->beta2 < 1.0))
     return MIXPREC_ERR_BAD_ARGUMENT;
+  if (mixprec__ema_check(&p->ema) != MIXPREC_OK) return MIXPREC_ERR_BAD_ARGUMENT;
   for (int64_t i = 0; i < n; i++) {
     const mixprec_opt_tensor *t = &list[i];
     mixprec_status st = mixprec__opt_check_tensor(t);
@@ -78,12 +96,14 @@ MIXPREC__INLINE mixprec_status mixprec__sgd_check(const mixprec_opt_tensor *list
     return MIXPREC_ERR_BAD_ARGUMENT;
   if (p->nesterov && (!(p->momentum > 0.0) || p->dampening != 0.0))
     return MIXPREC_ERR_BAD_ARGUMENT;
+  if (mixprec__ema_check(&p->ema) != MIXPREC_OK) return MIXPREC_ERR_BAD_ARGUMENT;
   for (int64_t i = 0; i < n; i++) {
     const mixprec_opt_tensor *t = &list[i];
     mixprec_status st = mixprec__opt_check_tensor(t);
     if (st != MIXPREC_OK) return st;
     if (t->numel > 0 && p->momentum != 0.0 && !t->momentum_buffer) return MIXPREC_ERR_NULL_POINTER;
     if (t->numel > 0 && mixprec__opt_is_sr(t) && !t->step) return MIXPREC_ERR_NULL_POINTER;
+    if (t->numel > 0 && mixprec__ema_buf(&p->ema, i) && !t->step) return MIXPREC_ERR_NULL_POINTER;
   }
   return MIXPREC_OK;
 }

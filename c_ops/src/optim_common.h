@@ -97,6 +97,21 @@ MIXPREC__FORCE_INLINE int mixprec__opt_skip(const float *found_inf) {
   return found_inf && !(*found_inf == 0.0f);
 }
 
+/* The EMA fields of mixprec_adamw_params_default / mixprec_sgd_params_default:
+ * off, with timm ModelEmaV3's defaults. */
+MIXPREC__FORCE_INLINE mixprec_ema_params mixprec__ema_params_default(void) {
+  mixprec_ema_params e;
+  e.bufs = NULL;
+  e.decay = 0.9999;
+  e.min_decay = 0.0;
+  e.use_warmup = 0;
+  e.warmup_gamma = 1.0;
+  e.warmup_power = 2.0 / 3.0;
+  e.update_after_step = 0;
+  e.update_every = 1;
+  return e;
+}
+
 /* ---- Per-step constants and the ISA-specific body kernels ------------- */
 
 /* AdamW, per tensor: computed once per step from that tensor's count. */
@@ -106,7 +121,27 @@ typedef struct mixprec__adamw_scalars {
   float step_size;
   float bc2_sqrt;
   uint32_t sr_key; /* stochastic rounding (master-free BF16 only) */
+  float *ema;      /* the EMA buffer when it is updated at this step, else NULL */
+  mixprec__ema_w ema_w;
 } mixprec__adamw_scalars;
+
+/* A tensor's EMA at this step (NULL buf: none, or not an update step). */
+typedef struct mixprec__ema_scalars {
+  float *buf;
+  mixprec__ema_w w;
+} mixprec__ema_scalars;
+
+/* Tensor i's EMA at this step, whose count after it is t. */
+MIXPREC__FORCE_INLINE mixprec__ema_scalars mixprec__ema_scalars_of(const mixprec_ema_params *e,
+                                                                 const mixprec__ema_hyper *h,
+                                                                 int64_t i, float t) {
+  mixprec__ema_scalars r;
+  r.buf = mixprec__ema_buf(e, i);
+  r.w.w = r.w.w_m1 = 0.0f;
+  r.w.small = 1;
+  if (r.buf && !mixprec__ema_weight_at(h, t, &r.w)) r.buf = NULL;
+  return r;
+}
 
 /* AdamW, per step: shared by every tensor. h as the GPU has it
  * (optim_consts.h); the grad scale read on the host. */
@@ -138,12 +173,14 @@ typedef int64_t (*mixprec__adamw_body_fn)(const mixprec_opt_tensor *t, int64_t b
                                           const mixprec__adamw_consts *k);
 typedef int64_t (*mixprec__sgd_body_fn)(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
                                         int first, uint32_t sr_key,
+                                        const mixprec__ema_scalars *ema,
                                         const mixprec__sgd_consts *k);
 #if defined(MIXPREC_X86)
 int64_t mixprec__adamw_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
                                  const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k);
 int64_t mixprec__sgd_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
-                               uint32_t sr_key, const mixprec__sgd_consts *k);
+                               uint32_t sr_key, const mixprec__ema_scalars *ema,
+                               const mixprec__sgd_consts *k);
 #endif
 
 /* ---- AVX2 + FMA + F16C loads and stores (only in files built with them) */
@@ -314,6 +351,15 @@ MIXPREC__FORCE_INLINE void mixprec__opt_store8_bf16_sr(void *data, int64_t i, ui
       }                                                                                       \
     }                                                                                         \
   } while (0)
+
+/* Elements [i, i + 8) of an EMA buffer moved toward the new FP32 values p:
+ * bit-identical to mixprec__ema_lerp per lane (torch's lerp_vec). */
+MIXPREC__FORCE_INLINE void mixprec__opt_ema8(float *E, int64_t i, __m256 p, mixprec__ema_w w) {
+  const __m256 e = _mm256_loadu_ps(E + i);
+  const __m256 d = _mm256_sub_ps(p, e);
+  _mm256_storeu_ps(E + i, w.small ? _mm256_fmadd_ps(_mm256_set1_ps(w.w), d, e)
+                                  : _mm256_fmadd_ps(_mm256_set1_ps(w.w_m1), d, p));
+}
 
 /* -x for every lane: flips the sign bit, NaNs included, like C's unary -. */
 MIXPREC__FORCE_INLINE __m256 mixprec__opt_neg8(__m256 x) {

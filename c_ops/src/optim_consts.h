@@ -97,4 +97,69 @@ MIXPREC__INLINE mixprec__sgd_hyper mixprec__sgd_hyper_of(const mixprec_sgd_param
   return h;
 }
 
+/* The EMA of the weights (mixprec_ema_params) without its buffers: what a
+ * kernel needs to compute a tensor's decay from its count on either backend. */
+typedef struct mixprec__ema_hyper {
+  double decay, min_decay, warmup_gamma, warmup_power;
+  double after; /* update_after_step */
+  double every; /* update_every (0 and 1: every step) */
+  int use_warmup;
+} mixprec__ema_hyper;
+
+MIXPREC__INLINE mixprec__ema_hyper mixprec__ema_hyper_of(const mixprec_ema_params *e) {
+  mixprec__ema_hyper h;
+  h.decay = e->decay;
+  h.min_decay = e->min_decay;
+  h.warmup_gamma = e->warmup_gamma;
+  h.warmup_power = e->warmup_power;
+  h.after = (double)e->update_after_step;
+  h.every = (double)e->update_every;
+  h.use_warmup = e->use_warmup != 0;
+  return h;
+}
+
+/* One tensor's EMA at one step: the lerp weight w = 1 - decay (rounded to
+ * float once from double, as torch converts lerp's Scalar weight) and the
+ * coefficient of torch.lerp's other branch. */
+typedef struct mixprec__ema_w {
+  float w, w_m1;
+  int small; /* |w| < 0.5 */
+} mixprec__ema_w;
+
+/* Nonzero when a tensor whose count after the step is t updates its EMA at
+ * this step; then *out is its weight. timm's ModelEmaV3.get_decay(t), in
+ * double as Python computes it (the CUDA pow may differ from glibc's in the
+ * last bit of the double, which changes the float weight only when the
+ * value lies within ~2^-29 of a float rounding boundary; without warmup the
+ * decay is a constant and both backends agree exactly). */
+MIXPREC__HD int mixprec__ema_weight_at(const mixprec__ema_hyper *h, float t, mixprec__ema_w *out) {
+  const double step = (double)t;
+  if (h->every > 1.0 && fmod(step, h->every) != 0.0) return 0;
+  const double s = MIXPREC__DADD(MIXPREC__DADD(step, -h->after), -1.0);
+  double decay;
+  if (!(s > 0.0)) {
+    decay = 0.0;
+  } else if (h->use_warmup) {
+    decay = MIXPREC__DADD(1.0, -pow(MIXPREC__DADD(1.0, MIXPREC__DDIV(s, h->warmup_gamma)),
+                                    -h->warmup_power));
+    /* max(min(decay, self.decay), self.min_decay), Python's builtins. */
+    if (h->decay < decay) decay = h->decay;
+    if (h->min_decay > decay) decay = h->min_decay;
+  } else {
+    decay = h->decay;
+  }
+  out->w = (float)MIXPREC__DADD(1.0, -decay);
+  out->w_m1 = out->w - 1.0f;
+  out->small = fabsf(out->w) < 0.5f;
+  return 1;
+}
+
+/* torch.lerp(ema, p, w) as its vectorised CPU kernel computes it (and its
+ * scalar loop, once GCC contracts it: the same roundings, since
+ * -(p - e) * (1 - w) == (w - 1) * (p - e) exactly). */
+MIXPREC__HD float mixprec__ema_lerp(float e, float p, mixprec__ema_w w) {
+  const float d = p - e;
+  return w.small ? fmaf(w.w, d, e) : fmaf(w.w_m1, d, p);
+}
+
 #endif /* MIXPREC_OPTIM_CONSTS_H */

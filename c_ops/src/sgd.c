@@ -25,6 +25,7 @@
  *       = fma(buf, c(momentum), g * c(1 - dampening))      tail
  *   g = nesterov ? fma(buf, c(momentum), g) : buf          (if momentum != 0)
  *   p = fma(-g, c(lr), p)                                  (p - g*lr, rounded once)
+ *   ema = lerp(ema, p, c(1 - decay))   (EMA of the weights, mixprec_ema_params)
  * torch's other capabilities (DEFAULT, NEON/SVE builds without contraction,
  * AVX-512 with width 16) are not matched bit for bit. */
 #include "optim_common.h"
@@ -34,11 +35,13 @@ typedef mixprec__sgd_consts sgd_consts;
 /* Elements [begin, end) of one tensor, all in torch's vectorised body
  * (tail == 0) or all in its scalar tail (tail == 1). */
 MIXPREC__FORCE_INLINE void sgd_range(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
-                               int first, uint32_t sr_key, const sgd_consts *k, const int tail) {
+                               int first, uint32_t sr_key, const mixprec__ema_scalars *ema,
+                               const sgd_consts *k, const int tail) {
   const int half = t->param_dtype != MIXPREC_F32;
   const int sr = mixprec__opt_is_sr(t);
   float *P = half ? t->master : (float *)t->param;
   float *B = t->momentum_buffer;
+  float *E = ema->buf;
   for (int64_t i = begin; i < end; i++) {
     float g = mixprec__load_f32(t->grad, t->grad_dtype, i);
     if (k->has_scale) g = g / k->scale;
@@ -58,6 +61,7 @@ MIXPREC__FORCE_INLINE void sgd_range(const mixprec_opt_tensor *t, int64_t begin,
       g = k->h.nesterov ? fmaf(buf, k->h.momentum, g) : buf;
     }
     p = fmaf(-g, k->h.lr, p);
+    if (E) E[i] = mixprec__ema_lerp(E[i], p, ema->w);
     if (sr) {
       mixprec__opt_store_bf16_sr(t->param, i, sr_key, p);
     } else {
@@ -68,8 +72,9 @@ MIXPREC__FORCE_INLINE void sgd_range(const mixprec_opt_tensor *t, int64_t begin,
 }
 
 static int64_t sgd_body_scalar(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
-                               int first, uint32_t sr_key, const sgd_consts *k) {
-  sgd_range(t, begin, end, first, sr_key, k, 0);
+                               int first, uint32_t sr_key, const mixprec__ema_scalars *ema,
+                               const sgd_consts *k) {
+  sgd_range(t, begin, end, first, sr_key, ema, k, 0);
   return end;
 }
 
@@ -87,12 +92,13 @@ static mixprec__sgd_body_fn sgd_body_kernel(void) {
 }
 
 static void sgd_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
-                      uint32_t sr_key, const sgd_consts *k, mixprec__sgd_body_fn body) {
+                      uint32_t sr_key, const mixprec__ema_scalars *ema, const sgd_consts *k,
+                      mixprec__sgd_body_fn body) {
   const int64_t tail = mixprec__opt_tail_start(t->numel);
   const int64_t mid = end < tail ? end : (begin > tail ? begin : tail);
-  const int64_t done = body(t, begin, mid, first, sr_key, k);
-  sgd_range(t, done, mid, first, sr_key, k, 0);
-  sgd_range(t, mid, end, first, sr_key, k, 1);
+  const int64_t done = body(t, begin, mid, first, sr_key, ema, k);
+  sgd_range(t, done, mid, first, sr_key, ema, k, 0);
+  sgd_range(t, mid, end, first, sr_key, ema, k, 1);
 }
 
 mixprec_sgd_params mixprec_sgd_params_default(void) {
@@ -109,6 +115,7 @@ mixprec_sgd_params mixprec_sgd_params_default(void) {
   p.first_step = 0;
   p.sr_seed = 0;
   p.unscale_grads = 0;
+  p.ema = mixprec__ema_params_default();
   return p;
 }
 
@@ -125,6 +132,7 @@ mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list, int64_t n,
     float new_step;
     uint32_t sr_key;
     int first;
+    mixprec__ema_scalars ema;
   } sgd_scalars;
   sgd_scalars *sc = (sgd_scalars *)malloc(sizeof(sgd_scalars) * (size_t)n);
   if (!sc) return MIXPREC_ERR_OUT_OF_MEMORY;
@@ -134,11 +142,14 @@ mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list, int64_t n,
     free(sc);
     return MIXPREC_ERR_OUT_OF_MEMORY;
   }
+  const mixprec__ema_hyper eh = mixprec__ema_hyper_of(&p->ema);
   for (int64_t i = 0; i < n; i++) {
     const float *s = list[i].step;
     sc[i].first = s ? *s == 0.0f : p->first_step != 0;
     sc[i].new_step = s ? *s + 1.0f : 0.0f;
     sc[i].sr_key = mixprec__sr_key(p->sr_seed, (uint64_t)i, sc[i].new_step);
+    /* A tensor with an EMA buffer has a step count (mixprec__sgd_check). */
+    sc[i].ema = mixprec__ema_scalars_of(&p->ema, &eh, i, sc[i].new_step);
   }
 
   /* torch reads the learning rate tensor as a double (lr.item<double>()). */
@@ -158,7 +169,7 @@ mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list, int64_t n,
   for (int64_t c = 0; c < n_chunks; c++) {
     int64_t begin, end;
     const int64_t t = mixprec__opt_chunk_range(list, first, n, c, &begin, &end);
-    sgd_chunk(&list[t], begin, end, sc[t].first, sc[t].sr_key, &k, body);
+    sgd_chunk(&list[t], begin, end, sc[t].first, sc[t].sr_key, &sc[t].ema, &k, body);
   }
 
   for (int64_t i = 0; i < n; i++)

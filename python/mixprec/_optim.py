@@ -6,10 +6,14 @@ optimizer classes over these ops are in ``optim.py``.
 With ``unscale_grads=True`` and a ``grad_scale`` (and a step that is not
 skipped) the ops also overwrite each grad with ``grad / grad_scale`` in its
 dtype, as torch's fused optimizers do; the fakes only check (every mutated
-list, grads included, keeps its metadata).
+list, grads included, keeps its metadata). With ``emas`` (one FP32 buffer
+per param) the same pass moves each EMA toward the new FP32 weights
+(``mixprec.optim``'s ``ema_decay``); the fakes check those arguments too.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -17,12 +21,12 @@ from ._amp import _bump_versions_on_mutation, _refuse_sparse, _same_device
 from ._library import FLOAT_DTYPES as _FLOAT
 
 
-def _check_opt(op, params, grads, masters, steps, states, scalars=()):
+def _check_opt(op, params, grads, masters, steps, states, scalars=(), emas=()):
     n = len(params)
     torch._check(n > 0, lambda: f"mixprec::{op}: params must be a non-empty list of tensors")
     # A meta tensor among CPU ones sends the call here (the Meta kernel):
     # refuse it, or the step would silently do nothing.
-    lists = [("grads", grads), ("masters", masters), ("steps", steps), *states]
+    lists = [("grads", grads), ("masters", masters), ("steps", steps), *states, ("emas", emas)]
     _same_device(
         op, "params[0]", params[0],
         *((f"params[{i}]", t) for i, t in enumerate(params)),
@@ -31,7 +35,7 @@ def _check_opt(op, params, grads, masters, steps, states, scalars=()):
     )
     for name, lst in (("grads", grads), ("masters", masters), ("steps", steps)):
         torch._check(len(lst) == n, lambda: f"mixprec::{op}: {name} has {len(lst)} tensors but params has {n}")
-    for name, lst in states:
+    for name, lst in (*states, ("emas", emas)):
         torch._check(len(lst) in (0, n), lambda: f"mixprec::{op}: {name} has {len(lst)} tensors but params has {n}")
     dev = params[0].device
     for i, p in enumerate(params):
@@ -43,23 +47,48 @@ def _check_opt(op, params, grads, masters, steps, states, scalars=()):
             lambda: f"mixprec::{op}: masters[{i}] is empty but params[{i}] is float16: only bfloat16 params "
             "can go without an FP32 master (stochastic rounding)",
         )
+    for i, e in enumerate(emas):
+        torch._check(e.dtype == torch.float32, lambda: f"mixprec::{op}: emas[{i}] must be float32, got {e.dtype}")
+        torch._check(e.shape == params[i].shape, lambda: f"mixprec::{op}: emas[{i}] must have the shape of params[{i}]")
+
+
+def _check_ema(op, emas, decay, min_decay, use_warmup, gamma, power, after, every):
+    """The EMA argument checks of the real kernels (shim/optim_op.h)."""
+    if not emas:
+        return
+    torch._check(0.0 <= decay <= 1.0, lambda: f"mixprec::{op}: ema_decay must be in [0, 1], got {decay}")
+    torch._check(0.0 <= min_decay <= 1.0, lambda: f"mixprec::{op}: ema_min_decay must be in [0, 1], got {min_decay}")
+    if use_warmup:
+        torch._check(math.isfinite(gamma) and gamma > 0,
+                     lambda: f"mixprec::{op}: ema_warmup_gamma must be finite and > 0, got {gamma}")
+        torch._check(math.isfinite(power) and power > 0,
+                     lambda: f"mixprec::{op}: ema_warmup_power must be finite and > 0, got {power}")
+    torch._check(after >= 0, lambda: f"mixprec::{op}: ema_update_after_step must be >= 0, got {after}")
+    torch._check(every >= 1, lambda: f"mixprec::{op}: ema_update_every must be >= 1, got {every}")
 
 
 @torch.library.register_fake("mixprec::adamw_step_")
 def _adamw_step_fake(params, grads, masters, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2,
                      weight_decay, eps, amsgrad, maximize, lr_tensor, grad_scale, found_inf, sr_seed=0,
-                     unscale_grads=False):
+                     unscale_grads=False, emas=None, ema_decay=0.9999, ema_min_decay=0.0, ema_use_warmup=False,
+                     ema_warmup_gamma=1.0, ema_warmup_power=2 / 3, ema_update_after_step=0, ema_update_every=1):
     _check_opt("adamw_step_", params, grads, masters, steps,
                (("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs), ("max_exp_avg_sqs", max_exp_avg_sqs)),
-               (("lr_tensor", lr_tensor), ("grad_scale", grad_scale), ("found_inf", found_inf)))
+               (("lr_tensor", lr_tensor), ("grad_scale", grad_scale), ("found_inf", found_inf)), emas or ())
+    _check_ema("adamw_step_", emas, ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma, ema_warmup_power,
+               ema_update_after_step, ema_update_every)
     return None
 
 
 @torch.library.register_fake("mixprec::sgd_step_")
 def _sgd_step_fake(params, grads, masters, momentum_buffers, steps, lr, momentum, dampening, weight_decay,
-                   nesterov, maximize, lr_tensor, grad_scale, found_inf, sr_seed=0, unscale_grads=False):
+                   nesterov, maximize, lr_tensor, grad_scale, found_inf, sr_seed=0, unscale_grads=False,
+                   emas=None, ema_decay=0.9999, ema_min_decay=0.0, ema_use_warmup=False, ema_warmup_gamma=1.0,
+                   ema_warmup_power=2 / 3, ema_update_after_step=0, ema_update_every=1):
     _check_opt("sgd_step_", params, grads, masters, steps, (("momentum_buffers", momentum_buffers),),
-               (("lr_tensor", lr_tensor), ("grad_scale", grad_scale), ("found_inf", found_inf)))
+               (("lr_tensor", lr_tensor), ("grad_scale", grad_scale), ("found_inf", found_inf)), emas or ())
+    _check_ema("sgd_step_", emas, ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma, ema_warmup_power,
+               ema_update_after_step, ema_update_every)
     return None
 
 

@@ -26,12 +26,27 @@ below BF16's resolution still move the parameter on average (torch's AdamW
 on BF16 parameters rounds them away and stalls). The rounding is seeded
 (``seed``) and reproducible: the same seed, data and step count give the same
 bits on any thread count, CPU ISA or device.
+
+``ema_decay=`` keeps an FP32 exponential moving average of the weights (of
+the FP32 master, or of the FP32 param) updated in the same fused pass that
+writes the master, while the new value is still in registers: 8 bytes per
+parameter, no second read of the weights (timm's ``ModelEmaV3`` on a BF16
+model keeps its EMA in BF16, where ``(1 - decay) * (w - ema)`` is below the
+resolution and the EMA never moves). The decay follows timm's
+``ModelEmaV3.get_decay`` (``ema_min_decay``, ``ema_use_warmup``,
+``ema_warmup_gamma``, ``ema_warmup_power``, ``ema_update_after_step``) at the
+optimizer's step count; ``ema_update_every`` is torchvision's
+``--model-ema-steps``. :meth:`AdamW.swap_ema` swaps it into the model for
+evaluation; :func:`ema_model` builds a separate EMA module.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import math
 import operator
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -39,11 +54,16 @@ from ._amp_grads import is_dense
 from ._distributed import is_dtensor, local
 from ._library import FLOAT_DTYPES as _PARAM_DTYPES
 
-__all__ = ["AdamW", "SGD"]
+__all__ = ["AdamW", "SGD", "ema_model"]
 
 _SEED_MASK = (1 << 63) - 1
 _VERSION = operator.attrgetter("_version")
-_FP32_STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "master")
+_FP32_STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "master", "ema")
+# The EMA's group keys with timm ModelEmaV3's defaults (ema_decay None: no EMA).
+_EMA_DEFAULTS = dict(
+    ema_decay=None, ema_min_decay=0.0, ema_use_warmup=False, ema_warmup_gamma=1.0, ema_warmup_power=2 / 3,
+    ema_update_after_step=0, ema_update_every=1,
+)
 
 
 def _check_lr(lr) -> None:
@@ -74,6 +94,31 @@ def _scalar(x, what: str) -> float:
             raise ValueError(f"Tensor {what} must be 1-element")
         return float(x.item())
     return x
+
+
+def _ema_defaults(ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma, ema_warmup_power,
+                  ema_update_after_step, ema_update_every) -> dict[str, Any]:
+    """The EMA's group keys, checked (the ranges of the C API,
+    mixprec_ema_params)."""
+    if ema_decay is not None:
+        if not 0.0 <= ema_decay <= 1.0:
+            raise ValueError(f"Invalid ema_decay value: {ema_decay} (must be in [0, 1])")
+        if not 0.0 <= ema_min_decay <= 1.0:
+            raise ValueError(f"Invalid ema_min_decay value: {ema_min_decay} (must be in [0, 1])")
+        if ema_use_warmup:
+            for name, v in (("ema_warmup_gamma", ema_warmup_gamma), ("ema_warmup_power", ema_warmup_power)):
+                if not (math.isfinite(v) and v > 0):
+                    raise ValueError(f"Invalid {name} value: {v} (must be finite and > 0)")
+        if int(ema_update_after_step) != ema_update_after_step or ema_update_after_step < 0:
+            raise ValueError(f"Invalid ema_update_after_step value: {ema_update_after_step} (an integer >= 0)")
+        if int(ema_update_every) != ema_update_every or ema_update_every < 1:
+            raise ValueError(f"Invalid ema_update_every value: {ema_update_every} (an integer >= 1)")
+    return dict(
+        ema_decay=None if ema_decay is None else float(ema_decay), ema_min_decay=float(ema_min_decay),
+        ema_use_warmup=bool(ema_use_warmup), ema_warmup_gamma=float(ema_warmup_gamma),
+        ema_warmup_power=float(ema_warmup_power), ema_update_after_step=int(ema_update_after_step),
+        ema_update_every=int(ema_update_every),
+    )
 
 
 class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
@@ -357,12 +402,13 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
                 grads = [self._grad_of(p, w) for p, w in zip(params, op_params)]
                 masters = [self._master_of(p, st, w) for p, st, w in zip(params, states, op_params)]
                 steps = [st["step"] for st in states]
+                ema = self._ema_args(group, params, states, op_params)
                 lr, lr_tensor = self._lr_args(group["lr"], device)
                 grad_scale, found_inf = self._scaler_tensors(device)
                 write_grads = self._writes_unscaled_grads()
                 self._step_device(
                     group, params, op_params, states, grads, masters, steps, lr, lr_tensor, grad_scale,
-                    found_inf, self._sr_seed(group, gi, first), write_grads,
+                    found_inf, self._sr_seed(group, gi, first), write_grads, ema,
                 )
                 for p, w, g in zip(params, op_params, grads):
                     if w is not local(p):
@@ -372,13 +418,66 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
                 self._record_versions((gi, device), params, locs)
         return loss
 
+    def _ema_args(self, group, params, states, op_params) -> dict[str, Any]:
+        """The op's EMA keywords for one (group, device) list ({} without an
+        EMA). A missing EMA starts as the FP32 weights as they are now (the
+        master, the FP32 param, or the BF16 param widened): what timm's
+        ``deepcopy(model)`` holds before the first update."""
+        if group.get("ema_decay") is None:
+            return {}
+        for p, st in zip(params, states):
+            if "ema" not in st:
+                src = st["master"] if "master" in st else p
+                st["ema"] = src.detach().to(dtype=torch.float32, copy=True)
+        return dict(
+            emas=self._op_state(states, "ema", op_params), ema_decay=float(group["ema_decay"]),
+            ema_min_decay=float(group["ema_min_decay"]), ema_use_warmup=bool(group["ema_use_warmup"]),
+            ema_warmup_gamma=float(group["ema_warmup_gamma"]), ema_warmup_power=float(group["ema_warmup_power"]),
+            ema_update_after_step=int(group["ema_update_after_step"]),
+            ema_update_every=int(group["ema_update_every"]),
+        )
+
+    # ---- the EMA of the weights ---------------------------------------------------
+
+    def _ema_pairs(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(param, its FP32 EMA) for every param that has one."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state.get(p)
+                if st and "ema" in st:
+                    yield p, st["ema"]
+
+    @contextlib.contextmanager
+    @torch.no_grad()
+    def swap_ema(self) -> Iterator[None]:
+        """Context manager: the params hold their EMA (rounded to nearest
+        even to each param's dtype) inside the block, and their training
+        values, bit for bit, after it (also when the block raises). For
+        evaluating the EMA weights: ``with opt.swap_ema(): evaluate(model)``.
+        Only parameters are swapped: buffers (BatchNorm running stats) are
+        the model's own, which is timm ModelEmaV3's ``exclude_buffers=True``
+        (the optimizer never sees buffers). Params without an EMA yet (no
+        step taken) keep their values. Masters and state are untouched; the
+        restore is recorded as the optimizer's own write, so the next step
+        does not take it for an outside one. Do not step inside the block."""
+        saved = []
+        try:
+            for p, ema in self._ema_pairs():
+                saved.append((p, p.detach().clone()))
+                p.detach().copy_(ema)
+            yield
+        finally:
+            for p, v in saved:
+                p.detach().copy_(v)
+            self._record_param_versions([p for p, _ in saved])
+
     def _step_device(self, group, params, op_params, states, grads, masters, steps, lr, lr_tensor, grad_scale,
-                     found_inf, sr_seed, unscale_grads) -> None:
+                     found_inf, sr_seed, unscale_grads, ema) -> None:
         """Creates the optimizer's own state where missing and calls its op.
         ``params`` and ``states`` as the optimizer holds them (DTensors
         under FSDP2 / tensor parallel); ``op_params``, ``grads`` and
         ``masters``: the local, dense tensors the op takes (state goes in
-        through :meth:`_op_state`)."""
+        through :meth:`_op_state`); ``ema``: the op's EMA keywords."""
         raise NotImplementedError
 
     def _op_state(self, states, key: str, op_params) -> list[torch.Tensor]:
@@ -441,6 +540,24 @@ class AdamW(_FusedMasterWeightOptimizer):
     stochastically (float16 parameters are then refused); ``seed`` (None:
     drawn from torch's generator) seeds that rounding. Both may be set per
     param group.
+
+    EMA of the weights (keywords, per param group too): ``ema_decay`` (None:
+    no EMA; timm's ``--model-ema-decay`` default is 0.9998, ModelEmaV3's
+    0.9999), and timm ModelEmaV3's ``ema_min_decay`` 0, ``ema_use_warmup``
+    False, ``ema_warmup_gamma`` 1, ``ema_warmup_power`` 2/3,
+    ``ema_update_after_step`` 0; ``ema_update_every`` 1 (torchvision's
+    ``--model-ema-steps``). With it, ``state[p]["ema"]`` is an FP32 EMA of
+    the FP32 weights, ``ema.lerp_(w, 1 - decay)`` with ``decay =
+    ModelEmaV3.get_decay(step)`` at the param's step count after the step
+    (timm's ``num_updates``), on steps that are multiples of
+    ``ema_update_every``, in the same fused pass as the update. The first
+    update (step 1 + ``ema_update_after_step``) copies the weights, as
+    timm's. A step skipped by the GradScaler (inf/NaN) changes neither the
+    EMA nor the step count, so it is not counted (timm's train loop would
+    count it and average in the unchanged weights). Master-free BF16
+    params: the EMA is of the FP32 value before its stochastic rounding
+    (the unbiased value the rounding scatters around). The EMA is in
+    ``state_dict()``; :meth:`swap_ema` and :func:`ema_model` use it.
     """
 
     def __init__(
@@ -455,12 +572,21 @@ class AdamW(_FusedMasterWeightOptimizer):
         maximize: bool = False,
         master_weights: bool = True,
         seed: int | None = None,
+        ema_decay: float | None = None,
+        ema_min_decay: float = 0.0,
+        ema_use_warmup: bool = False,
+        ema_warmup_gamma: float = 1.0,
+        ema_warmup_power: float = 2 / 3,
+        ema_update_after_step: int = 0,
+        ema_update_every: int = 1,
         foreach: bool | None = None,
         capturable: bool = False,
         differentiable: bool = False,
         fused: bool | None = None,
     ) -> None:
         _check_lr(lr)
+        ema = _ema_defaults(ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma, ema_warmup_power,
+                            ema_update_after_step, ema_update_every)
         betas = (_scalar(betas[0], "betas[0]"), _scalar(betas[1], "betas[1]"))
         if not 0.0 <= eps:
             raise ValueError(f"Invalid epsilon value: {eps}")
@@ -472,13 +598,13 @@ class AdamW(_FusedMasterWeightOptimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         defaults = dict(
             lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
-            master_weights=bool(master_weights), seed=seed,
+            master_weights=bool(master_weights), seed=seed, **ema,
             **_torch_flags(foreach, capturable, differentiable, fused),
         )
         super().__init__(params, defaults)
 
     def _step_device(self, group, params, op_params, states, grads, masters, steps, lr, lr_tensor, grad_scale,
-                     found_inf, sr_seed, unscale_grads) -> None:
+                     found_inf, sr_seed, unscale_grads, ema) -> None:
         for p, st in zip(params, states):
             if "exp_avg" not in st:
                 st["exp_avg"] = self._fp32_zeros(p)
@@ -492,7 +618,7 @@ class AdamW(_FusedMasterWeightOptimizer):
             self._op_state(states, "max_exp_avg_sq", op_params) if group["amsgrad"] else [],
             steps, lr, float(beta1), float(beta2), float(group["weight_decay"]), float(group["eps"]),
             bool(group["amsgrad"]), bool(group["maximize"]), lr_tensor, grad_scale, found_inf, sr_seed,
-            unscale_grads,
+            unscale_grads, **ema,
         )
 
 
@@ -503,7 +629,8 @@ class SGD(_FusedMasterWeightOptimizer):
 
     Args are torch's: ``lr`` 1e-3, ``momentum`` 0, ``dampening`` 0,
     ``weight_decay`` 0, ``nesterov`` False, keyword ``maximize`` False;
-    keywords ``master_weights`` and ``seed`` as in :class:`AdamW`.
+    keywords ``master_weights``, ``seed`` and the ``ema_*`` ones as in
+    :class:`AdamW`.
     """
 
     def __init__(
@@ -518,12 +645,21 @@ class SGD(_FusedMasterWeightOptimizer):
         maximize: bool = False,
         master_weights: bool = True,
         seed: int | None = None,
+        ema_decay: float | None = None,
+        ema_min_decay: float = 0.0,
+        ema_use_warmup: bool = False,
+        ema_warmup_gamma: float = 1.0,
+        ema_warmup_power: float = 2 / 3,
+        ema_update_after_step: int = 0,
+        ema_update_every: int = 1,
         foreach: bool | None = None,
         capturable: bool = False,
         differentiable: bool = False,
         fused: bool | None = None,
     ) -> None:
         _check_lr(lr)
+        ema = _ema_defaults(ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma, ema_warmup_power,
+                            ema_update_after_step, ema_update_every)
         if not 0.0 <= momentum:
             raise ValueError(f"Invalid momentum value: {momentum}")
         if not 0.0 <= weight_decay:
@@ -532,7 +668,7 @@ class SGD(_FusedMasterWeightOptimizer):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         defaults = dict(
             lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-            nesterov=nesterov, maximize=maximize, master_weights=bool(master_weights), seed=seed,
+            nesterov=nesterov, maximize=maximize, master_weights=bool(master_weights), seed=seed, **ema,
             **_torch_flags(foreach, capturable, differentiable, fused),
         )
         super().__init__(params, defaults)
@@ -546,7 +682,7 @@ class SGD(_FusedMasterWeightOptimizer):
                 st["step"] = torch.ones((), dtype=torch.float32, device=buf.device)
 
     def _step_device(self, group, params, op_params, states, grads, masters, steps, lr, lr_tensor, grad_scale,
-                     found_inf, sr_seed, unscale_grads) -> None:
+                     found_inf, sr_seed, unscale_grads, ema) -> None:
         momentum = float(group["momentum"])
         bufs = []
         if momentum != 0.0:
@@ -558,5 +694,29 @@ class SGD(_FusedMasterWeightOptimizer):
             op_params, grads, masters, bufs, steps,
             lr, momentum, float(group["dampening"]), float(group["weight_decay"]),
             bool(group["nesterov"]), bool(group["maximize"]),
-            lr_tensor, grad_scale, found_inf, sr_seed, unscale_grads,
+            lr_tensor, grad_scale, found_inf, sr_seed, unscale_grads, **ema,
         )
+
+
+@torch.no_grad()
+def ema_model(model: torch.nn.Module, optimizer: _FusedMasterWeightOptimizer,
+              dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """A separate copy of ``model`` holding the optimizer's EMA weights, for
+    code that wants an EMA module (timm's ``ModelEmaV3(model).module``,
+    torchvision's ``ExponentialMovingAverage``): ``copy.deepcopy(model)`` in
+    eval mode, each parameter that has an EMA in ``optimizer`` set to it
+    (rounded to nearest even to the parameter's dtype, or to ``dtype`` when
+    given: ``dtype=torch.float32`` gives the FP32 EMA itself and makes every
+    floating parameter and buffer of the copy FP32). Buffers (BatchNorm
+    running stats) are the model's, copied as they are now (timm's
+    ``exclude_buffers=True``). A snapshot: call again for a fresh one after
+    more steps (or use :meth:`AdamW.swap_ema`, which needs no copy)."""
+    emas = {id(p): e for p, e in optimizer._ema_pairs()}
+    copy_ = copy.deepcopy(model)
+    if dtype is not None:
+        copy_.to(dtype)
+    for (name, p), q in zip(model.named_parameters(), copy_.parameters()):
+        e = emas.get(id(p))
+        if e is not None:
+            q.detach().copy_(e)
+    return copy_.eval()

@@ -52,6 +52,21 @@ class OptTensor(ctypes.Structure):
     ]
 
 
+class EmaParams(ctypes.Structure):
+    """mixprec_ema_params (all zero: no EMA)."""
+
+    _fields_ = [
+        ("bufs", ctypes.c_void_p),
+        ("decay", ctypes.c_double),
+        ("min_decay", ctypes.c_double),
+        ("use_warmup", ctypes.c_int),
+        ("warmup_gamma", ctypes.c_double),
+        ("warmup_power", ctypes.c_double),
+        ("update_after_step", ctypes.c_int64),
+        ("update_every", ctypes.c_int64),
+    ]
+
+
 class AdamWParams(ctypes.Structure):
     _fields_ = [
         ("lr", ctypes.c_double),
@@ -66,6 +81,7 @@ class AdamWParams(ctypes.Structure):
         ("found_inf", ctypes.c_void_p),
         ("sr_seed", ctypes.c_uint64),
         ("unscale_grads", ctypes.c_int),
+        ("ema", EmaParams),
     ]
 
 
@@ -83,6 +99,7 @@ class SGDParams(ctypes.Structure):
         ("first_step", ctypes.c_int),
         ("sr_seed", ctypes.c_uint64),
         ("unscale_grads", ctypes.c_int),
+        ("ema", EmaParams),
     ]
 
 

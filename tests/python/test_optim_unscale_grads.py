@@ -155,4 +155,7 @@ def test_schema_marks_grads_mutable_and_defaults_false():
         args = {a.name: a for a in op._schema.arguments}
         assert args["grads"].alias_info is not None and args["grads"].alias_info.is_write
         assert args["unscale_grads"].default_value is False
-        assert op._schema.arguments[-1].name == "unscale_grads"
+        # Appended after sr_seed; only defaulted arguments (the EMA's) follow it.
+        names = [a.name for a in op._schema.arguments]
+        assert names[names.index("sr_seed") + 1] == "unscale_grads"
+        assert all(a.has_default_value() for a in op._schema.arguments[names.index("unscale_grads"):])

@@ -76,6 +76,48 @@ typedef struct mixprec_opt_tensor {
   mixprec_dtype grad_dtype;
 } mixprec_opt_tensor;
 
+/* An exponential moving average (EMA) of the weights, fused into the step
+ * (the `ema` member of mixprec_adamw_params and mixprec_sgd_params; all zero
+ * means no EMA). After a tensor's new FP32 value p is computed (its master,
+ * the F32 param itself, or for a master-free BF16 param the FP32 value
+ * before its stochastic rounding), still in registers, the same pass does
+ *   ema = lerp(ema, p, w),   w = 1 - decay rounded to float once,
+ * with torch.lerp's formula (as timm's ModelEmaV3 calls torch._foreach_lerp_
+ * with weight 1 - decay): diff = p - ema, then
+ *   ema = fma(w, diff, ema)       if |w| < 0.5
+ *       = fma(w - 1, diff, p)     otherwise (w = 1 gives ema = p exactly)
+ * so the EMA costs 8 bytes per element (read and write of the FP32 buffer)
+ * and no second read of the weights.
+ * The decay follows ModelEmaV3.get_decay(step) with step the tensor's count
+ * AFTER the step (timm's train loop passes num_updates, counted after the
+ * optimizer step): s = step - update_after_step - 1 (in double);
+ *   s <= 0: decay = 0 (the EMA takes the weights: timm's "copy" phase);
+ *   use_warmup: decay = max(min(1 - (1 + s / warmup_gamma)^-warmup_power,
+ *                               decay), min_decay);
+ *   otherwise decay.
+ * The update runs only on steps where step % update_every == 0
+ * (torchvision's reference --model-ema-steps); on the others the buffer is
+ * neither read nor written. The count is the tensor's step count (AdamW:
+ * required; SGD: a tensor with an EMA needs one), read on the device by the
+ * CUDA entry points, so the decay needs no host value. A skipped step
+ * (found_inf) writes nothing, the EMA included, and does not advance the
+ * count, so it does not count as an EMA update either. */
+typedef struct mixprec_ema_params {
+  /* NULL: no EMA (every other field is then ignored and unchecked).
+   * Otherwise a HOST array of the step's n FP32 buffers (device pointers
+   * for the CUDA entry points), bufs[i] for list[i], numel elements each,
+   * disjoint from every other buffer of the step; bufs[i] NULL: list[i] has
+   * no EMA. */
+  float *const *bufs;
+  double decay;             /* in [0, 1] */
+  double min_decay;         /* in [0, 1] (used with use_warmup) */
+  int use_warmup;           /* nonzero: timm's warmup formula */
+  double warmup_gamma;      /* finite, > 0 (used with use_warmup) */
+  double warmup_power;      /* finite, > 0 (used with use_warmup) */
+  int64_t update_after_step; /* >= 0 */
+  int64_t update_every;     /* >= 0; 0 and 1 both mean every step */
+} mixprec_ema_params;
+
 /* Hyper-parameters of torch.optim.AdamW (defaults: lr 1e-3, betas (0.9,
  * 0.999), eps 1e-8, weight_decay 1e-2, amsgrad 0, maximize 0).
  * The three pointers are optional (NULL: absent); each points to ONE float,
@@ -102,7 +144,12 @@ typedef struct mixprec_opt_tensor {
  *   Ignored without grad_scale (nothing to unscale: grads are not written),
  *   and a skipped step (found_inf) writes no grad either, so they stay
  *   scaled, as torch's do. Appended last: the offsets of the fields above
- *   are those of the struct without it. */
+ *   are those of the struct without it.
+ * ema: the fused EMA of the weights (mixprec_ema_params); appended after
+ *   unscale_grads in the same way. All zero (a zero-filled struct) is no
+ *   EMA, and with ema.bufs NULL every result is bit-identical to a build
+ *   without it. With an EMA, params, masters, state and step counts are
+ *   bit-identical to the same call without one. */
 typedef struct mixprec_adamw_params {
   double lr;           /* >= 0, finite (unless lr_tensor) */
   double beta1, beta2; /* each in [0, 1) */
@@ -115,6 +162,7 @@ typedef struct mixprec_adamw_params {
   const float *found_inf;
   uint64_t sr_seed;
   int unscale_grads;   /* nonzero: write g / *grad_scale back to the grads */
+  mixprec_ema_params ema; /* EMA of the weights (see above); bufs NULL: none */
 } mixprec_adamw_params;
 
 /* Hyper-parameters of torch.optim.SGD (defaults: lr 1e-3, momentum 0,
@@ -136,11 +184,15 @@ typedef struct mixprec_sgd_params {
   int first_step;      /* nonzero: momentum buffers hold no value yet */
   uint64_t sr_seed;
   int unscale_grads;   /* as in mixprec_adamw_params */
+  mixprec_ema_params ema; /* as in mixprec_adamw_params */
 } mixprec_sgd_params;
 
 /*! mixprec_adamw_params_default(), mixprec_sgd_params_default() :
  *  @return : torch's defaults (listed above), all pointers NULL, sr_seed 0,
- *            unscale_grads 0. */
+ *            unscale_grads 0; ema: bufs NULL (off) with timm ModelEmaV3's
+ *            defaults ready (decay 0.9999, min_decay 0, use_warmup 0,
+ *            warmup_gamma 1, warmup_power 2/3, update_after_step 0) and
+ *            update_every 1. */
 MIXPREC_API mixprec_adamw_params mixprec_adamw_params_default(void);
 MIXPREC_API mixprec_sgd_params mixprec_sgd_params_default(void);
 
@@ -168,6 +220,8 @@ MIXPREC_API mixprec_sgd_params mixprec_sgd_params_default(void);
  *    param = p rounded to param_dtype (nearest even) when param is F16/BF16
  *            with a master; stochastically (BF16 without a master: p was
  *            read from param)
+ *    ema = lerp(ema, p, w)  (a tensor with an EMA buffer, on an EMA update
+ *                            step: see mixprec_ema_params)
  *  and finally *step = t. FP32 results are bitwise equal to torch's fused
  *  CPU AdamW with ATEN_CPU_CAPABILITY avx2 (see c_ops/src/adamw.c).
  *  Results do not depend on the thread count.
@@ -182,6 +236,8 @@ MIXPREC_API mixprec_sgd_params mixprec_sgd_params_default(void);
  *            MIXPREC_ERR_BAD_ARGUMENT for a hyper-parameter out of range (a
  *              NaN or inf included), or a master given for an F32 param;
  *            MIXPREC_ERR_OUT_OF_MEMORY if scratch space could not be had.
+ *            With p->ema.bufs: BAD_ARGUMENT also for an EMA field out of
+ *            its range (see mixprec_ema_params; NaN included).
  *            Everything is checked before anything is written: on an error
  *            nothing has been written. */
 MIXPREC_API mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list,
@@ -202,7 +258,8 @@ MIXPREC_API mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list,
  *      buf = fma(1 - dampening, g, buf * momentum)
  *            (in the last numel % 8 elements: fma(buf, momentum, g * (1 - dampening)))
  *      g = nesterov ? fma(buf, momentum, g) : buf
- *    p = fma(-g, lr, p);  param = p rounded to param_dtype when F16/BF16.
+ *    p = fma(-g, lr, p);  param = p rounded to param_dtype when F16/BF16;
+ *    ema = lerp(ema, p, w)  (as in mixprec_adamw_step).
  *  (fma: one rounding, as torch's AVX2 build computes it: bitwise equal to
  *  torch's fused CPU SGD there; see c_ops/src/sgd.c.)
  *  "First step" (torch: the momentum_buffer is still None): for a tensor
@@ -214,7 +271,8 @@ MIXPREC_API mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list,
  *  set until a step is not skipped.
  *  @return : as mixprec_adamw_step(); BAD_ARGUMENT also for nesterov with
  *            momentum <= 0 or dampening != 0; NULL_POINTER also for a
- *            master-free BF16 param without a step count. */
+ *            master-free BF16 param, or a tensor with an EMA buffer,
+ *            without a step count. */
 MIXPREC_API mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list,
                                             int64_t n,
                                             const mixprec_sgd_params *p);
