@@ -26,9 +26,9 @@ Choices (documented, tested):
   to size their output; ``nms_padded`` copies nothing (CUDA-graph capturable).
 """
 
-from __future__ import annotations
 
 import torch
+from torch.nn.modules.utils import _pair
 
 from ._amp import _refuse_sparse
 from ._library import FLOAT_DTYPES as _FLOAT
@@ -191,17 +191,66 @@ def _supported(boxes, scores):
     )
 
 
+# ---- patch_torchvision -----------------------------------------------------------
+#
+# TorchScript compiles the functions it finds in torchvision's module globals
+# when a detector is scripted, so the replacements below are written in the
+# scriptable subset: annotated, no tuples of dtypes, no keyword-only
+# arguments, the Python-only checks behind `if not torch.jit.is_scripting()`
+# (TorchScript does not compile that branch; the C++ kernels make the same
+# checks). Which device mixprec handles is fixed when the patch is applied
+# (TorchScript refuses a closed-over bool, not a closed-over function: the
+# device test is one of two functions).
+
+
+def _is_float(t: torch.Tensor) -> bool:
+    return t.dtype == torch.float32 or t.dtype == torch.float16 or t.dtype == torch.bfloat16
+
+
+def _on_cpu(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu"
+
+
+def _on_cpu_or_cuda(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" or t.device.type == "cuda"
+
+
+def _forget_scripted(module_names):
+    """TorchScript caches what it compiled: free functions by function object,
+    module methods by module type. A function or method compiled before the
+    patch (or before undo) would keep calling the ops it was compiled with,
+    so the caches of torchvision's functions and module types are dropped:
+    the next torch.jit.script compiles them against the current globals."""
+    import sys
+
+    try:
+        from torch.jit import _recursive, _state
+    except ImportError:  # pragma: no cover - very old torch
+        return
+    for fn in list(_state._jit_caching_layer.keys()):
+        if getattr(fn, "__module__", "") in module_names:
+            _state._jit_caching_layer.pop(fn, None)
+    store = _recursive.concrete_type_store
+    for cls in list(store.type_store.keys()):
+        if getattr(cls, "__module__", "").startswith("torchvision."):
+            for ct in store.type_store.pop(cls):
+                store.methods_compiled.discard(ct)
+    del sys
+
+
 class TorchvisionPatch:
     """What :func:`patch_torchvision` returns: ``undo()`` restores
     torchvision's functions; also a context manager."""
 
-    def __init__(self, saved):
+    def __init__(self, saved, module_names=()):
         self._saved = saved
+        self._module_names = tuple(module_names)
 
     def undo(self) -> None:
         for (mod, name), fn in self._saved.items():
             setattr(mod, name, fn)
         self._saved = {}
+        _forget_scripted(self._module_names)
 
     def __enter__(self):
         return self
@@ -212,40 +261,111 @@ class TorchvisionPatch:
 
 
 def patch_torchvision() -> TorchvisionPatch:
-    """Makes ``torchvision.ops.nms`` and ``torchvision.ops.batched_nms`` (and
-    their ``torchvision.ops.boxes`` originals, which torchvision's detection
-    models call) use mixprec's ops for float32/float16/bfloat16 boxes on the
-    CPU (and CUDA when mixprec's CUDA library is loaded); other inputs
-    (float64, other devices) still go to torchvision. One line::
+    """Makes torchvision's ``nms``, ``batched_nms`` and ``roi_align`` use
+    mixprec's ops for float32/float16/bfloat16 inputs on the CPU (and CUDA
+    when mixprec's CUDA library is loaded); other inputs (float64, quantized,
+    other devices) still go to torchvision. Patched are the names torchvision
+    and its detection models call: ``torchvision.ops.{nms, batched_nms,
+    roi_align}``, ``torchvision.ops.boxes.{nms, batched_nms}``, the module
+    function ``roi_align`` of ``torchvision.ops.roi_align`` (which
+    ``torchvision.ops.RoIAlign`` calls), ``torchvision.ops.poolers.roi_align``
+    (``MultiScaleRoIAlign``) and ``torchvision.models.detection.roi_heads.
+    roi_align`` (Mask R-CNN's mask targets). One line::
 
         mixprec.ops.patch_torchvision()            # or: with ...patch_torchvision():
 
-    Returns a handle whose ``undo()`` (or the end of the ``with``) restores
-    torchvision."""
+    The replacements are TorchScript-compatible: ``torch.jit.script`` of a
+    torchvision detector works with the patch active and the scripted model
+    calls mixprec's ops. Returns a handle whose ``undo()`` (or the end of the
+    ``with``) restores torchvision; both drop TorchScript's cache of
+    torchvision's compiled functions and module types so that a model
+    scripted afterwards follows the current state."""
+    import importlib
+    import sys
+
     import torchvision.ops
     import torchvision.ops.boxes as tv_boxes
+    import torchvision.ops.poolers as tv_poolers
+    from torch import Tensor
+    from torch.jit.annotations import BroadcastingList2
+    from typing import List, Union
+
+    from ._library import cuda_ops_loaded
+    from ._roi_align import _boxes_to_rois, _check_box_list, _check_forward
+
+    tv_roi_mod = sys.modules["torchvision.ops.roi_align"]
+    heads = importlib.import_module("torchvision.models.detection.roi_heads")
 
     orig_nms = tv_boxes.nms
     orig_batched = tv_boxes.batched_nms
+    orig_roi_align = tv_roi_mod.roi_align
+    _on = _on_cpu_or_cuda if cuda_ops_loaded() else _on_cpu
 
-    def patched_nms(boxes, scores, iou_threshold):
-        if _supported(boxes, scores):
-            return nms(boxes, scores, iou_threshold)
+    def patched_nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
+        if _is_float(boxes) and _is_float(scores) and _on(boxes) and not boxes.is_quantized:
+            if not torch.jit.is_scripting():
+                _check("nms", boxes, scores, None, float(iou_threshold), None)
+            return torch.ops.mixprec.nms(boxes.contiguous(), scores.contiguous(), float(iou_threshold), None, -1)
         return orig_nms(boxes, scores, iou_threshold)
 
-    def patched_batched_nms(boxes, scores, idxs, iou_threshold):
-        if _supported(boxes, scores) and idxs.dtype in (torch.int64, torch.int32):
-            return batched_nms(boxes, scores, idxs, iou_threshold)
+    def patched_batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float) -> Tensor:
+        if (
+            _is_float(boxes)
+            and _is_float(scores)
+            and _on(boxes)
+            and (idxs.dtype == torch.int64 or idxs.dtype == torch.int32)
+        ):
+            if not torch.jit.is_scripting():
+                _check("batched_nms", boxes, scores, idxs, float(iou_threshold), None)
+            return torch.ops.mixprec.batched_nms(
+                boxes.contiguous(), scores.contiguous(), idxs.contiguous(), float(iou_threshold), None, -1
+            )
         return orig_batched(boxes, scores, idxs, iou_threshold)
+
+    def patched_roi_align(
+        input: Tensor,
+        boxes: Union[Tensor, List[Tensor]],
+        output_size: BroadcastingList2[int],
+        spatial_scale: float = 1.0,
+        sampling_ratio: int = -1,
+        aligned: bool = False,
+    ) -> Tensor:
+        if isinstance(boxes, torch.Tensor):
+            rois = boxes
+        else:
+            if not torch.jit.is_scripting():
+                _check_box_list(boxes)
+            rois = _boxes_to_rois(boxes)
+        if _is_float(input) and _is_float(rois) and _on(input) and not input.is_quantized:
+            size = _pair(output_size)
+            if not torch.jit.is_scripting():
+                _check_forward(input, rois, float(spatial_scale), int(size[0]), int(size[1]), int(sampling_ratio))
+            return torch.ops.mixprec.roi_align(
+                input.contiguous(), rois.contiguous(), float(spatial_scale), size[0], size[1], sampling_ratio, aligned
+            )
+        return orig_roi_align(input, rois, output_size, spatial_scale, sampling_ratio, aligned)
 
     patched_nms.__doc__ = orig_nms.__doc__
     patched_batched_nms.__doc__ = orig_batched.__doc__
+    patched_roi_align.__doc__ = orig_roi_align.__doc__
     saved = {}
-    for mod in (torchvision.ops, tv_boxes):
-        for name, fn in (("nms", patched_nms), ("batched_nms", patched_batched_nms)):
-            saved[(mod, name)] = getattr(mod, name)
-            setattr(mod, name, fn)
-    return TorchvisionPatch(saved)
+    targets = [
+        (torchvision.ops, "nms", patched_nms),
+        (tv_boxes, "nms", patched_nms),
+        (torchvision.ops, "batched_nms", patched_batched_nms),
+        (tv_boxes, "batched_nms", patched_batched_nms),
+        (torchvision.ops, "roi_align", patched_roi_align),
+        (tv_roi_mod, "roi_align", patched_roi_align),
+        (tv_poolers, "roi_align", patched_roi_align),
+        (heads, "roi_align", patched_roi_align),
+    ]
+    for mod, name, fn in targets:
+        saved[(mod, name)] = getattr(mod, name)
+        setattr(mod, name, fn)
+    names = {m.__name__ for m, _, _ in targets} | {"torchvision.models.detection.roi_heads"}
+    names |= {n for n in sys.modules if n.startswith("torchvision.")}
+    _forget_scripted(names)
+    return TorchvisionPatch(saved, names)
 
 
 __all__ = ["nms", "batched_nms", "nms_padded", "patch_torchvision", "TorchvisionPatch"]
