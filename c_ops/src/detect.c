@@ -1,0 +1,186 @@
+/* Batched detection post-processing on the CPU (mixprec_efficient_nms).
+ *
+ * Per image: one pass over the (N, C) scores turns every candidate (score >
+ * threshold, not NaN) into a 32-bit key of mixprec_nms's score order, in
+ * flat-index order; a radix select (4 histogram passes of 8 bits) finds the
+ * pre-NMS top-k boundary and keeps equal keys in index order, so the stable
+ * radix sort of the survivors gives decreasing score, ties by index. The NMS
+ * itself is mixprec_nms's core (mixprec__nms_sorted: the same gather, SIMD
+ * sweep, x-sorted pruning and per-class split), so the IoU decisions are
+ * those of mixprec_nms / torchvision bit for bit. Images run on parallel
+ * threads when the batch has several (one image per thread, its classes
+ * serial); a single image spreads its classes over the threads instead.
+ * Each image writes only its own rows of the outputs: no merge, and nothing
+ * depends on the thread count. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "detect_check.h"
+#include "nms_internal.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+mixprec_detect_params mixprec_detect_params_default(void) {
+  mixprec_detect_params p;
+  p.iou_threshold = 0.5;
+  p.use_score_threshold = 0;
+  p.score_threshold = 0.0;
+  p.pre_nms_top_k = -1;
+  p.max_detections = 100;
+  p.class_agnostic = 0;
+  return p;
+}
+
+/* Of the m (key, idx) pairs (in idx order), keeps in place the k with the
+ * smallest keys, equal keys by position; keeps their order. Returns k. */
+static int64_t select_smallest(uint32_t *keys, int32_t *idx, int64_t m, int64_t k) {
+  uint32_t prefix = 0, mask = 0;
+  int64_t need = k; /* rank of the boundary key among those matching prefix */
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    int64_t count[256] = {0};
+    for (int64_t i = 0; i < m; i++)
+      if ((keys[i] & mask) == prefix) count[(keys[i] >> shift) & 0xffu]++;
+    int d = 0;
+    for (; d < 255; d++) {
+      if (need <= count[d]) break;
+      need -= count[d];
+    }
+    prefix |= (uint32_t)d << shift;
+    mask |= 0xffu << shift;
+  }
+  /* All keys below the boundary, then the first `need` equal to it. */
+  int64_t w = 0, equal = 0;
+  for (int64_t i = 0; i < m; i++) {
+    if (keys[i] < prefix || (keys[i] == prefix && equal++ < need)) {
+      keys[w] = keys[i];
+      idx[w] = idx[i];
+      w++;
+    }
+  }
+  return w;
+}
+
+typedef struct detect_args {
+  const uint8_t *boxes;
+  size_t box_es; /* bytes of one box coordinate */
+  mixprec_dtype boxes_dtype;
+  int class_boxes;
+  const uint8_t *scores;
+  size_t score_es;
+  mixprec_dtype scores_dtype;
+  int64_t n, classes, k;
+  const mixprec_detect_params *p;
+  float iou_thr, score_thr;
+  uint8_t *out_boxes, *out_scores;
+  int64_t *out_classes, *out_indices, *counts;
+} detect_args;
+
+static mixprec_status detect_image(const detect_args *a, int64_t b, int threads) {
+  const int64_t nc = a->n * a->classes, k = a->k;
+  uint8_t *ob = a->out_boxes + (size_t)(b * k * 4) * a->box_es;
+  uint8_t *os = a->out_scores + (size_t)(b * k) * a->score_es;
+  int64_t *ocls = a->out_classes + b * k, *oidx = a->out_indices + b * k;
+  int64_t count = 0;
+  if (nc > 0) {
+    /* keys, tk (u32); idx, tv, rows (i32); cls (i64); flags (u8). */
+    const size_t nn = (size_t)nc + 8;
+    uint8_t *mem = (uint8_t *)malloc(nn * (4 * 2 + 4 * 3 + 8 + 1) + 64);
+    if (!mem) return MIXPREC_ERR_OUT_OF_MEMORY;
+    int64_t *cls = (int64_t *)mem;
+    uint32_t *keys = (uint32_t *)(cls + nn), *tk = keys + nn;
+    int32_t *idx = (int32_t *)(tk + nn), *tv = idx + nn, *rows = tv + nn;
+    uint8_t *flags = (uint8_t *)(rows + nn);
+
+    const void *scores = a->scores + (size_t)(b * nc) * a->score_es;
+    const int use_thr = a->p->use_score_threshold;
+    int64_t m = 0;
+    for (int64_t j = 0; j < nc; j++) {
+      const float s = mixprec__load_f32(scores, a->scores_dtype, j);
+      if (s != s || (use_thr && !(s > a->score_thr))) continue;
+      keys[m] = ~mixprec__nms_score_key(s);
+      idx[m] = (int32_t)j;
+      m++;
+    }
+    if (a->p->pre_nms_top_k > 0 && m > a->p->pre_nms_top_k)
+      m = select_smallest(keys, idx, m, a->p->pre_nms_top_k);
+    mixprec__nms_radix_sort(keys, idx, tk, tv, m);
+    for (int64_t r = 0; r < m; r++) {
+      const int64_t j = idx[r];
+      rows[r] = (int32_t)(a->class_boxes ? j : j / a->classes);
+      cls[r] = j % a->classes;
+    }
+    const void *boxes = a->boxes + (size_t)(b * (a->class_boxes ? nc : a->n) * 4) * a->box_es;
+    const mixprec_status st =
+        mixprec__nms_sorted(boxes, a->boxes_dtype, rows, a->p->class_agnostic ? NULL : cls, m,
+                            a->iou_thr, k, threads, flags);
+    if (st != MIXPREC_OK) {
+      free(mem);
+      return st;
+    }
+    for (int64_t r = 0; r < m && count < k; r++) {
+      if (!flags[r]) continue;
+      const int64_t j = idx[r];
+      memcpy(ob + (size_t)(count * 4) * a->box_es,
+             (const uint8_t *)boxes + (size_t)(rows[r] * 4) * a->box_es, 4 * a->box_es);
+      memcpy(os + (size_t)count * a->score_es, (const uint8_t *)scores + (size_t)j * a->score_es,
+             a->score_es);
+      ocls[count] = j % a->classes;
+      oidx[count] = j / a->classes;
+      count++;
+    }
+    free(mem);
+  }
+  /* All-zero bits are +0 in float32, float16 and bfloat16. */
+  memset(ob + (size_t)(count * 4) * a->box_es, 0, (size_t)((k - count) * 4) * a->box_es);
+  memset(os + (size_t)count * a->score_es, 0, (size_t)(k - count) * a->score_es);
+  for (int64_t q = count; q < k; q++) ocls[q] = oidx[q] = -1;
+  a->counts[b] = count;
+  return MIXPREC_OK;
+}
+
+mixprec_status mixprec_efficient_nms(const void *boxes, mixprec_dtype boxes_dtype,
+                                     int class_boxes, const void *scores,
+                                     mixprec_dtype scores_dtype, int64_t batch, int64_t n,
+                                     int64_t classes, const mixprec_detect_params *p,
+                                     void *out_boxes, void *out_scores, int64_t *out_classes,
+                                     int64_t *out_indices, int64_t *counts) {
+  const mixprec_status st =
+      mixprec__detect_check(boxes, boxes_dtype, scores, scores_dtype, batch, n, classes, p,
+                            out_boxes, out_scores, out_classes, out_indices, counts);
+  if (st != MIXPREC_OK) return st;
+  if (batch == 0) return MIXPREC_OK;
+  detect_args a;
+  a.boxes = (const uint8_t *)boxes;
+  a.box_es = (size_t)mixprec_dtype_size(boxes_dtype);
+  a.boxes_dtype = boxes_dtype;
+  a.class_boxes = class_boxes != 0;
+  a.scores = (const uint8_t *)scores;
+  a.score_es = (size_t)mixprec_dtype_size(scores_dtype);
+  a.scores_dtype = scores_dtype;
+  a.n = n, a.classes = classes, a.k = p->max_detections, a.p = p;
+  a.iou_thr = mixprec__nms_float_floor(p->iou_threshold);
+  a.score_thr = p->use_score_threshold ? mixprec__nms_float_floor(p->score_threshold) : 0.0f;
+  a.out_boxes = (uint8_t *)out_boxes, a.out_scores = (uint8_t *)out_scores;
+  a.out_classes = out_classes, a.out_indices = out_indices, a.counts = counts;
+
+  /* An image's scratch comes from malloc inside its task, so an allocation
+   * failure is only known after other images wrote their rows: the outputs
+   * are then unspecified (the header says so). */
+  const int threads = mixprec__num_threads();
+  int failed = 0;
+  if (batch == 1 || threads <= 1) {
+    for (int64_t b = 0; b < batch; b++)
+      if (detect_image(&a, b, threads) != MIXPREC_OK) failed = 1;
+  } else {
+    const int t = batch < threads ? (int)batch : threads;
+    (void)t;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(t) reduction(| : failed)
+#endif
+    for (int64_t b = 0; b < batch; b++)
+      if (detect_image(&a, b, 1) != MIXPREC_OK) failed |= 1;
+  }
+  return failed ? MIXPREC_ERR_OUT_OF_MEMORY : MIXPREC_OK;
+}

@@ -1,0 +1,47 @@
+// The detect family (batched detection post-processing): its schema and its
+// CPU backend. The validation is detect_op.h's, shared with detect_cuda.cpp.
+#include "detect_op.h"
+
+namespace mixprec_shim {
+namespace detect {
+namespace {
+
+struct CpuBackend {
+  static void check_device(const char* op, const Where& w) { check_cpu_device(op, w); }
+
+  static void run(const char* op, const DetectArgs& a, DetectOut& o) {
+    const bool any = a.batch > 0;
+    check_status(
+        mixprec_efficient_nms(a.boxes, a.boxes_dtype, a.class_boxes, a.scores, a.scores_dtype,
+                              a.batch, a.n, a.classes, &a.params,
+                              any ? o.boxes.data_ptr() : nullptr,
+                              any ? o.scores.data_ptr() : nullptr,
+                              any ? static_cast<int64_t*>(o.classes.data_ptr()) : nullptr,
+                              any ? static_cast<int64_t*>(o.indices.data_ptr()) : nullptr,
+                              any ? static_cast<int64_t*>(o.counts.data_ptr()) : nullptr),
+        op);
+  }
+};
+
+}  // namespace
+}  // namespace detect
+}  // namespace mixprec_shim
+
+STABLE_TORCH_LIBRARY_FRAGMENT(mixprec, m) {
+  // Batched detection post-processing (TensorRT's EfficientNMS): per image,
+  // candidates (n, c) with scores[b, n, c] > score_threshold (NaN never),
+  // decreasing score (ties: lower n * C + c first), the first pre_nms_top_k
+  // of them, class-aware (or class-agnostic) greedy NMS with the IoU in
+  // float32. Returns (boxes (B, K, 4), scores (B, K), classes (B, K) int64,
+  // indices (B, K) int64 = n, counts (B,) int64), K = max_detections, padded
+  // with 0 / -1 after counts[b]. boxes: (B, N, 4) or (B, N, C, 4).
+  m.def(
+      "efficient_nms(Tensor boxes, Tensor scores, float iou_threshold=0.5,"
+      " float? score_threshold=None, int max_detections=100, int pre_nms_top_k=-1,"
+      " bool class_agnostic=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
+  namespace detect = mixprec_shim::detect;
+  m.impl("efficient_nms", TORCH_BOX(&detect::efficient_nms_op<detect::CpuBackend>));
+}
