@@ -8,7 +8,9 @@
  *   mixprec/amp.h      loss scaling: unscale, grad_norm, update_scale
  *   mixprec/optim.h    fused master-weight AdamW and SGD steps
  *   mixprec/nms.h      greedy and class-aware NMS
+ *   mixprec/detect.h   batched detection post-processing (EfficientNMS)
  *   mixprec/softmax.h  softmax, log_softmax and cross-entropy
+ *   mixprec/roi_align.h RoIAlign forward and backward
  * None of them needs torch or CUDA. The torch shim is one client of the API,
  * ctypes or another framework can be another.
  *
@@ -180,6 +182,8 @@ typedef struct mixprec_tensor {
 #include "mixprec/amp.h"     /* loss scaling */
 #include "mixprec/optim.h"   /* fused optimizer steps */
 #include "mixprec/nms.h"     /* greedy and class-aware NMS */
+#include "mixprec/detect.h"  /* batched detection post-processing */
 #include "mixprec/softmax.h" /* softmax, log_softmax, cross-entropy */
+#include "mixprec/roi_align.h" /* RoIAlign forward and backward */
 
 #endif /* MIXPREC_MIXPREC_H */
