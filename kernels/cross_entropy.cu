@@ -11,6 +11,10 @@
  * the SUM/MEAN loss is the same on every run (no atomics).
  * Backward: the same layout, one read of the logits, one write of the
  * gradient in their dtype.
+ * Class-probability targets (mixprec_cuda_cross_entropy_soft): the same
+ * layouts, the target read beside the logits in the second (cached) pass;
+ * the per-unit (loss, position count) pairs go through the same fixed-order
+ * reduce, so MEAN divides by the number of positions.
  * An out-of-range target cannot be reported without a host sync: its
  * position gets a NaN loss (so a reduced loss is NaN too), NaN stats and a
  * NaN gradient slice. */
@@ -250,6 +254,159 @@ __global__ void ce_cols_bwd(const void *logits, void *dx, CeBwdArgs a, int64_t o
   }
 }
 
+/* ---- class-probability (soft) targets ---------------------------------------- */
+
+/* The soft-target twin of CeArgs: the target has the logits' layout. part
+ * holds per work unit (loss sum, position count), so ce_reduce's MEAN
+ * divides by the number of positions, as torch's. */
+struct SoftArgs {
+  const void *target;
+  const float *weight; /* may be NULL */
+  float *loss;         /* per position (NONE) or NULL */
+  float *stats;        /* 3 * positions */
+  double *part;        /* 2 per work unit */
+  int64_t outer, classes, inner, positions;
+  float keep, add; /* t' = t * keep + add */
+};
+
+template <int TD>
+__device__ __forceinline__ float soft_t(const SoftArgs &a, int64_t i, int64_t c) {
+  return (a.weight ? a.weight[c] : 1.0f) * (ld<TD>(a.target, i) * a.keep + a.add);
+}
+
+template <int D, int TD, bool WARP>
+__global__ void ces_rows(const void *logits, SoftArgs a) {
+  __shared__ float scratch[64];
+  const int64_t row = WARP ? (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
+  if (WARP && row >= a.outer) return;
+  const int tid = WARP ? threadIdx.x % 32 : threadIdx.x;
+  const int nt = WARP ? 32 : blockDim.x;
+  const int64_t C = a.classes, off = row * C;
+  const char *xr = static_cast<const char *>(logits) + off * (D == MIXPREC_F32 ? 4 : 2);
+  constexpr int V = VecWidth<D>::value;
+  MaxSum acc{-INFINITY, 0.0f};
+  if (aligned16(xr) && C % V == 0) {
+    for (int64_t i = (int64_t)tid * V; i < C; i += (int64_t)nt * V) {
+      float v[8];
+      ld_vec<D>(xr, i, v);
+      online_add_vec<V>(acc, v);
+    }
+  } else {
+    for (int64_t i = tid; i < C; i += nt) online_add(acc, ld<D>(xr, i));
+  }
+  acc = WARP ? warp_merge(acc) : block_merge(acc, scratch);
+  const float m = acc.m, lg = logf(acc.s);
+  /* Second pass (from L2): sum_c w t' and sum_c w t' (x_c - max). */
+  float tw = 0.0f, twx = 0.0f;
+  for (int64_t i = tid; i < C; i += nt) {
+    const float p = soft_t<TD>(a, off + i, i);
+    tw += p;
+    twx += p * (ld<D>(xr, i) - m);
+  }
+  tw = WARP ? warp_sum(tw) : block_sum(tw, scratch);
+  twx = WARP ? warp_sum(twx) : block_sum(twx, scratch);
+  if (tid == 0) {
+    const double l = (double)tw * (double)lg - (double)twx;
+    if (a.loss) a.loss[row] = (float)l;
+    a.stats[row] = m;
+    a.stats[a.positions + row] = lg;
+    a.stats[2 * a.positions + row] = tw;
+    a.part[2 * row] = l;
+    a.part[2 * row + 1] = 1.0;
+  }
+}
+
+template <int D, int TD>
+__global__ void ces_cols(const void *logits, SoftArgs a, int64_t o0) {
+  __shared__ double scratch[2 * 32];
+  const int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t o = o0 + blockIdx.y;
+  const int64_t C = a.classes, inner = a.inner;
+  double l = 0.0, cnt = 0.0;
+  if (col < inner) {
+    const int64_t pos = o * inner + col, base = o * C * inner + col;
+    MaxSum acc{-INFINITY, 0.0f};
+    for (int64_t c = 0; c < C; c++) online_add(acc, ld<D>(logits, base + c * inner));
+    const float m = acc.m, lg = logf(acc.s);
+    float tw = 0.0f, twx = 0.0f;
+    for (int64_t c = 0; c < C; c++) {
+      const float p = soft_t<TD>(a, base + c * inner, c);
+      tw += p;
+      twx += p * (ld<D>(logits, base + c * inner) - m);
+    }
+    l = (double)tw * (double)lg - (double)twx;
+    cnt = 1.0;
+    if (a.loss) a.loss[pos] = (float)l;
+    a.stats[pos] = m;
+    a.stats[a.positions + pos] = lg;
+    a.stats[2 * a.positions + pos] = tw;
+  }
+  const double sl = mixprec__block_sum_f64(l, scratch);
+  const double sc = mixprec__block_sum_f64(cnt, scratch);
+  if (threadIdx.x == 0) {
+    const int64_t unit = o * gridDim.x + blockIdx.x;
+    a.part[2 * unit] = sl;
+    a.part[2 * unit + 1] = sc;
+  }
+}
+
+struct SoftBwdArgs {
+  const void *target;
+  const float *weight;
+  const float *stats;
+  const float *grad_loss;
+  int64_t outer, classes, inner, positions;
+  float keep, add;
+  double keep_d;
+  int reduction;
+};
+
+__device__ __forceinline__ float soft_grad_of(const SoftBwdArgs &a, int64_t pos) {
+  if (a.reduction == MIXPREC_REDUCTION_NONE) return a.grad_loss[pos];
+  if (a.reduction == MIXPREC_REDUCTION_SUM) return a.grad_loss[0];
+  return (float)((double)a.grad_loss[0] / (double)a.positions);
+}
+
+/* One element c of a position: dx = g T p_c - g w t'_c, dt = -g keep w lp. */
+template <int D, int TD>
+__device__ __forceinline__ void soft_grad_at(const void *logits, void *dx, void *dt, const SoftBwdArgs &a,
+                                             int64_t i, int64_t c, float m, float lg, float ca, float g,
+                                             float cdt) {
+  const float w = a.weight ? a.weight[c] : 1.0f;
+  const float lp = (ld<D>(logits, i) - m) - lg;
+  if (dx) st<D>(dx, i, ca * expf(lp) - g * (w * (ld<TD>(a.target, i) * a.keep + a.add)));
+  if (dt) st<TD>(dt, i, cdt * w * lp);
+}
+
+template <int D, int TD>
+__global__ void ces_rows_bwd(const void *logits, void *dx, void *dt, SoftBwdArgs a, int warp_rows) {
+  const int64_t row = warp_rows ? (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
+  if (row >= a.outer) return;
+  const int tid = warp_rows ? threadIdx.x % 32 : threadIdx.x;
+  const int nt = warp_rows ? 32 : blockDim.x;
+  const int64_t C = a.classes, off = row * C;
+  const float g = soft_grad_of(a, row);
+  const float m = a.stats[row], lg = a.stats[a.positions + row];
+  const float ca = (float)((double)g * (double)a.stats[2 * a.positions + row]);
+  const float cdt = (float)(-(double)g * a.keep_d);
+  for (int64_t i = tid; i < C; i += nt) soft_grad_at<D, TD>(logits, dx, dt, a, off + i, i, m, lg, ca, g, cdt);
+}
+
+template <int D, int TD>
+__global__ void ces_cols_bwd(const void *logits, void *dx, void *dt, SoftBwdArgs a, int64_t o0) {
+  const int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t o = o0 + blockIdx.y;
+  const int64_t C = a.classes, inner = a.inner;
+  if (col >= inner) return;
+  const int64_t pos = o * inner + col, base = o * C * inner + col;
+  const float g = soft_grad_of(a, pos);
+  const float m = a.stats[pos], lg = a.stats[a.positions + pos];
+  const float ca = (float)((double)g * (double)a.stats[2 * a.positions + pos]);
+  const float cdt = (float)(-(double)g * a.keep_d);
+  for (int64_t c = 0; c < C; c++)
+    soft_grad_at<D, TD>(logits, dx, dt, a, base + c * inner, c, m, lg, ca, g, cdt);
+}
+
 /* ---- host side ---------------------------------------------------------------- */
 
 /* Host checks: the CPU's (ce_check.h), then alignment instead of the target
@@ -399,5 +556,158 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_backward(
     case MIXPREC_F16: return launch_bwd<MIXPREC_F16>(logits, grad_logits, a, s);
     case MIXPREC_BF16: return launch_bwd<MIXPREC_BF16>(logits, grad_logits, a, s);
     default: return launch_bwd<MIXPREC_F32>(logits, grad_logits, a, s);
+  }
+}
+
+/* ---- soft targets: host side -------------------------------------------------- */
+
+namespace {
+
+mixprec_status soft_check(const void *logits, mixprec_dtype dtype, const void *target, mixprec_dtype td,
+                          const mixprec_cross_entropy_params *p, int64_t *positions) {
+  const mixprec_status st = mixprec__ce_soft_check(logits, dtype, target, td, p, positions);
+  if (st != MIXPREC_OK || *positions == 0) return st;
+  if ((uintptr_t)logits % (uintptr_t)mixprec_dtype_size(dtype) ||
+      (uintptr_t)target % (uintptr_t)mixprec_dtype_size(td) || (p->weight && (uintptr_t)p->weight % 4))
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  return MIXPREC_OK;
+}
+
+template <int D, int TD>
+mixprec_status launch_soft_fwd(const void *logits, const SoftArgs &a, cudaStream_t s) {
+  if (a.inner == 1) {
+    if (a.classes <= MIXPREC__CE_WARP_ROW_MAX) {
+      const int64_t per = MIXPREC__CE_THREADS / 32, blocks = (a.outer + per - 1) / per;
+      if (blocks > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
+      ces_rows<D, TD, true><<<(unsigned)blocks, MIXPREC__CE_THREADS, 0, s>>>(logits, a);
+    } else {
+      if (a.outer > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
+      const int threads = a.classes >= 16384 ? 1024 : MIXPREC__CE_THREADS;
+      ces_rows<D, TD, false><<<(unsigned)a.outer, threads, 0, s>>>(logits, a);
+    }
+    return mixprec__cuda_launch_status();
+  }
+  const int64_t bx = (a.inner + MIXPREC__CE_THREADS - 1) / MIXPREC__CE_THREADS;
+  if (bx > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
+  for (int64_t o0 = 0; o0 < a.outer; o0 += MIXPREC__CE_MAX_Y) {
+    const int64_t cnt = a.outer - o0 < MIXPREC__CE_MAX_Y ? a.outer - o0 : MIXPREC__CE_MAX_Y;
+    ces_cols<D, TD><<<dim3((unsigned)bx, (unsigned)cnt), MIXPREC__CE_THREADS, 0, s>>>(logits, a, o0);
+    mixprec_status st = mixprec__cuda_launch_status();
+    if (st != MIXPREC_OK) return st;
+  }
+  return MIXPREC_OK;
+}
+
+template <int D, int TD>
+mixprec_status launch_soft_bwd(const void *logits, void *dx, void *dt, const SoftBwdArgs &a, cudaStream_t s) {
+  if (a.inner == 1) {
+    const int warp_rows = a.classes <= MIXPREC__CE_WARP_ROW_MAX;
+    const int64_t per = warp_rows ? MIXPREC__CE_THREADS / 32 : 1, blocks = (a.outer + per - 1) / per;
+    if (blocks > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
+    ces_rows_bwd<D, TD><<<(unsigned)blocks, MIXPREC__CE_THREADS, 0, s>>>(logits, dx, dt, a, warp_rows);
+    return mixprec__cuda_launch_status();
+  }
+  const int64_t bx = (a.inner + MIXPREC__CE_THREADS - 1) / MIXPREC__CE_THREADS;
+  if (bx > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
+  for (int64_t o0 = 0; o0 < a.outer; o0 += MIXPREC__CE_MAX_Y) {
+    const int64_t cnt = a.outer - o0 < MIXPREC__CE_MAX_Y ? a.outer - o0 : MIXPREC__CE_MAX_Y;
+    ces_cols_bwd<D, TD><<<dim3((unsigned)bx, (unsigned)cnt), MIXPREC__CE_THREADS, 0, s>>>(logits, dx, dt, a, o0);
+    mixprec_status st = mixprec__cuda_launch_status();
+    if (st != MIXPREC_OK) return st;
+  }
+  return MIXPREC_OK;
+}
+
+/* The closed set of (logits, target) dtype pairs, chosen by one switch. */
+template <int D>
+mixprec_status soft_fwd_d(const void *logits, mixprec_dtype td, const SoftArgs &a, cudaStream_t s) {
+  switch (td) {
+    case MIXPREC_F16: return launch_soft_fwd<D, MIXPREC_F16>(logits, a, s);
+    case MIXPREC_BF16: return launch_soft_fwd<D, MIXPREC_BF16>(logits, a, s);
+    default: return launch_soft_fwd<D, MIXPREC_F32>(logits, a, s);
+  }
+}
+
+template <int D>
+mixprec_status soft_bwd_d(const void *logits, mixprec_dtype td, void *dx, void *dt, const SoftBwdArgs &a,
+                          cudaStream_t s) {
+  switch (td) {
+    case MIXPREC_F16: return launch_soft_bwd<D, MIXPREC_F16>(logits, dx, dt, a, s);
+    case MIXPREC_BF16: return launch_soft_bwd<D, MIXPREC_BF16>(logits, dx, dt, a, s);
+    default: return launch_soft_bwd<D, MIXPREC_F32>(logits, dx, dt, a, s);
+  }
+}
+
+}  // namespace
+
+extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_soft(
+    const void *logits, mixprec_dtype dtype, const void *target, mixprec_dtype target_dtype,
+    const mixprec_cross_entropy_params *p, float *loss, float *stats, void *workspace, int64_t workspace_bytes,
+    void *stream) {
+  int64_t positions;
+  mixprec_status status = soft_check(logits, dtype, target, target_dtype, p, &positions);
+  if (status != MIXPREC_OK) return status;
+  if (!loss && (positions > 0 || p->reduction != MIXPREC_REDUCTION_NONE)) return MIXPREC_ERR_NULL_POINTER;
+  cudaStream_t s = (cudaStream_t)stream;
+  const int64_t need = mixprec_cuda_cross_entropy_workspace_size(p);
+  if (need < 0) return MIXPREC_ERR_BAD_SIZE;
+  if (positions == 0) {
+    ce_reduce<<<1, 32, 0, s>>>(nullptr, 0, p->reduction, loss, nullptr);
+    return mixprec__cuda_launch_status();
+  }
+  if (!stats || !workspace) return MIXPREC_ERR_NULL_POINTER;
+  if (workspace_bytes < need) return MIXPREC_ERR_BAD_SIZE;
+  SoftArgs a;
+  a.target = target;
+  a.weight = p->weight;
+  a.loss = p->reduction == MIXPREC_REDUCTION_NONE ? loss : nullptr;
+  a.stats = stats;
+  a.part = static_cast<double *>(workspace);
+  a.outer = p->outer;
+  a.classes = p->classes;
+  a.inner = p->inner;
+  a.positions = positions;
+  a.keep = (float)(1.0 - p->label_smoothing);
+  a.add = (float)(p->label_smoothing / (double)p->classes);
+  switch (dtype) {
+    case MIXPREC_F16: status = soft_fwd_d<MIXPREC_F16>(logits, target_dtype, a, s); break;
+    case MIXPREC_BF16: status = soft_fwd_d<MIXPREC_BF16>(logits, target_dtype, a, s); break;
+    default: status = soft_fwd_d<MIXPREC_F32>(logits, target_dtype, a, s); break;
+  }
+  if (status != MIXPREC_OK) return status;
+  ce_reduce<<<1, 1024, 0, s>>>(a.part, units_of(p), p->reduction,
+                               p->reduction == MIXPREC_REDUCTION_NONE ? nullptr : loss, nullptr);
+  return mixprec__cuda_launch_status();
+}
+
+extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_soft_backward(
+    const float *grad_loss, const void *logits, mixprec_dtype dtype, const void *target,
+    mixprec_dtype target_dtype, const mixprec_cross_entropy_params *p, const float *stats, void *grad_logits,
+    void *grad_target, void *stream) {
+  int64_t positions;
+  mixprec_status status = soft_check(logits, dtype, target, target_dtype, p, &positions);
+  if (status != MIXPREC_OK || positions == 0 || (!grad_logits && !grad_target)) return status;
+  if (!grad_loss || !stats) return MIXPREC_ERR_NULL_POINTER;
+  if ((uintptr_t)grad_logits % (uintptr_t)mixprec_dtype_size(dtype) ||
+      (uintptr_t)grad_target % (uintptr_t)mixprec_dtype_size(target_dtype))
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  SoftBwdArgs a;
+  a.target = target;
+  a.weight = p->weight;
+  a.stats = stats;
+  a.grad_loss = grad_loss;
+  a.outer = p->outer;
+  a.classes = p->classes;
+  a.inner = p->inner;
+  a.positions = positions;
+  a.keep_d = 1.0 - p->label_smoothing;
+  a.keep = (float)a.keep_d;
+  a.add = (float)(p->label_smoothing / (double)p->classes);
+  a.reduction = p->reduction;
+  cudaStream_t s = (cudaStream_t)stream;
+  switch (dtype) {
+    case MIXPREC_F16: return soft_bwd_d<MIXPREC_F16>(logits, target_dtype, grad_logits, grad_target, a, s);
+    case MIXPREC_BF16: return soft_bwd_d<MIXPREC_BF16>(logits, target_dtype, grad_logits, grad_target, a, s);
+    default: return soft_bwd_d<MIXPREC_F32>(logits, target_dtype, grad_logits, grad_target, a, s);
   }
 }

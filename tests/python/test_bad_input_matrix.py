@@ -1,4 +1,5 @@
 """The bad-input matrix of the amp, nms, softmax and cross_entropy ops
+(cross_entropy_soft included)
 (issue 14, item 8): for every op, one bad argument at a time on an otherwise
 valid call (fresh random data): a wrong dtype, a tensor on another device
 (meta, the device every machine has, mixed with CPU tensors), a wrong shape,
@@ -206,6 +207,35 @@ def _ce_backward(gen):
     return a, lambda a: torch.ops.mixprec.cross_entropy_backward(*a.values())
 
 
+def _soft_inputs(gen):
+    return dict(self=rnd(gen, 8, 5, 3, dtype=F16, scale=3.0),
+                target=torch.softmax(torch.randn(8, 5, 3, generator=gen), 1),
+                weight=torch.rand(5, generator=gen) + 0.5, reduction=1, label_smoothing=0.1)
+
+
+@op("cross_entropy_soft")
+def _ce_soft(gen):
+    return _soft_inputs(gen), lambda a: torch.ops.mixprec.cross_entropy_soft(*a.values())
+
+
+@op("cross_entropy_soft", "ops.cross_entropy_soft")
+def _public_ce_soft(gen):
+    a = _soft_inputs(gen)
+    del a["reduction"]
+    a["ignore_index"] = -100
+    return a, lambda a: mixprec.ops.cross_entropy(a["self"], a["target"], a["weight"], a["ignore_index"],
+                                                  "mean", a["label_smoothing"])
+
+
+@op("cross_entropy_soft_backward")
+def _ce_soft_backward(gen):
+    f = _soft_inputs(gen)
+    _loss, stats = torch.ops.mixprec.cross_entropy_soft(*f.values())
+    a = dict(grad_loss=torch.tensor(1.5), self=f["self"], target=f["target"], weight=f["weight"], stats=stats,
+             reduction=1, label_smoothing=0.1, self_grad=True, target_grad=True)
+    return a, lambda a: torch.ops.mixprec.cross_entropy_soft_backward(*a.values())
+
+
 # ---- mutations -----------------------------------------------------------------
 
 
@@ -365,9 +395,12 @@ for label in ("softmax_backward", "log_softmax_backward"):
 for label in ("cross_entropy", "ops.cross_entropy", "cross_entropy_backward"):
     tensor_cases(label, "self", dtypes=(F64, I32, I64), meta=label != "ops.cross_entropy")
     tensor_cases(label, "target", dtypes=(I32, torch.uint8, torch.int16), meta=True)
+    # A probability target of self's shape is valid for the public function
+    # (it goes to cross_entropy_soft); of another shape it is refused.
     for dt in (F32, F16):
-        case(label, f"target-{dt}-probabilities", put("target", lambda t, a, g, dt=dt: torch.softmax(
-            torch.randn(8, 5, 3, generator=g), 1).to(dt)), "target", "class-probability")
+        shape = (8, 5, 3) if label != "ops.cross_entropy" else (8, 4, 3)
+        case(label, f"target-{dt}-probabilities", put("target", lambda t, a, g, dt=dt, shape=shape: torch.softmax(
+            torch.randn(*shape, generator=g), 1).to(dt)), "target", "class-probability")
     case(label, "target-shape", put("target", lambda t, a, g: t[:, :2].contiguous()), "target", "shape")
     case(label, "target-zero-size", put("target", lambda t, a, g: t[:0]), "target", "shape")
     case(label, "target-out-of-range", put("target", lambda t, a, g: t.clone().index_fill_(1, torch.tensor([1]), 5)),
@@ -402,6 +435,42 @@ case("ops.cross_entropy", "target-int32-not-class-probabilities", put("target", 
      "target", "int32", absent=("class-probability",))
 case("cross_entropy", "target-int32-not-class-probabilities", put("target", lambda t, a, g: t.int()),
      "target", "int32", absent=("class-probability",))
+
+# cross_entropy_soft (torch.ops and the public function) and its backward
+for label in ("cross_entropy_soft", "ops.cross_entropy_soft", "cross_entropy_soft_backward"):
+    public = label.startswith("ops.")
+    tensor_cases(label, "self", dtypes=(F64, I32, I64), meta=not public)
+    # The public function takes a float64 target as float32.
+    tensor_cases(label, "target", dtypes=(I64, I32, torch.uint8) + (() if public else (F64,)), meta=True)
+    case(label, "target-int64-names-class-indices", put("target", lambda t, a, g: t.long()), "target",
+         "class probabilities", "int64")
+    case(label, "target-sparse", put("target", lambda t, a, g: t.to_sparse()), "target", "strided")
+    if not public:  # another shape is a class-index target to the public function
+        case(label, "target-shape", put("target", lambda t, a, g: t[:, :4].contiguous()), "target", "shape")
+        case(label, "target-zero-size", put("target", lambda t, a, g: t[:0]), "target", "shape")
+        case(label, "self-0dim", lambda a, g: a.update(self=a["self"][0, 0, 0], target=a["target"][0, 0, 0]),
+             "self")
+        tensor_cases(label, "weight", dtypes=(F64, F16, I64))
+        scalar_cases(label, "reduction", [3, -1])
+    else:
+        case(label, "weight-meta", put("weight", lambda t, a, g: meta_like(t)), "weight", "meta")
+        scalar_cases(label, "ignore_index", [0, 3, -1])
+    case(label, "self-zero-classes", lambda a, g: a.update(self=a["self"][:, :0], target=a["target"][:, :0],
+                                                           weight=a["weight"][:0]), "self", "0 classes")
+    case(label, "weight-shape", put("weight", lambda t, a, g: t[:4].contiguous()), "weight", "shape")
+    case(label, "weight-2d", put("weight", lambda t, a, g: t.reshape(1, 5)), "weight", "shape")
+    scalar_cases(label, "label_smoothing", [NAN, INF, -0.1, 1.5])
+for cid, key, make, words in [
+    ("grad_loss-float64", "grad_loss", lambda t, a, g: t.double(), ("grad_loss",)),
+    ("grad_loss-bfloat16", "grad_loss", lambda t, a, g: t.bfloat16(), ("grad_loss",)),
+    ("grad_loss-meta", "grad_loss", lambda t, a, g: meta_like(t), ("grad_loss", "meta")),
+    ("grad_loss-two-elements", "grad_loss", lambda t, a, g: t.repeat(2), ("grad_loss",)),
+    ("stats-meta", "stats", lambda t, a, g: meta_like(t), ("stats", "meta")),
+    ("stats-shape", "stats", lambda t, a, g: t[:2].contiguous(), ("stats",)),
+    ("stats-float16", "stats", lambda t, a, g: t.half(), ("stats",)),
+    ("stats-of-class-index-op", "stats", lambda t, a, g: t[:2].contiguous(), ("stats", "cross_entropy_soft")),
+]:
+    case("cross_entropy_soft_backward", cid, put(key, make), *words)
 
 
 # ---- the checks ------------------------------------------------------------------

@@ -338,3 +338,379 @@ def test_torch_compile_forward_and_backward(gen):
     lb.backward()
     assert torch.equal(la.detach(), lb.detach())
     assert torch.equal(xa.grad, xb.grad)
+
+
+# ---- class-probability (soft) targets ----------------------------------------------
+
+
+def soft_target(shape, dtype, gen, kind="dirichlet"):
+    """Class probabilities of ``shape`` (classes on dim 1, or dim 0 unbatched):
+    Dirichlet-like (softmax of a random vector, peaked or flat), or mixup's
+    two-hot lam * onehot(a) + (1 - lam) * onehot(b)."""
+    cdim = 0 if len(shape) == 1 else 1
+    C = shape[cdim]
+    if kind == "dirichlet":
+        t = torch.softmax(torch.randn(shape, generator=gen) * 3, cdim)
+    else:
+        moved = (*shape[:cdim], *shape[cdim + 1:])
+        a = torch.randint(0, C, moved, generator=gen)
+        b = torch.randint(0, C, moved, generator=gen)
+        lam = torch.rand((), generator=gen).item()
+        oa = F.one_hot(a, C).movedim(-1, cdim).float()
+        ob = F.one_hot(b, C).movedim(-1, cdim).float()
+        t = lam * oa + (1 - lam) * ob
+    return t.to(dtype)
+
+
+def compare_soft(x, t, gen, *, weight=None, reduction="mean", label_smoothing=0.0, target_grad=True):
+    """Loss and both gradients of mixprec vs torch on the float64 upcast
+    inputs (exact for the rounded inputs), with bounds from the sizes of the
+    terms each result is made of."""
+    cdim = 0 if x.dim() == 1 else 1
+    C = x.shape[cdim]
+    xm = x.clone().requires_grad_()
+    tm = t.clone().requires_grad_(target_grad)
+    loss = mixprec.ops.cross_entropy(xm, tm, weight, reduction=reduction, label_smoothing=label_smoothing)
+    xr = x.double().requires_grad_()
+    tr = t.double().requires_grad_(target_grad)
+    w64 = None if weight is None else weight.double()
+    ref = F.cross_entropy(xr, tr, w64, reduction=reduction, label_smoothing=label_smoothing)
+    assert loss.dtype == torch.float32 and loss.shape == ref.shape
+    # Size of the terms: sum_c |w t' log p| per position (reduced like the loss).
+    with torch.no_grad():
+        wv = torch.ones(C, dtype=torch.float64) if w64 is None else w64
+        wv = wv.view([C] + [1] * (x.dim() - 1 - cdim))
+        tp = tr * (1 - label_smoothing) + label_smoothing / C
+        logp = torch.log_softmax(xr, cdim)
+        terms = (wv * tp * logp).abs().nan_to_num(0.0).sum(cdim)
+        if reduction == "sum":
+            terms = terms.sum()
+        elif reduction == "mean":
+            terms = terms.mean() if terms.numel() else terms.sum()
+    tol = 2.0**-21 * (16 + C**0.5) * terms + 1e-30
+    assert torch.equal(torch.isnan(loss), torch.isnan(ref))
+    err = (loss.double() - ref.detach()).abs()
+    assert (torch.isnan(ref) | (err <= tol)).all(), f"loss err {err.max().item():.3g} tol {tol.min().item():.3g}"
+    g = torch.rand(ref.shape, generator=gen) + 0.5
+    inputs_m = (xm, tm) if target_grad else (xm,)
+    inputs_r = (xr, tr) if target_grad else (xr,)
+    gm = torch.autograd.grad(loss, inputs_m, g)
+    gr = torch.autograd.grad(ref, inputs_r, g.double())
+    assert gm[0].dtype == x.dtype and gm[0].shape == x.shape
+    with torch.no_grad():
+        gpos = g.double()
+        if reduction == "mean":
+            gpos = gpos / max(1, (x.numel() // C if x.dim() > 1 else 1))
+        gpos = (gpos.unsqueeze(cdim) if reduction == "none" else gpos).abs()
+        p = logp.exp()
+        T = (wv * tp).sum(cdim, keepdim=True).abs()
+        lp = logp.abs().nan_to_num(0.0, posinf=0.0)
+        # dx = g (T p - w t'): rounding of each part, exp's error growing with |log p|.
+        coef = gpos * (T * p * (4 + lp) + (wv * tp).abs())
+        tol_x = EPS[x.dtype] * gr[0].abs() + 2.0**-21 * (16 + C**0.5) * coef + TINY[x.dtype]
+        ex = (gm[0].double() - gr[0]).abs()
+        assert (torch.isnan(gr[0]) | (ex <= tol_x)).all(), f"grad x err {ex.max().item():.3g}"
+        if target_grad:
+            assert gm[1].dtype == t.dtype and gm[1].shape == t.shape
+            xmax = xr.amax(cdim, keepdim=True)
+            lse = torch.logsumexp(xr, cdim, keepdim=True)
+            # log p = (x - max) - log-sum: the rounding of each part, and the
+            # log-sum's own error (a float sum of C exponentials).
+            coef_t = gpos * (1 - label_smoothing) * wv.abs()
+            err_lp = 2.0**-22 * ((xr - xmax).abs() + (lse - xmax).abs() + 16 + C**0.5)
+            tol_t = EPS[t.dtype] * gr[1].abs() + coef_t * err_lp + TINY[t.dtype]
+            et = (gm[1].double() - gr[1]).abs()
+            assert (torch.isnan(gr[1]) | (et <= tol_t)).all(), f"grad target err {et.max().item():.3g}"
+    return loss, gm
+
+
+SOFT_CASES = [
+    # shape, reduction, label_smoothing, weighted, kind
+    ((64, 1000), "mean", 0.0, False, "dirichlet"),
+    ((64, 1000), "mean", 0.1, False, "twohot"),
+    ((32, 1000), "sum", 0.1, True, "dirichlet"),
+    ((3, 50257), "none", 0.0, False, "dirichlet"),
+    ((3, 50257), "mean", 0.2, True, "twohot"),
+    ((4, 21, 9, 11), "mean", 0.0, True, "dirichlet"),  # segmentation, inner = 99
+    ((4, 21, 9, 11), "none", 0.1, False, "twohot"),
+    ((2, 5, 3, 40), "sum", 0.0, False, "dirichlet"),
+    ((7,), "mean", 0.3, True, "dirichlet"),  # unbatched
+    ((9, 3), "none", 0.5, True, "twohot"),
+    ((6, 1), "mean", 0.1, False, "dirichlet"),  # one class
+    ((5, 13, 7), "none", 0.0, True, "dirichlet"),
+]
+
+
+@pytest.mark.parametrize("tdtype", DTYPES, ids=lambda d: f"t{str(d)[6:]}")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,reduction,ls,weighted,kind", SOFT_CASES)
+def test_soft_matches_torch_float64(isa, gen, dtype, tdtype, shape, reduction, ls, weighted, kind):
+    x = (torch.randn(shape, generator=gen) * 4).to(dtype)
+    t = soft_target(shape, tdtype, gen, kind)
+    C = shape[0] if len(shape) == 1 else shape[1]
+    w = torch.rand(C, generator=gen) + 0.1 if weighted else None
+    compare_soft(x, t, gen, weight=w, reduction=reduction, label_smoothing=ls)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("C", [1, 3, 1000])
+def test_soft_special_rows(isa, gen, dtype, C):
+    big = {torch.float32: 1e30, torch.float16: 3e4, torch.bfloat16: 1e37}[dtype]
+    rows = [
+        torch.randn(C, generator=gen) * 3 + big,
+        torch.randn(C, generator=gen) * 3 - big,
+        torch.full((C,), 0.75),
+        torch.randn(C, generator=gen) * 40,
+    ]
+    x = torch.stack(rows).to(dtype)
+    t = soft_target((4, C), torch.float32, gen)
+    for red in ("none", "mean", "sum"):
+        compare_soft(x, t, gen, reduction=red)
+        compare_soft(x, t, gen, reduction=red, label_smoothing=0.1, weight=torch.rand(C, generator=gen) + 0.5)
+
+
+def test_soft_nan_and_unnormalised_targets_like_torch(isa, gen):
+    x = torch.randn(6, 17, generator=gen).bfloat16()
+    t = soft_target((6, 17), torch.float32, gen)
+    t[2, 5] = float("nan")
+    x[4, 3] = float("nan")
+    loss = mixprec.ops.cross_entropy(x, t, reduction="none")
+    ref = F.cross_entropy(x.float(), t, reduction="none")
+    assert torch.equal(torch.isnan(loss), torch.isnan(ref)) and torch.isnan(loss).sum() == 2
+    # torch checks neither the sum nor the sign of the probabilities.
+    compare_soft(x[:2].clone(), (t[:2] * 3 - 0.1).contiguous(), gen, reduction="sum")
+
+
+def test_soft_timm_mixup_cutmix_and_loss(gen):
+    timm_data = pytest.importorskip("timm.data")
+    timm_loss = pytest.importorskip("timm.loss")
+    torch.manual_seed(zlib_seed(gen))
+    mix = timm_data.Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=100)
+    imgs = torch.randn(16, 3, 8, 8, generator=gen)
+    labels = torch.randint(0, 100, (16,), generator=gen)
+    for _ in range(3):  # mixup or cutmix, chosen at random inside
+        _, target = mix(imgs.clone(), labels)
+        assert target.shape == (16, 100) and target.dtype == torch.float32
+        for dtype in DTYPES:
+            x = (torch.randn(16, 100, generator=gen) * 3).to(dtype)
+            compare_soft(x, target, gen)
+            xm = x.clone().requires_grad_()
+            ours = mixprec.nn.CrossEntropyLoss()(xm, target)
+            xr = x.float().requires_grad_()
+            theirs = timm_loss.SoftTargetCrossEntropy()(xr, target)
+            torch.testing.assert_close(ours, theirs, rtol=2e-6, atol=1e-6)
+            ours.backward()
+            theirs.backward()
+            torch.testing.assert_close(xm.grad.float(), xr.grad, rtol=EPS[dtype], atol=1e-6)
+
+
+def zlib_seed(gen):
+    return int(torch.randint(0, 2**31, (), generator=gen))
+
+
+def test_soft_torchvision_mixup_cutmix(gen):
+    v2 = pytest.importorskip("torchvision.transforms.v2")
+    torch.manual_seed(zlib_seed(gen))
+    imgs = torch.randn(8, 3, 16, 16, generator=gen)
+    labels = torch.randint(0, 10, (8,), generator=gen)
+    for tf in (v2.MixUp(num_classes=10), v2.CutMix(num_classes=10)):
+        _, target = tf(imgs, labels)
+        assert target.shape == (8, 10) and target.is_floating_point()
+        x = torch.randn(8, 10, generator=gen).bfloat16()
+        compare_soft(x, target, gen, label_smoothing=0.1)
+
+
+def test_soft_only_target_requires_grad(gen):
+    """Distillation with a learned target: only the target asks for a
+    gradient."""
+    x = torch.randn(8, 30, generator=gen).half()
+    t = soft_target((8, 30), torch.float32, gen).requires_grad_()
+    loss = mixprec.ops.cross_entropy(x, t, label_smoothing=0.1)
+    loss.backward()
+    tr = t.detach().clone().requires_grad_()
+    F.cross_entropy(x.float(), tr, label_smoothing=0.1).backward()
+    torch.testing.assert_close(t.grad, tr.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_soft_threads_do_not_change_results(gen):
+    lib = cpu_lib()
+    x = torch.randn(4, 21, 40, 41, generator=gen).bfloat16()
+    t = soft_target((4, 21, 40, 41), torch.bfloat16, gen)
+    outs = []
+    for n in (1, 2):
+        lib.mixprec_set_num_threads(n)
+        xm, tm = x.clone().requires_grad_(), t.clone().requires_grad_()
+        loss = mixprec.ops.cross_entropy(xm, tm, label_smoothing=0.1)
+        loss.backward()
+        outs.append((loss.detach(), xm.grad, tm.grad))
+    lib.mixprec_set_num_threads(0)
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+def test_soft_peak_memory_below_upcast_path(gen):
+    x = torch.randn(256, 1000, generator=gen).bfloat16().requires_grad_()
+    t = soft_target((256, 1000), torch.float32, gen)
+
+    def upcast():
+        F.cross_entropy(x.float(), t).backward()
+        x.grad = None
+
+    def ours():
+        mixprec.ops.cross_entropy(x, t).backward()
+        x.grad = None
+
+    up, mp = _peak_cpu_bytes(upcast), _peak_cpu_bytes(ours)
+    logits = x.numel() * x.element_size()
+    print(f"\npeak forward+backward, bf16 logits {tuple(x.shape)} + fp32 soft target ({logits / 2**20:.2f} MiB "
+          f"logits): upcast+torch {up / 2**20:.2f} MiB, mixprec {mp / 2**20:.2f} MiB")
+    # mixprec: the bf16 gradient (1x logits) + 12 bytes per position; the
+    # upcast path holds FP32 copies of the logits and log-probabilities.
+    assert mp < 0.5 * up
+    assert mp <= logits * 1.2
+
+
+def test_soft_saved_tensors_hold_no_fp32_copy(gen):
+    x = torch.randn(4, 21, 32, 32, generator=gen).bfloat16().requires_grad_()
+    t = soft_target((4, 21, 32, 32), torch.bfloat16, gen)
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda v: v):
+        loss = mixprec.ops.cross_entropy(x, t)
+    big = [s for s in saved if s is not None and s.numel() == x.numel()]
+    assert big and all(s.dtype == torch.bfloat16 and s.data_ptr() in (x.data_ptr(), t.data_ptr()) for s in big)
+    loss.backward()
+
+
+def test_soft_nn_module_and_autocast(gen):
+    lin = torch.nn.Linear(16, 10)
+    inp = torch.randn(32, 16, generator=gen)
+    t = soft_target((32, 10), torch.float32, gen)
+    w = torch.rand(10, generator=gen) + 0.5
+    m = mixprec.nn.CrossEntropyLoss(weight=w, reduction="sum", label_smoothing=0.05)
+    r = torch.nn.CrossEntropyLoss(weight=w, reduction="sum", label_smoothing=0.05)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = lin(inp)
+        assert logits.dtype == torch.bfloat16
+        loss = m(logits, t)
+        ref = r(logits.float(), t)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    loss.backward()
+    assert lin.weight.grad is not None
+
+
+def test_soft_float64_target_taken_as_float32(gen):
+    x = torch.randn(8, 12, generator=gen).half()
+    t = soft_target((8, 12), torch.float64, gen)
+    loss = mixprec.ops.cross_entropy(x, t)
+    torch.testing.assert_close(loss, F.cross_entropy(x.float(), t.float()), rtol=1e-6, atol=1e-6)
+
+
+def test_soft_non_contiguous_inputs(gen):
+    x = torch.randn(4, 6, 5, 7, generator=gen).bfloat16().to(memory_format=torch.channels_last)
+    t = soft_target((4, 6, 5, 7), torch.float32, gen).to(memory_format=torch.channels_last)
+    compare_soft(x, t, gen, label_smoothing=0.1)
+    x2 = torch.randn(12, 10, generator=gen).half().t()
+    t2 = soft_target((12, 10), torch.float32, gen, "twohot").t()
+    compare_soft(x2, t2, gen)
+
+
+def test_soft_empty_batch_like_torch():
+    x = torch.zeros(0, 5, dtype=torch.bfloat16)
+    t = torch.zeros(0, 5)
+    assert torch.isnan(mixprec.ops.cross_entropy(x, t))
+    assert mixprec.ops.cross_entropy(x, t, reduction="sum").item() == 0
+    assert mixprec.ops.cross_entropy(x, t, reduction="none").shape == (0,)
+    assert torch.isnan(F.cross_entropy(x.float(), t))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_soft_opcheck(gen, dtype):
+    x = torch.randn(6, 9, 5, generator=gen).to(dtype).requires_grad_()
+    t = soft_target((6, 9, 5), torch.bfloat16, gen).requires_grad_()
+    w = torch.rand(9, generator=gen)
+    for args in ((x, t, None, 1, 0.0), (x, t.detach().float(), w, 0, 0.1), (x, t, w, 2, 0.0)):
+        torch.library.opcheck(torch.ops.mixprec.cross_entropy_soft, args)
+    x1 = torch.randn(33, generator=gen).to(dtype).requires_grad_()
+    torch.library.opcheck(torch.ops.mixprec.cross_entropy_soft, (x1, soft_target((33,), torch.float16, gen), w[:0].new_ones(33), 1, 0.2))
+    for red, gl in ((1, torch.ones(())), (0, torch.rand(6, 5, generator=gen))):
+        _, stats = torch.ops.mixprec.cross_entropy_soft(x.detach(), t.detach(), w, red, 0.1)
+        assert stats.shape == (3, 6, 5)
+        for sg, tg in ((True, True), (True, False), (False, True)):
+            torch.library.opcheck(
+                torch.ops.mixprec.cross_entropy_soft_backward,
+                (gl, x.detach(), t.detach(), w, stats, red, 0.1, sg, tg),
+            )
+
+
+def test_soft_torch_compile_forward_and_backward(gen):
+    x = torch.randn(4, 7, 5, 3, generator=gen).bfloat16()
+    t = soft_target((4, 7, 5, 3), torch.float32, gen, "twohot")
+    w = torch.rand(7, generator=gen) + 0.5
+
+    def f(v, tt):
+        return mixprec.ops.cross_entropy(v, tt, w, label_smoothing=0.1)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ta, tb = t.clone().requires_grad_(), t.clone().requires_grad_()
+    la, lb = f(xa, ta), compiled(xb, tb)
+    la.backward()
+    lb.backward()
+    assert torch.equal(la.detach(), lb.detach())
+    assert torch.equal(xa.grad, xb.grad) and torch.equal(ta.grad, tb.grad)
+    # And through inductor, as a training step compiles it.
+    compiled_ind = torch.compile(f, fullgraph=True)
+    xc = x.clone().requires_grad_()
+    lc = compiled_ind(xc, t)
+    lc.backward()
+    assert torch.equal(la.detach(), lc.detach()) and torch.equal(xa.grad, xc.grad)
+
+
+def test_soft_bad_inputs(gen):
+    x = torch.randn(8, 5, generator=gen).bfloat16()
+    t = soft_target((8, 5), torch.float32, gen)
+    before = (x.clone(), t.clone())
+    op = torch.ops.mixprec.cross_entropy_soft
+    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy_soft: target holds class probabilities and "
+                                           r"must be float32, float16 or bfloat16, got int64"):
+        mixprec.ops.cross_entropy(x, torch.zeros(8, 5, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy_soft: target .* got float64"):
+        op(x, t.double(), None, 1, 0.0)
+    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy_soft: target has shape \[8, 6\] but class "
+                                           r"probabilities must have self's shape \[8, 5\]"):
+        op(x, torch.rand(8, 6), None, 1, 0.0)
+    # Through the function a float target of another shape is a class-index
+    # target of the wrong dtype, and the message says what shape it needs.
+    with pytest.raises(RuntimeError, match=r"target must be int64 class indices, got torch.float32 \(a "
+                                           r"class-probability target must have self's shape\)"):
+        mixprec.ops.cross_entropy(x, torch.rand(8, 6))
+    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy_soft: ignore_index \(3\) is not supported"):
+        mixprec.ops.cross_entropy(x, t, ignore_index=3)
+    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy_soft: label_smoothing must be in \[0, 1\]"):
+        op(x, t, None, 1, float("nan"))
+    with pytest.raises(RuntimeError, match="mixprec::cross_entropy_soft: reduction must be"):
+        op(x, t, None, 5, 0.0)
+    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy_soft: weight must have shape \[5\]"):
+        op(x, t, torch.ones(4), 1, 0.0)
+    with pytest.raises(RuntimeError, match="mixprec::cross_entropy_soft: self must be float32, float16 or bfloat16"):
+        op(x.double(), t, None, 1, 0.0)
+    with pytest.raises(RuntimeError, match="mixprec::cross_entropy_soft: target is on meta but self is on cpu"):
+        op(x, t.to("meta"), None, 1, 0.0)
+    with pytest.raises(RuntimeError, match="mixprec::cross_entropy_soft: weight is on meta but self is on cpu"):
+        op(x, t, torch.ones(5, device="meta"), 1, 0.0)
+    _, stats = op(x, t, None, 1, 0.0)
+    bop = torch.ops.mixprec.cross_entropy_soft_backward
+    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy_soft_backward: stats must be"):
+        bop(torch.ones(()), x, t, None, stats[:2], 1, 0.0, True, True)
+    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy_soft_backward: grad_loss has shape"):
+        bop(torch.ones(7), x, t, None, stats, 0, 0.0, True, True)
+    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy_soft_backward: grad_loss must be a float32"):
+        bop(torch.ones((), dtype=torch.float64), x, t, None, stats, 1, 0.0, True, True)
+    assert torch.equal(x, before[0]) and torch.equal(t, before[1])
+    # A valid call after the errors.
+    compare_soft(x, t, gen)
