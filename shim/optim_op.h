@@ -139,6 +139,12 @@ inline OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
     d.step = static_cast<float*>(st.data_ptr());
     if (!emas.empty()) {
       const Tensor& e = emas[i];
+      // The dispatcher does not look into an optional list: a meta (or any
+      // non-CPU, non-CUDA) EMA among CPU tensors reaches this kernel, and
+      // where() would not tell it from the CPU.
+      MIXPREC_CHECK(!e.defined() || e.is_cpu() || e.is_cuda(), "mixprec::", op, ": emas[", i,
+                      "] is on another device (meta?) but params[", i, "] is on ",
+                      describe(a.device));
       check_companion(op, "emas", i, e, p, a.device);
       MIXPREC_CHECK(e.scalar_type() == ScalarType::Float, "mixprec::", op, ": emas[", i,
                       "] must be float32, got ", dtype_name(e.scalar_type()));
