@@ -33,6 +33,7 @@ from . import _distributed
 __all__ = ["Overflow", "TrainingHealth"]
 
 _COMPACT_EVERY = 512  # steps: history rows are stacked into one tensor this often
+_SLOT_CACHE = 16  # parameter lists whose slots are remembered (the same lists come back every step)
 
 
 class Overflow(NamedTuple):
@@ -97,6 +98,9 @@ class Recorder:
         self._slots: dict[int, tuple[weakref.ref, int]] = {}  # id(param) -> its row in the counts
         self._slot_names: list[str] = []
         self._slot_index: list[int] = []
+        # (optimizer id, param ids) -> (the optimizer (weak), the params (held, so their ids stay
+        # theirs), their slots on the device)
+        self._slot_cache: dict[tuple, tuple[weakref.ref, list, torch.Tensor]] = {}
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (slots, float64 norms) this iteration
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
         self._counts: torch.Tensor | None = None
@@ -128,18 +132,26 @@ class Recorder:
         check runs with inv_scale 1: its norms are of the scaled grads)."""
         if not entries:
             return
-        position = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
-        slots, norms, groups = [], [], []
-        for params, per, grps in entries:
-            slots.extend(self._slot(p, position.get(id(p), -1)) for p in params)
-            norms.append(per.to(dev, non_blocking=True).double())
-            groups.extend(grps)
-        n = torch.cat(norms)
+        params = [p for ps, _, _ in entries for p in ps]
+        groups = [g for _, _, gs in entries for g in gs]
+        n = torch.cat([per.to(dev, non_blocking=True).double() for _, per, _ in entries])
         if factor is not None:
             n = n * factor.to(dev).double()
         if any(groups):
             n = _whole_tensor_norms(n, groups)
-        self._pending.append((torch.tensor(slots, dtype=torch.int64, device=dev), n))
+        self._pending.append((self._slots_of(optimizer, params, dev), n))
+
+    def _slots_of(self, optimizer, params: list, dev: torch.device) -> torch.Tensor:
+        key = (id(optimizer), *map(id, params))
+        hit = self._slot_cache.get(key)
+        if hit is not None and hit[0]() is optimizer and hit[2].device == dev:
+            return hit[2]
+        position = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+        slots = torch.tensor([self._slot(p, position.get(id(p), -1)) for p in params], dtype=torch.int64, device=dev)
+        if len(self._slot_cache) >= _SLOT_CACHE:
+            self._slot_cache.pop(next(iter(self._slot_cache)))
+        self._slot_cache[key] = (weakref.ref(optimizer), list(params), slots)
+        return slots
 
     # ---- one step ------------------------------------------------------------------
     def end_step(self, scale: torch.Tensor, found_inf: torch.Tensor) -> None:
