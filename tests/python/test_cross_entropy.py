@@ -376,13 +376,15 @@ def compare_soft(x, t, gen, *, weight=None, reduction="mean", label_smoothing=0.
     w64 = None if weight is None else weight.double()
     ref = F.cross_entropy(xr, tr, w64, reduction=reduction, label_smoothing=label_smoothing)
     assert loss.dtype == torch.float32 and loss.shape == ref.shape
-    # Size of the terms: sum_c |w t' log p| per position (reduced like the loss).
+    # Size of the terms: sum_c |w t' log p| per position (reduced like the
+    # loss), plus sum_c |w t'| for the log-sum's absolute error (an ulp of a
+    # sum near 1 when the loss is small; torch's FP32 log_softmax has it too).
     with torch.no_grad():
         wv = torch.ones(C, dtype=torch.float64) if w64 is None else w64
         wv = wv.view([C] + [1] * (x.dim() - 1 - cdim))
         tp = tr * (1 - label_smoothing) + label_smoothing / C
         logp = torch.log_softmax(xr, cdim)
-        terms = (wv * tp * logp).abs().nan_to_num(0.0).sum(cdim)
+        terms = ((wv * tp * logp).abs().nan_to_num(0.0) + (wv * tp).abs()).sum(cdim)
         if reduction == "sum":
             terms = terms.sum()
         elif reduction == "mean":
