@@ -155,6 +155,25 @@ def _public_nms_padded(gen):
                                                score_threshold=a["score_threshold"])
 
 
+def _detect_args(gen):
+    xy = torch.rand(2, 20, 2, generator=gen) * 100
+    boxes = torch.cat([xy, xy + torch.rand(2, 20, 2, generator=gen) * 30 + 1], -1)
+    return dict(boxes=boxes, scores=torch.rand(2, 20, 3, generator=gen), iou_threshold=0.5, score_threshold=None,
+                max_detections=10, pre_nms_top_k=-1, class_agnostic=False)
+
+
+@op("efficient_nms")
+def _efficient_nms(gen):
+    return _detect_args(gen), lambda a: torch.ops.mixprec.efficient_nms(*a.values())
+
+
+@op("efficient_nms", "ops.efficient_nms")
+def _public_efficient_nms(gen):
+    return _detect_args(gen), lambda a: mixprec.ops.efficient_nms(
+        a["boxes"], a["scores"], iou_threshold=a["iou_threshold"], score_threshold=a["score_threshold"],
+        max_detections=a["max_detections"], pre_nms_top_k=a["pre_nms_top_k"], class_agnostic=a["class_agnostic"])
+
+
 def _softmax_like(opname):
     def build(gen):
         a = dict(self=rnd(gen, 6, 9, dtype=BF16, scale=4.0), dim=1, dtype=None)
@@ -374,6 +393,30 @@ for label in ("nms", "batched_nms", "nms_padded", "ops.nms", "ops.batched_nms", 
         case(label, "idxs-sparse", put("idxs", lambda t, a, g: t.to_sparse()), "idxs", "strided")
     scalar_cases(label, "iou_threshold", [NAN, -0.1, -INF])
     scalar_cases(label, "score_threshold", [NAN])
+
+# efficient_nms (batched detection post-processing), torch.ops and the public function
+for label in ("efficient_nms", "ops.efficient_nms"):
+    tensor_cases(label, "boxes", dtypes=(F64, I32, I64))
+    tensor_cases(label, "scores", dtypes=(F64, I64))
+    case(label, "boxes-shape-BN3", put("boxes", lambda t, a, g: t[..., :3].contiguous()), "boxes", "(B, N, 4)")
+    case(label, "boxes-shape-2d", put("boxes", lambda t, a, g: t.reshape(40, 4)), "boxes", "(B, N, 4)")
+    case(label, "boxes-batch-mismatch", put("boxes", lambda t, a, g: t[:1].clone()), "boxes", "scores")
+    case(label, "boxes-N-mismatch", put("boxes", lambda t, a, g: t[:, :19].clone()), "boxes", "scores")
+    case(label, "class-boxes-C-mismatch", put("boxes", lambda t, a, g: t[:, :, None].expand(2, 20, 4, 4).contiguous()),
+         "boxes", "scores")
+    case(label, "scores-2d", put("scores", lambda t, a, g: t[0].clone()), "scores", "(B, N, C)")
+    case(label, "scores-zero-size-N0", put("scores", lambda t, a, g: t[:, :0].clone()), "boxes", "scores")
+    case(label, "boxes-sparse", put("boxes", lambda t, a, g: t.to_sparse()), "boxes", "strided")
+    case(label, "scores-sparse", put("scores", lambda t, a, g: t.to_sparse()), "scores", "strided")
+    if not label.startswith("ops."):
+        case(label, "boxes-strided", put("boxes", lambda t, a, g: torch.cat([t, t], 2)[..., ::2]), "boxes",
+             "contiguous")
+        case(label, "scores-strided", put("scores", lambda t, a, g: t.transpose(1, 2).contiguous().transpose(1, 2)),
+             "scores", "contiguous")
+    scalar_cases(label, "iou_threshold", [NAN, -0.1, -INF])
+    scalar_cases(label, "score_threshold", [NAN])
+    scalar_cases(label, "max_detections", [0, -1, 2**31])
+    scalar_cases(label, "pre_nms_top_k", [0])
 
 # softmax / log_softmax and their backward
 for label in ("softmax", "log_softmax"):
