@@ -385,21 +385,24 @@ mixprec_status mixprec__roi_align_backward_gather(
   if (st != MIXPREC_OK) return st;
   if (out_numel == 0) n_rois = 0;
   const float scale = (float)p->spatial_scale;
+  const int nc = MIXPREC__ROI_GATHER_C;
   for (int64_t b = 0; b < batch; b++)
-    for (int64_t c = 0; c < channels; c++)
+    for (int64_t c0 = 0; c0 < channels; c0 += nc)
       for (int64_t y = 0; y < height; y++)
         for (int64_t x = 0; x < width; x++) {
-          float acc = 0.0f;
+          float acc[MIXPREC__ROI_GATHER_C] = {0};
+          const int n = channels - c0 < nc ? (int)(channels - c0) : nc;
           for (int64_t k = 0; k < n_rois; k++) {
             const mixprec__roi r = mixprec__roi_make(rois, rois_dtype, k, batch, p, scale);
             if (r.batch != b || !r.finite) continue;
-            acc = mixprec__roi_gather(&r, grad_output, grad_dtype,
-                                      k * grad_strides[0] + c * grad_strides[1], grad_strides[2],
-                                      grad_strides[3], p->pooled_height, p->pooled_width, height,
-                                      width, y, x, acc);
+            mixprec__roi_gather(&r, grad_output, grad_dtype,
+                                k * grad_strides[0] + c0 * grad_strides[1], grad_strides[1], n,
+                                grad_strides[2], grad_strides[3], p->pooled_height,
+                                p->pooled_width, height, width, y, x, acc);
           }
-          mixprec__store_f32(grad_input, grad_input_dtype, ((b * channels + c) * height + y) * width + x,
-                             acc);
+          for (int cc = 0; cc < n; cc++)
+            mixprec__store_f32(grad_input, grad_input_dtype,
+                               ((b * channels + c0 + cc) * height + y) * width + x, acc[cc]);
         }
   return MIXPREC_OK;
 }

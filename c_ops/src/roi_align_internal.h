@@ -163,27 +163,56 @@ MIXPREC__ROI_FN int mixprec__roi_may_touch(double a, double b, int64_t q, int64_
   return (double)q >= a - 1.0 && (double)q <= b + 1.0;
 }
 
-/* The contribution of one roi to grad_input pixel (py, px) of one channel,
- * added to acc in torchvision's scatter order (bin ph, pw, sample iy, ix,
- * corners 1..4), so that a gather over the rois in order gives the
- * scatter's float sums bit for bit. g(ph, pw) is read through the grad
- * pointer at element offset goff + ph * sh + pw * sw. */
-MIXPREC__ROI_FN float mixprec__roi_gather(const mixprec__roi *r, const void *grad,
-                                          mixprec_dtype gd, int64_t goff, int64_t sh,
-                                          int64_t sw, int64_t ph_n, int64_t pw_n, int64_t H,
-                                          int64_t W, int64_t py, int64_t px, float acc) {
-  if (r->grid_h <= 0 || r->grid_w <= 0) return acc;
+/* The contribution of one roi to grad_input pixel (py, px) of nc channels
+ * (at most MIXPREC__ROI_GATHER_C), added to acc[0..nc) in torchvision's
+ * scatter order (bin ph, pw, sample iy, ix, corners 1..4), so that a gather
+ * over the rois in order gives the scatter's float sums bit for bit.
+ * g(channel cc, ph, pw) is read at element offset
+ * goff + cc * sc + ph * sh + pw * sw of grad. */
+#define MIXPREC__ROI_GATHER_C 8
+
+MIXPREC__ROI_FN void mixprec__roi_add(float *acc, int nc, const float *g, float w, float count) {
+  for (int cc = 0; cc < MIXPREC__ROI_GATHER_C; cc++)
+    if (cc < nc) acc[cc] = MIXPREC__RA(acc[cc], MIXPREC__RD(MIXPREC__RM(g[cc], w), count));
+}
+
+/* The rois a tile of pixels [q0, q1] may receive from: mixprec__roi_may_touch
+ * for a range of pixels. */
+MIXPREC__ROI_FN int mixprec__roi_may_touch_range(double a, double b, int64_t q0, int64_t q1,
+                                                 int64_t size) {
+  if (a > b) {
+    const double t = a;
+    a = b;
+    b = t;
+  }
+  const double m = 1e-4 * (1.0 + (a < 0 ? -a : a) + (b < 0 ? -b : b));
+  a -= m;
+  b += m;
+  if (b < -1.0 || a > (double)size) return 0;
+  if (a < 0.0) a = 0.0;
+  if (b > (double)(size - 1)) b = (double)(size - 1);
+  if (a > b) a = b;
+  return (double)q1 >= a - 1.0 && (double)q0 <= b + 1.0;
+}
+
+MIXPREC__ROI_FN void mixprec__roi_gather(const mixprec__roi *r, const void *grad,
+                                         mixprec_dtype gd, int64_t goff, int64_t sc, int nc,
+                                         int64_t sh, int64_t sw, int64_t ph_n, int64_t pw_n,
+                                         int64_t H, int64_t W, int64_t py, int64_t px,
+                                         float *acc) {
+  if (r->grid_h <= 0 || r->grid_w <= 0) return;
   const double rh = (double)r->bin_h * (double)ph_n, rw = (double)r->bin_w * (double)pw_n;
   if (!mixprec__roi_may_touch(r->start_h, (double)r->start_h + rh, py, H) ||
       !mixprec__roi_may_touch(r->start_w, (double)r->start_w + rw, px, W))
-    return acc;
+    return;
+  float g[MIXPREC__ROI_GATHER_C];
   for (int64_t ph = 0; ph < ph_n; ph++) {
     const double ylo = mixprec__roi_bin_lo(r->start_h, ph, r->bin_h);
     if (!mixprec__roi_may_touch(ylo, ylo + (double)r->bin_h, py, H)) continue;
     for (int64_t pw = 0; pw < pw_n; pw++) {
       const double xlo = mixprec__roi_bin_lo(r->start_w, pw, r->bin_w);
       if (!mixprec__roi_may_touch(xlo, xlo + (double)r->bin_w, px, W)) continue;
-      const float g = mixprec__roi_load(grad, gd, goff + ph * sh + pw * sw);
+      int loaded = 0;
       for (int64_t iy = 0; iy < r->grid_h; iy++) {
         const mixprec__roi_axis ay =
             mixprec__roi_axis_at(mixprec__roi_coord(r->start_h, ph, r->bin_h, iy, r->grid_h), H);
@@ -192,19 +221,20 @@ MIXPREC__ROI_FN float mixprec__roi_gather(const mixprec__roi *r, const void *gra
           const mixprec__roi_axis ax = mixprec__roi_axis_at(
               mixprec__roi_coord(r->start_w, pw, r->bin_w, ix, r->grid_w), W);
           if (!ax.ok || (ax.lo != px && ax.hi != px)) continue;
-          if (ay.lo == py && ax.lo == px)
-            acc = MIXPREC__RA(acc, MIXPREC__RD(MIXPREC__RM(g, MIXPREC__RM(ay.h, ax.h)), r->count_bwd));
-          if (ay.lo == py && ax.hi == px)
-            acc = MIXPREC__RA(acc, MIXPREC__RD(MIXPREC__RM(g, MIXPREC__RM(ay.h, ax.l)), r->count_bwd));
-          if (ay.hi == py && ax.lo == px)
-            acc = MIXPREC__RA(acc, MIXPREC__RD(MIXPREC__RM(g, MIXPREC__RM(ay.l, ax.h)), r->count_bwd));
-          if (ay.hi == py && ax.hi == px)
-            acc = MIXPREC__RA(acc, MIXPREC__RD(MIXPREC__RM(g, MIXPREC__RM(ay.l, ax.l)), r->count_bwd));
+          if (!loaded) {
+            for (int cc = 0; cc < MIXPREC__ROI_GATHER_C; cc++)
+              g[cc] = cc < nc ? mixprec__roi_load(grad, gd, goff + cc * sc + ph * sh + pw * sw)
+                              : 0.0f;
+            loaded = 1;
+          }
+          if (ay.lo == py && ax.lo == px) mixprec__roi_add(acc, nc, g, MIXPREC__RM(ay.h, ax.h), r->count_bwd);
+          if (ay.lo == py && ax.hi == px) mixprec__roi_add(acc, nc, g, MIXPREC__RM(ay.h, ax.l), r->count_bwd);
+          if (ay.hi == py && ax.lo == px) mixprec__roi_add(acc, nc, g, MIXPREC__RM(ay.l, ax.h), r->count_bwd);
+          if (ay.hi == py && ax.hi == px) mixprec__roi_add(acc, nc, g, MIXPREC__RM(ay.l, ax.l), r->count_bwd);
         }
       }
     }
   }
-  return acc;
 }
 
 #endif /* MIXPREC_ROI_ALIGN_INTERNAL_H */

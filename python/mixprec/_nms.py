@@ -304,7 +304,8 @@ def patch_torchvision() -> TorchvisionPatch:
     def patched_nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
         if _is_float(boxes) and _is_float(scores) and _on(boxes) and not boxes.is_quantized:
             if not torch.jit.is_scripting():
-                _check("nms", boxes, scores, None, float(iou_threshold), None)
+                if not torch.compiler.is_compiling():
+                    _check("nms", boxes, scores, None, float(iou_threshold), None)
             return torch.ops.mixprec.nms(boxes.contiguous(), scores.contiguous(), float(iou_threshold), None, -1)
         return orig_nms(boxes, scores, iou_threshold)
 
@@ -316,7 +317,8 @@ def patch_torchvision() -> TorchvisionPatch:
             and (idxs.dtype == torch.int64 or idxs.dtype == torch.int32)
         ):
             if not torch.jit.is_scripting():
-                _check("batched_nms", boxes, scores, idxs, float(iou_threshold), None)
+                if not torch.compiler.is_compiling():
+                    _check("batched_nms", boxes, scores, idxs, float(iou_threshold), None)
             return torch.ops.mixprec.batched_nms(
                 boxes.contiguous(), scores.contiguous(), idxs.contiguous(), float(iou_threshold), None, -1
             )
@@ -334,12 +336,14 @@ def patch_torchvision() -> TorchvisionPatch:
             rois = boxes
         else:
             if not torch.jit.is_scripting():
-                _check_box_list(boxes)
+                if not torch.compiler.is_compiling():
+                    _check_box_list(boxes)
             rois = _boxes_to_rois(boxes)
         if _is_float(input) and _is_float(rois) and _on(input) and not input.is_quantized:
             size = _pair(output_size)
             if not torch.jit.is_scripting():
-                _check_forward(input, rois, float(spatial_scale), int(size[0]), int(size[1]), int(sampling_ratio))
+                if not torch.compiler.is_compiling():
+                    _check_forward(input, rois, float(spatial_scale), int(size[0]), int(size[1]), int(sampling_ratio))
             return torch.ops.mixprec.roi_align(
                 input.contiguous(), rois.contiguous(), float(spatial_scale), size[0], size[1], sampling_ratio, aligned
             )

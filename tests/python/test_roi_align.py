@@ -1,0 +1,292 @@
+"""mixprec::roi_align / roi_align_backward on the CPU: bit-identical to
+torchvision on float32 (forward and backward, every option, Tensor and list
+boxes), float16/bfloat16 equal to torchvision on the upcast input rounded
+once, the adjoint (dot-product) and finite-difference gradient checks,
+opcheck, torch.compile, the RoIAlign module, layouts, empty and NaN boxes,
+bad inputs, and patch_torchvision's routing of roi_align / RoIAlign /
+MultiScaleRoIAlign."""
+
+import pytest
+import torch
+from torch.library import opcheck
+
+import mixprec
+from mixprec.ops import RoIAlign, patch_torchvision, roi_align
+
+from _reference import assert_same
+
+tv = pytest.importorskip("torchvision")
+
+HALF = [torch.float16, torch.bfloat16]
+# (output_size, spatial_scale, sampling_ratio, aligned)
+OPTIONS = [
+    ((7, 7), 0.25, 2, False),
+    ((7, 7), 0.25, -1, False),
+    ((14, 14), 0.125, 0, True),
+    ((5, 3), 1.0, 3, True),
+    (2, 0.5, -1, True),
+    ((1, 1), 1.0, 1, False),
+]
+
+
+def make(gen, n=2, c=6, h=29, w=37, k=40, scale=1.0, dtype=torch.float32):
+    """Features and rois: boxes partly outside the map, tiny ones, inverted
+    ones, on every image."""
+    x = torch.randn(n, c, h, w, generator=gen)
+    xy = (torch.rand(k, 2, generator=gen) * 0.9 - 0.1) * torch.tensor([w, h]) / scale
+    wh = torch.rand(k, 2, generator=gen) * torch.tensor([w, h]) / scale * 0.5
+    wh[::7] = 0.3
+    wh[5::11, 0] = -2.0
+    b = torch.randint(0, n, (k, 1), generator=gen).float()
+    rois = torch.cat([b, xy, xy + wh], 1)
+    return x.to(dtype), rois.to(dtype)
+
+
+def _tv_forward_backward(x, rois, opts, go):
+    x = x.detach().clone().requires_grad_()
+    out = tv.ops.roi_align(x, rois, *opts)
+    out.backward(go)
+    return out.detach(), x.grad
+
+
+def _mp_forward_backward(x, rois, opts, go):
+    x = x.detach().clone().requires_grad_()
+    out = roi_align(x, rois, *opts)
+    out.backward(go)
+    return out.detach(), x.grad
+
+
+@pytest.mark.parametrize("opts", OPTIONS)
+def test_float32_bit_identical_to_torchvision(gen, opts):
+    x, rois = make(gen, scale=opts[1])
+    go = torch.randn(rois.shape[0], x.shape[1], *torch.nn.modules.utils._pair(opts[0]), generator=gen)
+    ref, gref = _tv_forward_backward(x, rois, opts, go)
+    out, gout = _mp_forward_backward(x, rois, opts, go)
+    assert_same(out, ref)
+    assert_same(gout, gref)
+    assert (out != 0).float().mean() > 0.5 and (gout != 0).float().mean() > 0.02
+
+
+@pytest.mark.parametrize("opts", OPTIONS[:3])
+def test_list_boxes_like_torchvision(gen, opts):
+    x, rois = make(gen, n=3, scale=opts[1])
+    boxes = [rois[rois[:, 0] == i, 1:] for i in range(3)]
+    assert_same(roi_align(x, boxes, *opts), tv.ops.roi_align(x, boxes, *opts))
+    assert_same(RoIAlign(*opts)(x, boxes), tv.ops.RoIAlign(*opts)(x, boxes))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("opts", OPTIONS)
+def test_half_is_torchvision_on_upcast_rounded_once(gen, dtype, opts):
+    x, rois = make(gen, scale=opts[1], dtype=dtype)
+    go = torch.randn(rois.shape[0], x.shape[1], *torch.nn.modules.utils._pair(opts[0]), generator=gen).to(dtype)
+    ref32, gref32 = _tv_forward_backward(x.float(), rois.float(), opts, go.float())
+    out, gout = _mp_forward_backward(x, rois, opts, go)
+    assert out.dtype == dtype and gout.dtype == dtype
+    assert_same(out, ref32.to(dtype))
+    assert_same(gout, gref32.to(dtype))
+    # the error against the float32 result is the one rounding: half an ulp
+    ulp = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}[dtype]
+    assert ((out.float() - ref32).abs() <= ref32.abs() * ulp / 2 + 2.0**-24).all()
+
+
+def test_float32_boxes_with_half_features(gen):
+    """torchvision requires the features' dtype for the boxes; mixprec takes
+    float32 boxes with bfloat16 features (exact coordinates)."""
+    x, rois = make(gen)
+    xb = x.bfloat16()
+    ref = tv.ops.roi_align(xb.float(), rois, (7, 7), 0.5, 2, True).bfloat16()
+    assert_same(roi_align(xb, rois, (7, 7), 0.5, 2, True), ref)
+
+
+@pytest.mark.parametrize("opts", OPTIONS[:4])
+def test_adjoint_and_finite_differences(gen, opts):
+    """roi_align is linear in its input, so <g, f(v)> == <f^T(g), v> up to
+    rounding (the dot-product test of the backward), and central finite
+    differences in float32 give the gradient."""
+    x, rois = make(gen, n=2, c=3, h=17, w=19, k=12, scale=opts[1])
+    out = roi_align(x, rois, *opts)
+    g = torch.randn(out.shape, generator=gen)
+    v = torch.randn(x.shape, generator=gen)
+    xg = x.clone().requires_grad_()
+    roi_align(xg, rois, *opts).backward(g)
+    lhs = (g.double() * roi_align(v, rois, *opts).double()).sum()
+    rhs = (xg.grad.double() * v.double()).sum()
+    assert torch.isclose(lhs, rhs, rtol=1e-5, atol=1e-5), (lhs, rhs)
+    # finite differences along a few random directions
+    for _ in range(3):
+        d = torch.randn(x.shape, generator=gen)
+        eps = 1e-2
+        fd = ((roi_align(x + eps * d, rois, *opts) - roi_align(x - eps * d, rois, *opts)) * g).sum() / (2 * eps)
+        an = (xg.grad * d).sum()
+        assert torch.isclose(fd, an, rtol=1e-3, atol=1e-3), (fd, an)
+
+
+def test_gradcheck(gen):
+    x, rois = make(gen, n=1, c=2, h=6, w=7, k=3, scale=1.0)
+    rois[:, 0] = 0
+    x = x.requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda t: roi_align(t, rois, (2, 3), 1.0, 2, True), (x,), eps=1e-2, atol=2e-3, rtol=2e-3
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck(gen, dtype):
+    x, rois = make(gen, n=2, c=3, h=11, w=13, k=7, dtype=dtype)
+    opcheck(torch.ops.mixprec.roi_align, (x, rois, 0.5, 3, 4, 2, True))
+    opcheck(torch.ops.mixprec.roi_align, (x.requires_grad_(), rois, 1.0, 2, 2, -1, False))
+    g = torch.randn(7, 3, 3, 4, generator=gen).to(dtype)
+    opcheck(torch.ops.mixprec.roi_align_backward, (g, rois, 0.5, 3, 4, 2, 3, 11, 13, 2, True))
+
+
+def test_compile_matches_eager(gen):
+    x, rois = make(gen, k=16)
+    go = torch.randn(16, x.shape[1], 7, 7, generator=gen)
+
+    def f(t, r):
+        return roi_align(t, r, (7, 7), 0.25, 2, True) * 2.0
+
+    cf = torch.compile(f, fullgraph=True, backend="aot_eager")
+    a = x.clone().requires_grad_()
+    b = x.clone().requires_grad_()
+    f(a, rois).backward(go)
+    out = cf(b, rois)
+    out.backward(go)
+    assert_same(out.detach(), f(x, rois))
+    assert_same(b.grad, a.grad)
+
+
+def test_layouts_are_accepted(gen):
+    x, rois = make(gen)
+    ref = roi_align(x, rois, (7, 7), 0.25, 2, False)
+    assert_same(roi_align(x.to(memory_format=torch.channels_last), rois, (7, 7), 0.25, 2, False), ref)
+    xt = x.transpose(2, 3).contiguous().transpose(2, 3)
+    assert not xt.is_contiguous()
+    assert_same(roi_align(xt, rois.t().contiguous().t(), (7, 7), 0.25, 2, False), ref)
+
+
+def test_expanded_grad(gen):
+    x, rois = make(gen, k=9)
+    a = x.clone().requires_grad_()
+    b = x.clone().requires_grad_()
+    roi_align(a, rois, 3, 1.0, 2).sum().backward()
+    tv.ops.roi_align(b, rois, 3, 1.0, 2).sum().backward()
+    assert_same(a.grad, b.grad)
+
+
+def test_empty(gen):
+    x, _ = make(gen)
+    empty = torch.zeros(0, 5)
+    out = roi_align(x, empty, (7, 7))
+    assert out.shape == tv.ops.roi_align(x, empty, (7, 7)).shape == (0, x.shape[1], 7, 7)
+    xg = x.clone().requires_grad_()
+    roi_align(xg, [torch.zeros(0, 4), torch.zeros(0, 4)], (7, 7)).sum().backward()
+    assert torch.equal(xg.grad, torch.zeros_like(x))
+    assert roi_align(x, torch.tensor([[0.0, 1, 1, 5, 5]]), (0, 3)).shape == (1, x.shape[1], 0, 3)
+
+
+def test_nan_box_gives_nan_rows_and_no_gradient(gen):
+    x, rois = make(gen, k=5)
+    rois[2, 3] = float("nan")
+    rois[4, 1] = float("inf")
+    xg = x.clone().requires_grad_()
+    out = roi_align(xg, rois, (3, 3), 1.0, 2)
+    assert torch.isnan(out[[2, 4]]).all() and not torch.isnan(out[[0, 1, 3]]).any()
+    ok = [0, 1, 3]
+    assert_same(out[ok].detach(), roi_align(x, rois[ok], (3, 3), 1.0, 2))
+    go = torch.randn(out.shape, generator=gen)
+    out.backward(go)
+    xr = x.clone().requires_grad_()
+    roi_align(xr, rois[ok], (3, 3), 1.0, 2).backward(go[ok])
+    assert_same(xg.grad, xr.grad)
+
+
+BAD = [
+    ("batch index", lambda x, r: (x, torch.cat([r[:1], torch.tensor([[2.0, 0, 0, 4, 4]])]), 3), "rois\\[1, 0\\] \\(the batch index\\) is 2"),
+    ("negative index", lambda x, r: (x, torch.tensor([[-1.0, 0, 0, 4, 4]]), 3), "rois\\[0, 0\\]"),
+    ("NaN index", lambda x, r: (x, torch.tensor([[float("nan"), 0, 0, 4, 4]]), 3), "rois\\[0, 0\\] \\(the batch index\\) is nan"),
+    ("rois shape", lambda x, r: (x, r[:, :4], 3), "rois must have shape \\(K, 5\\)"),
+    ("boxes list shape", lambda x, r: (x, [r[:, :3]], 3), "boxes\\[0\\] must be a Tensor\\[L, 4\\]"),
+    ("input dims", lambda x, r: (x[0], r, 3), "input must have shape \\(N, C, H, W\\)"),
+    ("float64", lambda x, r: (x.double(), r.double(), 3), "input must be float32, float16 or bfloat16, got torch.float64"),
+    ("int rois", lambda x, r: (x, r.long(), 3), "rois must be float32, float16 or bfloat16"),
+    ("output size", lambda x, r: (x, r, (-1, 3)), "output_size must be >= 0"),
+    ("meta rois", lambda x, r: (x, r.to("meta"), 3), "rois is on meta but the features is on cpu"),
+    ("meta input", lambda x, r: (x.to("meta"), r, 3), "rois is on cpu but the features is on meta"),
+    ("empty map", lambda x, r: (x[:, :, :0], r, 3), "cannot sample rois from an empty feature map"),
+]
+
+
+@pytest.mark.parametrize("name,args,msg", BAD, ids=[b[0] for b in BAD])
+def test_bad_inputs(gen, name, args, msg):
+    x, rois = make(gen, n=2, k=4)
+    a = args(x, rois)
+    snapshot = [t.clone() for t in a if isinstance(t, torch.Tensor) and t.device.type == "cpu"]
+    with pytest.raises(RuntimeError, match="mixprec::roi_align: " + msg):
+        roi_align(*a)
+    after = [t for t in a if isinstance(t, torch.Tensor) and t.device.type == "cpu"]
+    for s, t in zip(snapshot, after):
+        assert torch.equal(s.nan_to_num(), t.nan_to_num())
+    roi_align(x, rois, 3)  # a valid call still works
+
+
+def test_bad_inputs_direct_op(gen):
+    """The C++ kernel makes the checks on its own (torch.ops called directly,
+    TorchScript)."""
+    x, rois = make(gen, n=2, k=4)
+    with pytest.raises(RuntimeError, match=r"mixprec::roi_align: rois\[0, 0\] \(the batch index\) is 5"):
+        torch.ops.mixprec.roi_align(x, torch.tensor([[5.0, 0, 0, 3, 3]]), 1.0, 2, 2, -1, False)
+    with pytest.raises(RuntimeError, match="mixprec::roi_align: spatial_scale must be finite"):
+        torch.ops.mixprec.roi_align(x, rois, float("inf"), 2, 2, -1, False)
+    with pytest.raises(RuntimeError, match="mixprec::roi_align_backward: grad must have shape"):
+        torch.ops.mixprec.roi_align_backward(torch.zeros(3, 6, 2, 2), rois, 1.0, 2, 2, 2, 6, 29, 37, -1, False)
+    with pytest.raises(RuntimeError, match="double backward is not supported"):
+        xg = x.clone().requires_grad_()
+        out = roi_align(xg, rois, 2)
+        go = torch.randn(out.shape, generator=gen).requires_grad_()
+        (g,) = torch.autograd.grad(out, xg, go, create_graph=True)
+        g.sum().backward()
+
+
+# ---- patch_torchvision ------------------------------------------------------------
+
+
+def test_patch_routes_roi_align_and_modules(gen):
+    """Under the patch, torchvision's roi_align, RoIAlign and
+    MultiScaleRoIAlign take bfloat16 CPU features (torchvision's own kernel
+    has no bfloat16) and give mixprec's results; undo restores
+    torchvision."""
+    x, rois = make(gen, n=2, c=4, h=32, w=32, k=10)
+    xb, rb = x.bfloat16(), rois.bfloat16()
+    with pytest.raises(RuntimeError, match="BFloat16"):
+        tv.ops.roi_align(xb, rb, (7, 7))
+    boxes = [rb[rb[:, 0] == i, 1:] for i in range(2)]
+    feats = {"0": torch.randn(2, 4, 32, 32, generator=gen).bfloat16(), "1": torch.randn(2, 4, 16, 16, generator=gen).bfloat16()}
+    pooler = tv.ops.MultiScaleRoIAlign(["0", "1"], 7, 2)
+    with patch_torchvision():
+        assert_same(tv.ops.roi_align(xb, rb, (7, 7)), roi_align(xb, rb, (7, 7)))
+        assert_same(tv.ops.RoIAlign((7, 7), 0.5, 2, True)(xb, boxes), roi_align(xb, boxes, (7, 7), 0.5, 2, True))
+        pooled = pooler(feats, [b.abs() * 4 for b in boxes], [(128, 128), (128, 128)])
+        ref = tv.ops.MultiScaleRoIAlign(["0", "1"], 7, 2)(
+            {k: v.float() for k, v in feats.items()}, [b.abs().float() * 4 for b in boxes], [(128, 128), (128, 128)]
+        )
+        assert pooled.dtype == torch.bfloat16
+        assert_same(pooled, ref.bfloat16())
+        # float64 still goes to torchvision
+        assert tv.ops.roi_align(x.double(), rois.double(), 3).dtype == torch.float64
+    with pytest.raises(RuntimeError, match="BFloat16"):
+        tv.ops.roi_align(xb, rb, (7, 7))
+    assert tv.ops.poolers.roi_align is tv.ops.roi_align
+
+
+def test_patch_functions_script(gen):
+    """The patched functions compile with TorchScript and call mixprec."""
+    x, rois = make(gen, n=2, c=3, h=16, w=16, k=5)
+    with patch_torchvision():
+        fn = torch.jit.script(tv.ops.roi_align)
+        assert "mixprec::roi_align" in str(fn.graph)
+        assert_same(fn(x.bfloat16(), rois.bfloat16(), [3, 3], 1.0, 2, False), roi_align(x.bfloat16(), rois.bfloat16(), 3, 1.0, 2))
+        nms = torch.jit.script(tv.ops.nms)
+        assert "mixprec::nms" in str(nms.graph)
+    assert "mixprec" not in str(torch.jit.script(tv.ops.roi_align).graph)
