@@ -141,6 +141,53 @@ def _scenario_fsdp2_half(out, name, kind, dtype, inf_at=None):
     out[name] = res
 
 
+def _scenario_fsdp2_ema(out):
+    """A BF16 FSDP2 model + AdamW(ema_decay=...): each rank's EMA shard is a
+    DTensor with the param's placements and equals a float64 EMA (timm's
+    warmup decay at the counted step) of its own master shard; the step
+    skipped for an inf in rank 0's shard is skipped by the EMA on both
+    ranks; swap_ema puts the EMA into the sharded params and restores them."""
+    from mixprec._distributed import local
+
+    model = _shard(_net().to(torch.bfloat16))
+    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2, ema_decay=0.9, ema_use_warmup=True)
+    scaler = mixprec.amp.GradScaler("cpu", init_scale=2.0**10)
+    e64 = [local(p).detach().double().clone() for p in model.parameters()]
+    counted = 0
+    for i, (x, y) in enumerate(_batches(dist.get_rank(), torch.bfloat16)):
+        loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+        scaler.scale(loss).backward()
+        if i == 1 and dist.get_rank() == 0:
+            next(model.parameters()).grad._local_tensor.view(-1)[0] = float("inf")
+        scale = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        if scaler.get_scale() >= scale:
+            counted += 1
+            s = max(0, counted - 1)
+            d = 0.0 if s <= 0 else min(1 - (1 + s) ** (-2 / 3), 0.9)
+            for k, p in enumerate(model.parameters()):
+                e64[k] += (1.0 - d) * (local(opt.state[p]["master"]).double() - e64[k])
+    from torch.distributed.tensor import DTensor
+
+    emas = [opt.state[p]["ema"] for p in model.parameters()]
+    res = {"counted": counted, "skipped": scaler.get_skipped_steps()}
+    res["ema_dtensor"] = all(isinstance(e, DTensor) and e.placements == p.placements
+                             for e, p in zip(emas, model.parameters()))
+    res["max_abs"] = max(float((local(e).double() - r).abs().max()) for e, r in zip(emas, e64))
+    res["steps"] = [float(local(opt.state[p]["step"])) for p in model.parameters()]
+    before = [local(p).detach().clone() for p in model.parameters()]
+    with opt.swap_ema():
+        res["swapped"] = all(torch.equal(local(p).detach(), local(e).to(torch.bfloat16))
+                             for p, e in zip(model.parameters(), emas))
+        x, _ = _batches(dist.get_rank(), torch.bfloat16)[0]
+        with torch.no_grad():
+            res["eval_finite"] = bool(model(x).float().isfinite().all())
+    res["restored"] = all(torch.equal(local(p).detach(), b) for p, b in zip(model.parameters(), before))
+    out["fsdp2_ema"] = res
+
+
 def _max_rel(pairs):
     rel = 0.0
     for rp, op in pairs:
@@ -305,6 +352,7 @@ def _worker(rank, port, result_dir):
         _scenario_fsdp2_half(out, "fp16_model_adamw", "adamw", torch.float16)
         _scenario_fsdp2_half(out, "bf16_model_sgd", "sgd", torch.bfloat16)
         _scenario_fsdp2_half(out, "bf16_model_inf_on_rank0", "adamw", torch.bfloat16, inf_at=1)
+        _scenario_fsdp2_ema(out)
         _scenario_fsdp2_fp32(out, "fp32_policy_clip", "adamw", clip=0.5)
         _scenario_direct_ops(out)
         _scenario_fsdp1(out, clip=0.5)
@@ -360,6 +408,15 @@ def test_fsdp2_steps_like_torch(results, name):
         assert res["our_scale"] == res["ref_scale"]
         assert res["scales_equal"] and res["skipped"] == 0
         assert res["dtensor_state"], "optimizer state must be DTensors with the param's placements"
+
+
+def test_fsdp2_ema_per_shard(results):
+    for r in results:
+        res = r["fsdp2_ema"]
+        assert res["skipped"] == 1 and res["counted"] == 2 and set(res["steps"]) == {2.0}, res
+        assert res["ema_dtensor"], "the EMA must be a DTensor with the param's placements"
+        assert res["max_abs"] < 1e-6, res
+        assert res["swapped"] and res["restored"] and res["eval_finite"], res
 
 
 def test_fsdp2_inf_in_one_shard_skips_everywhere(results):
