@@ -7,6 +7,9 @@ median of several runs, forward ("fwd") and forward+backward ("fwd+bwd"):
             (softmax: torch.softmax(x.float(), -1); CE: F.cross_entropy(x.float(), t))
   half      torch's op on the half tensor directly (softmax output in the
             half dtype; CE loss in the half dtype)
+  (soft CE, "cross_entropy soft": the same with an FP32 class-probability
+            target of the logits' shape, as timm's / torchvision's Mixup and
+            CutMix make: F.cross_entropy(x.float(), t) vs mixprec.ops.cross_entropy(x, t))
   mixprec   mixprec.ops.softmax(x, -1, torch.float32) (the drop-in for the
             upcast path: FP32 output) / mixprec.ops.cross_entropy(x, t);
             "mixprec half-out": softmax with half output (mixprec.ops.softmax(x, -1)),
@@ -15,15 +18,19 @@ median of several runs, forward ("fwd") and forward+backward ("fwd+bwd"):
   copy      the copy bandwidth of this machine measured in the same run
             (torch clone of a float32 buffer of the same byte size as the
             op's minimum traffic / 2): the limit for a memory-bound op
+"vs upcast" / "vs half" are medians over the rounds of the ratio within a
+round (same inputs, the calls back to back).
 Minimum traffic per element: softmax fwd 2 (read) + 4 (FP32 write) bytes,
 fwd+bwd adds 4 (grad) + 4 (saved output) + 2 (half grad write); CE fwd reads
-2, fwd+bwd 2 + 2 (second read in backward) + 2 (gradient write).
+2, fwd+bwd 2 + 2 (second read in backward) + 2 (gradient write); soft CE
+with an FP32 target fwd 2 + 4, fwd+bwd 6 + 2 + 4 (both read again) + 2.
 
 Also the peak memory of CE forward+backward on the segmentation logits:
 upcast+torch vs mixprec (CPU: torch profiler's allocation events; CUDA:
 torch.cuda.max_memory_allocated).
 
-Usage: python bench/bench_softmax.py [--device cpu|cuda] [--quick] [--reps N] [--threads N] [--out FILE]
+Usage: python bench/bench_softmax.py [--device cpu|cuda] [--quick] [--reps N] [--threads N] [--kinds sm,ce,ces]
+       [--out FILE]
 """
 
 from __future__ import annotations
@@ -41,7 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import mixprec  # noqa: E402
 from _common import machine, sync, timed, timed_with_output  # noqa: E402,F401
 
-# (kind, shape): "sm" = softmax over the last dim, "ce" = cross-entropy over dim 1.
+# (kind, shape): "sm" = softmax over the last dim, "ce" = cross-entropy over dim 1,
+# "ces" = cross-entropy with class-probability targets (Mixup/CutMix).
 CONFIGS = [
     ("sm", (4096, 1000)),
     ("sm", (65536, 512)),
@@ -49,9 +57,13 @@ CONFIGS = [
     ("ce", (4096, 1000)),
     ("ce", (4096, 32000)),
     ("ce", (8, 21, 512, 512)),
+    ("ces", (4096, 1000)),
+    ("ces", (1024, 21843)),
+    ("ces", (8, 21, 256, 256)),
 ]
 QUICK_CONFIGS = [("sm", (1024, 1000)), ("sm", (8192, 512)), ("sm", (256, 32000)), ("ce", (1024, 1000)),
-                 ("ce", (2, 21, 256, 256))]
+                 ("ce", (2, 21, 256, 256)), ("ces", (1024, 1000)), ("ces", (2, 21, 64, 64))]
+KIND_NAMES = {"sm": "softmax", "ce": "cross_entropy", "ces": "cross_entropy soft"}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -63,11 +75,14 @@ def bench_config(kind, shape, dtype, device, reps):
         g32 = torch.randn(shape, generator=gen).to(device)
         g16 = g32.to(dtype)
         moved = {"fwd": 6 * n, "fwd+bwd": 16 * n}
-    else:
+    elif kind == "ce":
         C = shape[1]
         tshape = (shape[0], *shape[2:])
         t = torch.randint(0, C, tshape, generator=gen).to(device)
         moved = {"fwd": 2 * n, "fwd+bwd": 6 * n}
+    else:
+        t = torch.softmax(torch.randn(shape, generator=gen) * 3, 1).to(device)
+        moved = {"fwd": 6 * n, "fwd+bwd": 14 * n}
     xg = x.clone().requires_grad_()
     flat = torch.empty(max(moved.values()) // 8, dtype=torch.float32, device=device).normal_()
 
@@ -83,7 +98,7 @@ def bench_config(kind, shape, dtype, device, reps):
             ("fwd+bwd", "mixprec_half"): lambda: torch.autograd.grad(mixprec.ops.softmax(xg, -1), xg, g16),
         }
     else:
-        fns = {
+        fns = {  # t: class indices ("ce") or probabilities ("ces"); mixprec decides by shape, as torch
             ("fwd", "upcast"): lambda: F.cross_entropy(x.float(), t),
             ("fwd", "half"): lambda: F.cross_entropy(x, t),
             ("fwd", "mixprec"): lambda: mixprec.ops.cross_entropy(x, t),
@@ -109,9 +124,16 @@ def bench_config(kind, shape, dtype, device, reps):
         # Same output dtype as torch's half path (softmax only; a CE loss is
         # one number either way).
         ours_half = med.get((phase, "mixprec_half"), ours)
+        # Ratios: the median over rounds of the ratio within each round (the
+        # calls of one round run back to back), steadier than a ratio of
+        # medians on a machine others are using.
+        def ratio(a, b):
+            return statistics.median(x / y for x, y in zip(times[(phase, a)], times[(phase, b)]))
+
+        ours_half_key = "mixprec_half" if (phase, "mixprec_half") in times else "mixprec"
         out.append(dict(phase=phase, up=up * 1e3, half=half * 1e3, ours=ours * 1e3, ours_half=ours_half * 1e3,
-                        vs_up=up / ours,
-                        vs_half=half / ours_half, gbs=gbs, copy_gbs=copy_gbs, frac=gbs / copy_gbs))
+                        vs_up=ratio("upcast", "mixprec"),
+                        vs_half=ratio("half", ours_half_key), gbs=gbs, copy_gbs=copy_gbs, frac=gbs / copy_gbs))
     return out
 
 
@@ -137,10 +159,13 @@ def _peak_cuda(fn):
     return torch.cuda.max_memory_allocated() - base
 
 
-def peak_memory(shape, device):
+def peak_memory(shape, device, soft=False):
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(shape, generator=gen).bfloat16().to(device).requires_grad_()
-    t = torch.randint(0, shape[1], (shape[0], *shape[2:]), generator=gen).to(device)
+    if soft:
+        t = torch.softmax(torch.randn(shape, generator=gen), 1).to(device)
+    else:
+        t = torch.randint(0, shape[1], (shape[0], *shape[2:]), generator=gen).to(device)
 
     def upcast():
         F.cross_entropy(x.float(), t).backward()
@@ -161,6 +186,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small sizes, few runs (smoke test)")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--out", default=None, help="write the tables as Markdown here")
+    ap.add_argument("--kinds", default="sm,ce,ces", help="which rows: sm (softmax), ce, ces (soft-target CE)")
     ap.add_argument("--threads", type=int, default=None,
                     help="CPU threads for torch and mixprec alike (default: torch's default)")
     args = ap.parse_args()
@@ -172,7 +198,8 @@ def main():
     device = torch.device(args.device)
     if device.type == "cuda" and not mixprec.cuda_ops_loaded():
         sys.exit("mixprec CUDA ops not loaded (no GPU, or libmixprec_cuda.so not built)")
-    configs = QUICK_CONFIGS if args.quick else CONFIGS
+    kinds = set(args.kinds.split(","))
+    configs = [c for c in (QUICK_CONFIGS if args.quick else CONFIGS) if c[0] in kinds]
     reps = args.reps or (3 if args.quick else 5)
     isa = ""
     if device.type == "cpu":
@@ -187,7 +214,7 @@ def main():
     for kind, shape in configs:
         for name, dtype in DTYPES.items():
             for r in bench_config(kind, shape, dtype, device, reps):
-                row = (f"| {'softmax' if kind == 'sm' else 'cross_entropy'} | {'x'.join(map(str, shape))} | {name} | "
+                row = (f"| {KIND_NAMES[kind]} | {'x'.join(map(str, shape))} | {name} | "
                        f"{r['phase']} | {r['up']:.2f} | {r['half']:.2f} | {r['ours']:.2f} | "
                        f"{r['ours_half']:.2f} | {r['vs_up']:.2f}x | "
                        f"{r['vs_half']:.2f}x | {r['gbs']:.1f} | {r['copy_gbs']:.1f} | {100 * r['frac']:.0f}% |")
@@ -198,6 +225,12 @@ def main():
     mem = (f"Peak memory of CE forward+backward on BF16 logits {'x'.join(map(str, seg))} "
            f"({logits / 2**20:.0f} MiB): upcast+torch {up / 2**20:.0f} MiB, mixprec {ours / 2**20:.0f} MiB "
            f"({up / max(ours, 1):.1f}x less).")
+    if "ces" in kinds:
+        sshape = (1024, 1000) if args.quick else (4096, 21843)
+        logits, up, ours = peak_memory(sshape, device, soft=True)
+        mem += (f"\nPeak memory of soft-target CE forward+backward on BF16 logits {'x'.join(map(str, sshape))} "
+                f"({logits / 2**20:.0f} MiB) with an FP32 target ({2 * logits / 2**20:.0f} MiB, not counted): "
+                f"upcast+torch {up / 2**20:.0f} MiB, mixprec {ours / 2**20:.0f} MiB ({up / max(ours, 1):.1f}x less).")
     print(mem)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     info = f"{machine(device)}; CPU path {isa}" if isa else machine(device)
@@ -208,7 +241,7 @@ def main():
             f.write(f"# softmax / cross-entropy benchmark ({device.type})\n\n")
             f.write(f"Machine: {info}. Date: {when}. Median of {reps} interleaved runs, one process.\n")
             f.write(f"Command: `python bench/bench_softmax.py --device {args.device}"
-                    f"{' --quick' if args.quick else ''}{f' --threads {args.threads}' if args.threads else ''}`\n\n")
+                    f"{' --quick' if args.quick else ''}{f' --kinds {args.kinds}' if args.kinds != 'sm,ce,ces' else ''}{f' --threads {args.threads}' if args.threads else ''}`\n\n")
             f.write("\n".join(rows) + "\n\n" + mem + "\n")
 
 

@@ -2,7 +2,11 @@
 torch.nn.functional.cross_entropy on the input upcast to FP32, on both CPU
 paths; weight / ignore_index / label_smoothing / reductions, special rows,
 all-ignored batches, one class, odd class counts; peak memory against the
-upcast path; autocast; opcheck; bad inputs."""
+upcast path; autocast; opcheck; bad inputs. Class-probability (soft) targets: against
+torch on float64 inputs (every logits x target dtype pair, Dirichlet-like and
+mixup two-hot targets), timm's Mixup/CutMix + SoftTargetCrossEntropy,
+torchvision's v2 MixUp/CutMix, gradients of the target, eager / aot_eager /
+inductor, opcheck, memory, bad inputs."""
 
 import pytest
 import torch
