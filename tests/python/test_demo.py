@@ -51,6 +51,12 @@ def test_demo_quick_mode(capsys, tmp_path):
     for dt in ("fp16", "bf16"):
         assert rows[(dt, "mixprec")][1:] == (0, 0), out
     assert rows[("fp16", "torchvision-style")][1] > 0, out
+    # Batched post-processing: one efficient_nms call, the loop's detections;
+    # the BF16 Faster R-CNN forward runs end to end under the patch.
+    batched = out_dict["detection_batched"]
+    assert batched["same"] in (True, None) and min(batched["counts"]) > 0, out
+    if out_dict["detector"] is not None:
+        assert out_dict["detector"]["detections"] and "torchvision + mixprec patch" in out, out
 
 
 def test_demo_full_mode_parity(capsys, tmp_path):
