@@ -300,8 +300,13 @@ def _scenario_direct_ops(out):
     masters = [p.detach().float() for p in params]
     zeros = [torch.zeros_like(m) for m in masters]
     steps = [torch.zeros(()) for _ in params]
+    # With DTensor EMAs (the optional list goes through the handler too): the
+    # first update copies the new masters.
+    emas = [torch.full_like(m, 7.0) for m in masters]
     torch.ops.mixprec.adamw_step_([p.detach() for p in params], grads, masters, zeros, [torch.zeros_like(m) for m in masters],
-                                  [], steps, 1e-2, 0.9, 0.999, 0.0, 1e-8, False, False, None, None, None)
+                                  [], steps, 1e-2, 0.9, 0.999, 0.0, 1e-8, False, False, None, None, None,
+                                  emas=emas, ema_decay=0.9)
+    res["ema_copied"] = all(isinstance(e, DTensor) and torch.equal(_full(e), _full(m)) for e, m in zip(emas, masters))
     res["step_equal"] = all(
         torch.equal(_full(p.detach()), _full(tp.detach())) and torch.equal(_full(m), _full(twin_opt.state[tp]["master"]))
         for p, tp, m in zip(params, twin.parameters(), masters))
@@ -440,7 +445,7 @@ def test_direct_op_calls_on_dtensors(results):
         res = r["direct_ops"]
         assert res["per_rel"] < 1e-5 and res["total_rel"] < 1e-5, res
         assert res["fi_clean"] == 0.0 and res["fi_inf"] == 1.0, res  # rank 1 sees rank 0's inf
-        assert res["step_equal"] and res["dtensor_masters"], res
+        assert res["step_equal"] and res["dtensor_masters"] and res["ema_copied"], res
 
 
 def test_fsdp1_inf_skips_everywhere_and_norm_is_global(results):
