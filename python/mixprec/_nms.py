@@ -216,26 +216,23 @@ def _on_cpu_or_cuda(t: torch.Tensor) -> bool:
 
 
 def _forget_scripted(module_names):
-    """TorchScript caches what it compiled: free functions by function object,
-    module methods by module type. A function or method compiled before the
-    patch (or before undo) would keep calling the ops it was compiled with,
-    so the caches of torchvision's functions and module types are dropped:
-    the next torch.jit.script compiles them against the current globals."""
-    import sys
-
+    """TorchScript caches the free functions it compiled, by function object:
+    one compiled before the patch (torchvision's _multiscale_roi_align,
+    maskrcnn_loss, ...) would keep calling the ops it was compiled with. The
+    cache entries of torchvision's functions are dropped, so the next
+    torch.jit.script compiles them against the current globals. Module
+    methods are cached per module type and cannot be recompiled under the same
+    class name: a detector CLASS scripted in this process before the patch
+    keeps its methods' ops (RoIHeads.postprocess_detections and
+    RegionProposalNetwork.filter_proposals call batched_nms directly), so
+    apply the patch before scripting."""
     try:
-        from torch.jit import _recursive, _state
+        from torch.jit import _state
     except ImportError:  # pragma: no cover - very old torch
         return
     for fn in list(_state._jit_caching_layer.keys()):
         if getattr(fn, "__module__", "") in module_names:
             _state._jit_caching_layer.pop(fn, None)
-    store = _recursive.concrete_type_store
-    for cls in list(store.type_store.keys()):
-        if getattr(cls, "__module__", "").startswith("torchvision."):
-            for ct in store.type_store.pop(cls):
-                store.methods_compiled.discard(ct)
-    del sys
 
 
 class TorchvisionPatch:
@@ -276,10 +273,12 @@ def patch_torchvision() -> TorchvisionPatch:
 
     The replacements are TorchScript-compatible: ``torch.jit.script`` of a
     torchvision detector works with the patch active and the scripted model
-    calls mixprec's ops. Returns a handle whose ``undo()`` (or the end of the
-    ``with``) restores torchvision; both drop TorchScript's cache of
-    torchvision's compiled functions and module types so that a model
-    scripted afterwards follows the current state."""
+    calls mixprec's ops (apply the patch before the first torch.jit.script of
+    a detector class in the process: TorchScript keeps the methods it
+    compiled per class). Returns a handle whose ``undo()`` (or the end of
+    the ``with``) restores torchvision; both drop TorchScript's cache of
+    torchvision's compiled free functions so that later scripting follows
+    the current state."""
     import importlib
     import sys
 
