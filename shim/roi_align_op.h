@@ -40,11 +40,11 @@ inline mixprec_dtype roi_float_dtype(const char* op, const char* arg, const Tens
 
 // The rois and the options (shared by both ops); rois_c is the contiguous
 // rois tensor the kernel reads (kept alive by the caller).
-inline void roi_common(const char* op, RoiArgs& a, const Tensor& rois, const Tensor& rois_c,
-                       double spatial_scale, int64_t pooled_height, int64_t pooled_width,
+inline void roi_common(const char* op, const char* ref, RoiArgs& a, const Tensor& rois,
+                       const Tensor& rois_c, double spatial_scale, int64_t pooled_height, int64_t pooled_width,
                        int64_t sampling_ratio, bool aligned) {
   a.rois_dtype = roi_float_dtype(op, "rois", rois);
-  same_device(op, "rois", rois, a.device, "the features");
+  same_device(op, "rois", rois, a.device, ref);
   MIXPREC_CHECK(rois.dim() == 2 && rois.size(1) == 5, "mixprec::", op,
                 ": rois must have shape (K, 5) (batch index, x1, y1, x2, y2), got ",
                 shape_str(rois));
@@ -86,8 +86,8 @@ Tensor roi_align_op(Tensor input, Tensor rois, double spatial_scale, int64_t poo
   a.height = input.size(2);
   a.width = input.size(3);
   Tensor rois_c = rois.defined() && rois.layout() == Layout::Strided ? dense(rois) : rois;
-  roi_common(op, a, rois, rois_c, spatial_scale, pooled_height, pooled_width, sampling_ratio,
-             aligned);
+  roi_common(op, "input", a, rois, rois_c, spatial_scale, pooled_height, pooled_width,
+             sampling_ratio, aligned);
   check_map(op, a);
   B::check_device(op, a.device);
   Tensor output = torch::stable::new_empty(input, {a.n_rois, a.channels, pooled_height, pooled_width});
@@ -115,8 +115,8 @@ Tensor roi_align_backward_op(Tensor grad, Tensor rois, double spatial_scale,
   a.height = height;
   a.width = width;
   Tensor rois_c = rois.defined() && rois.layout() == Layout::Strided ? dense(rois) : rois;
-  roi_common(op, a, rois, rois_c, spatial_scale, pooled_height, pooled_width, sampling_ratio,
-             aligned);
+  roi_common(op, "grad", a, rois, rois_c, spatial_scale, pooled_height, pooled_width,
+             sampling_ratio, aligned);
   MIXPREC_CHECK(grad.dim() == 4 && grad.size(0) == a.n_rois && grad.size(1) == channels &&
                     grad.size(2) == pooled_height && grad.size(3) == pooled_width,
                 "mixprec::", op, ": grad must have shape (K, channels, pooled_height, "

@@ -94,7 +94,7 @@ def _check_forward(input, rois, spatial_scale, pooled_height, pooled_width, samp
         + (" (float64 is not supported: use torchvision.ops.roi_align for float64)" if input.dtype == torch.float64 else ""),
     )
     torch._check(input.dim() == 4, lambda: f"mixprec::{op}: input must have shape (N, C, H, W), got {list(input.shape)}")
-    _check_rois(op, rois, "the features", input)
+    _check_rois(op, rois, "input", input)
     _check_options(op, spatial_scale, pooled_height, pooled_width, sampling_ratio)
     _check_map(op, rois.shape[0], pooled_height, pooled_width, input.shape[1], input.shape[2], input.shape[3])
 
@@ -116,7 +116,7 @@ def _roi_align_backward_fake(
         batch_size >= 0 and channels >= 0 and height >= 0 and width >= 0,
         lambda: f"mixprec::{op}: batch_size, channels, height and width must be >= 0",
     )
-    _check_rois(op, rois, "the features", grad)
+    _check_rois(op, rois, "grad", grad)
     _check_options(op, spatial_scale, pooled_height, pooled_width, sampling_ratio)
     torch._check(
         grad.dim() == 4 and tuple(grad.shape) == (rois.shape[0], channels, pooled_height, pooled_width),

@@ -68,8 +68,8 @@ TEST(RoiAlignCuda, EqualsCpuBitForBit) {
       p.aligned = c.aligned;
       const size_t es = dt == MIXPREC_F32 ? 4 : 2;
       const int64_t on = K * C * c.ph * c.pw, in = N * C * H * W;
-      std::vector<uint8_t> hf = Store(dt, feat), hr = Store(dt, rois), cpu(size_t(on) * es),
-                           gpu(size_t(on) * es);
+      std::vector<uint8_t> hf = Store(dt, feat), hr = Store(dt, rois), cpu(static_cast<size_t>(on) * es),
+                           gpu(static_cast<size_t>(on) * es);
       ASSERT_EQ(mixprec_roi_align(hf.data(), dt, N, C, H, W, hr.data(), dt, K, &p, cpu.data(), dt),
                 MIXPREC_OK);
       DeviceBuffer df(hf.data(), hf.size()), dr(hr.data(), hr.size()), dout(gpu.size());
@@ -79,16 +79,17 @@ TEST(RoiAlignCuda, EqualsCpuBitForBit) {
       dout.to_host(gpu.data());
       ASSERT_EQ(std::memcmp(cpu.data(), gpu.data(), cpu.size()), 0) << "forward dtype " << dt;
 
-      std::vector<float> go(size_t(on));
+      std::vector<float> go{};
+      go.resize(size_t(on));
       for (auto &v : go) v = g(rng);
-      std::vector<uint8_t> hg = Store(dt, go), gcpu(size_t(in) * es), ggpu(size_t(in) * es);
+      std::vector<uint8_t> hg = Store(dt, go), gcpu(static_cast<size_t>(in) * es), ggpu(static_cast<size_t>(in) * es);
       const int64_t st[4] = {C * c.ph * c.pw, c.ph * c.pw, c.pw, 1};
       ASSERT_EQ(mixprec_roi_align_backward(hg.data(), dt, st, hr.data(), dt, K, N, C, H, W, &p,
                                            gcpu.data(), dt),
                 MIXPREC_OK);
       const int64_t ws = mixprec_cuda_roi_align_backward_workspace_size(K, N);
       ASSERT_GT(ws, 0);
-      DeviceBuffer dg(hg.data(), hg.size()), dgi(ggpu.size()), dws(size_t(ws));
+      DeviceBuffer dg(hg.data(), hg.size()), dgi(ggpu.size()), dws{static_cast<size_t>(ws)};
       ASSERT_EQ(mixprec_cuda_roi_align_backward(dg.p, dt, st, dr.p, dt, K, N, C, H, W, &p, dgi.p, dt,
                                                 dws.p, ws, nullptr),
                 MIXPREC_OK);

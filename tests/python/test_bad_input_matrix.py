@@ -1,5 +1,5 @@
-"""The bad-input matrix of the amp, nms, softmax and cross_entropy ops
-(cross_entropy_soft included)
+"""The bad-input matrix of the amp, nms, efficient_nms, roi_align, softmax and
+cross_entropy ops (cross_entropy_soft included)
 (issue 14, item 8): for every op, one bad argument at a time on an otherwise
 valid call (fresh random data): a wrong dtype, a tensor on another device
 (meta, the device every machine has, mixed with CPU tensors), a wrong shape,
@@ -172,6 +172,32 @@ def _public_efficient_nms(gen):
     return _detect_args(gen), lambda a: mixprec.ops.efficient_nms(
         a["boxes"], a["scores"], iou_threshold=a["iou_threshold"], score_threshold=a["score_threshold"],
         max_detections=a["max_detections"], pre_nms_top_k=a["pre_nms_top_k"], class_agnostic=a["class_agnostic"])
+
+
+def _roi_args(gen):
+    rois = torch.cat([torch.tensor([[0.0], [1.0], [1.0], [0.0]]), boxes_of(gen, 4) * 0.3], 1)
+    return dict(input=rnd(gen, 2, 3, 24, 28, scale=1.0), rois=rois, spatial_scale=0.5, pooled_height=3,
+                pooled_width=4, sampling_ratio=2, aligned=True)
+
+
+@op("roi_align")
+def _roi_align(gen):
+    return _roi_args(gen), lambda a: torch.ops.mixprec.roi_align(*a.values())
+
+
+@op("roi_align", "ops.roi_align")
+def _public_roi_align(gen):
+    return _roi_args(gen), lambda a: mixprec.ops.roi_align(
+        a["input"], a["rois"], (a["pooled_height"], a["pooled_width"]), a["spatial_scale"], a["sampling_ratio"],
+        a["aligned"])
+
+
+@op("roi_align_backward")
+def _roi_align_backward(gen):
+    a = _roi_args(gen)
+    b = dict(grad=rnd(gen, 4, 3, 3, 4, scale=1.0), rois=a["rois"], spatial_scale=0.5, pooled_height=3, pooled_width=4,
+             batch_size=2, channels=3, height=24, width=28, sampling_ratio=2, aligned=True)
+    return b, lambda b: torch.ops.mixprec.roi_align_backward(*b.values())
 
 
 def _softmax_like(opname):
@@ -417,6 +443,36 @@ for label in ("efficient_nms", "ops.efficient_nms"):
     scalar_cases(label, "score_threshold", [NAN])
     scalar_cases(label, "max_detections", [0, -1, 2**31])
     scalar_cases(label, "pre_nms_top_k", [0])
+
+# roi_align (torch.ops and public) and its backward
+for label in ("roi_align", "ops.roi_align", "roi_align_backward"):
+    bwd = label == "roi_align_backward"
+    feat = "grad" if bwd else "input"
+    tensor_cases(label, feat, dtypes=(F64, I32, I64))
+    tensor_cases(label, "rois", dtypes=(F64, I32, I64))
+    case(label, "rois-shape-K4", put("rois", lambda t, a, g: t[:, :4].contiguous()), "rois", "(K, 5)")
+    case(label, "rois-shape-1d", put("rois", lambda t, a, g: t.reshape(-1)), "rois", "(K, 5)")
+    case(label, "rois-shape-3d", put("rois", lambda t, a, g: t.reshape(2, 2, 5)), "rois", "(K, 5)")
+    case(label, f"{feat}-sparse", put(feat, lambda t, a, g: t.to_sparse()), feat, "strided")
+    case(label, "rois-sparse", put("rois", lambda t, a, g: t.to_sparse()), "rois", "strided")
+    for v in (2.0, -1.0, NAN, 1e9):
+        case(label, f"rois-batch-index={v!r}",
+             put("rois", lambda t, a, g, v=v: torch.cat([t[:2], torch.tensor([[v, 1.0, 1.0, 9.0, 9.0]]), t[3:]])),
+             "rois[2, 0]", "batch index")
+    scalar_cases(label, "pooled_height", [-1, 2**31], word="output_size")
+    scalar_cases(label, "pooled_width", [-3], word="output_size")
+    scalar_cases(label, "sampling_ratio", [2**31, 2**40])
+    scalar_cases(label, "spatial_scale", [NAN, INF, -INF, 1e300])
+    if bwd:
+        case(label, "grad-shape", put("grad", lambda t, a, g: t[:, :, :2].contiguous()), "grad", "shape")
+        case(label, "grad-3d", put("grad", lambda t, a, g: t[0]), "grad", "shape")
+        scalar_cases(label, "batch_size", [-1])
+        scalar_cases(label, "height", [-2], word="height")
+        case(label, "empty-map", lambda a, g: a.update(height=0), "empty feature map")
+    else:
+        case(label, "input-3d", put("input", lambda t, a, g: t[0]), "input", "(N, C, H, W)")
+        case(label, "input-empty-map", put("input", lambda t, a, g: t[:, :, :0]), "empty feature map", "height")
+        case(label, "input-batch-0", put("input", lambda t, a, g: t[:0]), "rois[0, 0]", "batch index")
 
 # softmax / log_softmax and their backward
 for label in ("softmax", "log_softmax"):

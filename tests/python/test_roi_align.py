@@ -212,8 +212,8 @@ BAD = [
     ("float64", lambda x, r: (x.double(), r.double(), 3), "input must be float32, float16 or bfloat16, got torch.float64"),
     ("int rois", lambda x, r: (x, r.long(), 3), "rois must be float32, float16 or bfloat16"),
     ("output size", lambda x, r: (x, r, (-1, 3)), "output_size must be >= 0"),
-    ("meta rois", lambda x, r: (x, r.to("meta"), 3), "rois is on meta but the features is on cpu"),
-    ("meta input", lambda x, r: (x.to("meta"), r, 3), "rois is on cpu but the features is on meta"),
+    ("meta rois", lambda x, r: (x, r.to("meta"), 3), "rois is on meta but input is on cpu"),
+    ("meta input", lambda x, r: (x.to("meta"), r, 3), "rois is on cpu but input is on meta"),
     ("empty map", lambda x, r: (x[:, :, :0], r, 3), "cannot sample rois from an empty feature map"),
 ]
 
