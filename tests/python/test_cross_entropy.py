@@ -279,8 +279,10 @@ def test_bad_target_dtype_and_shape(gen):
     x, t = make((8, 5), torch.bfloat16, gen)
     with pytest.raises(RuntimeError, match="mixprec::cross_entropy: target must be int64 class indices, got int32"):
         torch.ops.mixprec.cross_entropy(x, t.int(), None, 1, -100, 0.0)
-    with pytest.raises(RuntimeError, match="mixprec::cross_entropy: target must be int64"):
-        mixprec.ops.cross_entropy(x, torch.rand(8, 5))
+    # A float target of the class-index shape (8,): not int64, and not of
+    # self's shape either (torch.rand(8, 5) would be valid probabilities).
+    with pytest.raises(RuntimeError, match="mixprec::cross_entropy: target must be int64 .*must have self's shape"):
+        mixprec.ops.cross_entropy(x, torch.rand(8))
     with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy: target has shape \[7\]"):
         mixprec.ops.cross_entropy(x, t[:7])
     with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy: target has shape \[8, 1\]"):
