@@ -1,5 +1,6 @@
 """Drop-in ``torch.nn`` modules backed by mixprec's FP32-accumulating ops:
-:class:`CrossEntropyLoss`, :class:`Softmax`, :class:`LogSoftmax`.
+:class:`CrossEntropyLoss`, :class:`SoftTargetCrossEntropy` (timm's), :class:`Softmax`,
+:class:`LogSoftmax`.
 
 They take the constructor arguments of their torch counterparts (minus the
 deprecated ``size_average``/``reduce``) and accept FP16/BF16 inputs without
@@ -12,7 +13,7 @@ import torch
 
 from . import _cross_entropy, _softmax
 
-__all__ = ["CrossEntropyLoss", "Softmax", "LogSoftmax"]
+__all__ = ["CrossEntropyLoss", "SoftTargetCrossEntropy", "Softmax", "LogSoftmax"]
 
 
 class CrossEntropyLoss(torch.nn.Module):
@@ -48,6 +49,19 @@ class CrossEntropyLoss(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"ignore_index={self.ignore_index}, reduction={self.reduction}, label_smoothing={self.label_smoothing}"
+
+
+class SoftTargetCrossEntropy(torch.nn.Module):
+    """timm's ``timm.loss.SoftTargetCrossEntropy`` (the loss timm trains with
+    under Mixup/CutMix): ``sum(-target * log_softmax(x, dim=-1), dim=-1).mean()``
+    with the classes on the LAST dimension, as timm has them; the loss is
+    float32, computed from the half logits without an FP32 copy."""
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if x.dim() > 2:
+            # (N, ..., C) -> (N, C, ...): a view; made contiguous in its own dtype.
+            x, target = x.movedim(-1, 1), target.movedim(-1, 1)
+        return _cross_entropy.cross_entropy(x, target)
 
 
 class Softmax(torch.nn.Module):

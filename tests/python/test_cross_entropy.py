@@ -722,3 +722,21 @@ def test_soft_bad_inputs(gen):
     assert torch.equal(x, before[0]) and torch.equal(t, before[1])
     # A valid call after the errors.
     compare_soft(x, t, gen)
+
+
+@pytest.mark.parametrize("shape", [(16, 100), (4, 7, 50), (2, 3, 5, 11)])
+def test_soft_target_cross_entropy_module_is_timms(gen, shape):
+    """mixprec.nn.SoftTargetCrossEntropy against timm's (classes on the last
+    dimension), loss and gradient, half logits."""
+    timm_loss = pytest.importorskip("timm.loss")
+    x = (torch.randn(shape, generator=gen) * 3).bfloat16()
+    t = torch.softmax(torch.randn(shape, generator=gen) * 2, -1)
+    xm = x.clone().requires_grad_()
+    ours = mixprec.nn.SoftTargetCrossEntropy()(xm, t)
+    xr = x.float().requires_grad_()
+    theirs = timm_loss.SoftTargetCrossEntropy()(xr, t)
+    assert ours.dtype == torch.float32 and ours.shape == ()
+    torch.testing.assert_close(ours, theirs, rtol=2e-6, atol=1e-6)
+    ours.backward()
+    theirs.backward()
+    torch.testing.assert_close(xm.grad.float(), xr.grad, rtol=2**-7, atol=1e-7)
