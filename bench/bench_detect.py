@@ -95,8 +95,15 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small sizes, few runs (smoke test)")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--out", default=None, help="write the table as Markdown here")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="CPU threads for torch and mixprec alike (default: their own defaults)")
     args = ap.parse_args()
     device = torch.device(args.device)
+    if args.threads:
+        import ctypes
+
+        torch.set_num_threads(args.threads)
+        ctypes.CDLL(mixprec.library_path()).mixprec_set_num_threads(args.threads)
     if device.type == "cuda" and not mixprec.cuda_ops_loaded():
         sys.exit("mixprec CUDA ops not loaded (no GPU, or libmixprec_cuda.so not built)")
     try:
@@ -134,7 +141,8 @@ def main():
                 f"C = {C}, score threshold {THR}, pre-NMS top-k {TOP_K}, IoU {IOU}, {K} detections per image; "
                 "float32 inputs (bf16: the same values cast to bfloat16).\n"
             )
-            f.write(f"Command: `python bench/bench_detect.py --device {args.device}{' --quick' if args.quick else ''}`\n\n")
+            f.write(f"Command: `python bench/bench_detect.py --device {args.device}{' --quick' if args.quick else ''}"
+                    f"{f' --threads {args.threads}' if args.threads else ''} --reps {reps}`\n\n")
             f.write("\n".join(rows) + "\n")
 
 

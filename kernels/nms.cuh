@@ -1,0 +1,172 @@
+/* Device code of the NMS family shared by kernels/nms.cu (one box list) and
+ * kernels/detect.cu (a batch of images): loads, the score key, torchvision's
+ * IoU decision, one 64x64 tile of the IoU bitmask and the one-block greedy
+ * walk over the mask. One implementation, so the batched op's decisions are
+ * mixprec_cuda_nms's (and the CPU's) bit for bit. */
+#ifndef MIXPREC_KERNELS_NMS_CUH
+#define MIXPREC_KERNELS_NMS_CUH
+
+#include "common.cuh"
+
+#define MIXPREC__NMS_TILE 64
+
+/* The largest float f with f <= t: `float > t` <=> `float > f` (host; in
+ * nms.cu). */
+float mixprec__cuda_nms_float_floor(double t);
+
+template <int D>
+static __device__ __forceinline__ float mixprec__nms_load(const void *data, int64_t i) {
+  if constexpr (D == MIXPREC_F32)
+    return ((const float *)data)[i];
+  else if constexpr (D == MIXPREC_F16)
+    return mixprec__f16_to_f32(((const uint16_t *)data)[i]);
+  else
+    return mixprec__bf16_to_f32(((const uint16_t *)data)[i]);
+}
+
+MIXPREC__DEVICE float mixprec__nms_load_any(const void *data, mixprec_dtype dt, int64_t i) {
+  switch (dt) {
+    case MIXPREC_F16: return mixprec__nms_load<MIXPREC_F16>(data, i);
+    case MIXPREC_BF16: return mixprec__nms_load<MIXPREC_BF16>(data, i);
+    default: return mixprec__nms_load<MIXPREC_F32>(data, i);
+  }
+}
+
+/* Larger key = earlier; NaN highest, -0 == +0 (as c_ops/src/nms_internal.h).
+ * Every real key is >= 0x007fffff, so 0 can mark "no candidate". */
+MIXPREC__DEVICE uint32_t mixprec__nms_score_key(float s) {
+  uint32_t u = __float_as_uint(s);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0xffffffffu;
+  if ((u & 0x7fffffffu) == 0) u = 0;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* std::max / std::min of torchvision's CPU kernel (and of nms.c). */
+MIXPREC__DEVICE float mixprec__tv_max(float a, float b) { return a < b ? b : a; }
+MIXPREC__DEVICE float mixprec__tv_min(float a, float b) { return b < a ? b : a; }
+
+MIXPREC__DEVICE bool mixprec__nms_suppresses(float4 a, float area_a, float4 b, float area_b,
+                                             float thr) {
+  const float xx1 = mixprec__tv_max(a.x, b.x), yy1 = mixprec__tv_max(a.y, b.y);
+  const float xx2 = mixprec__tv_min(a.z, b.z), yy2 = mixprec__tv_min(a.w, b.w);
+  const float w = mixprec__tv_max(0.0f, __fsub_rn(xx2, xx1));
+  const float h = mixprec__tv_max(0.0f, __fsub_rn(yy2, yy1));
+  const float inter = __fmul_rn(w, h);
+  /* inter == 0 (or NaN) gives IoU +-0 or NaN, never > thr >= 0: skip the
+   * division, the costly part, for the many pairs that do not intersect. */
+  if (!(inter > 0.0f)) return false;
+  const float ovr = __fdiv_rn(inter, __fsub_rn(__fadd_rn(area_a, area_b), inter));
+  return ovr > thr;
+}
+
+/* Tile (row, col) of the IoU bitmask of m boxes in score order, computed by
+ * a block of MIXPREC__NMS_TILE threads: bit k of mask[i * col_blocks + col]
+ * is set when box i suppresses box j = col * 64 + k (j > i, same class). */
+MIXPREC__DEVICE void mixprec__nms_mask_tile(const float4 *sboxes, const float *sarea,
+                                            const int64_t *scls, int use_cls, int m,
+                                            int64_t col_blocks, float thr, int64_t row,
+                                            int64_t col, unsigned long long *mask) {
+  if (col < row) return;
+  if (row * MIXPREC__NMS_TILE >= m) return;
+  __shared__ float4 cb[MIXPREC__NMS_TILE];
+  __shared__ float ca[MIXPREC__NMS_TILE];
+  __shared__ int64_t cc[MIXPREC__NMS_TILE];
+  const int t = threadIdx.x;
+  const int64_t j0 = col * MIXPREC__NMS_TILE;
+  const int ncol = (int)min((int64_t)MIXPREC__NMS_TILE, (int64_t)m - j0);
+  if (t < ncol) {
+    cb[t] = sboxes[j0 + t];
+    ca[t] = sarea[j0 + t];
+    cc[t] = use_cls ? scls[j0 + t] : 0;
+  }
+  __syncthreads();
+  const int64_t i = row * MIXPREC__NMS_TILE + t;
+  if (i >= m) return;
+  const float4 bi = sboxes[i];
+  const float ai = sarea[i];
+  const int64_t ci = use_cls ? scls[i] : 0;
+  unsigned long long bits = 0;
+  for (int k = (row == col ? t + 1 : 0); k < ncol; k++) {
+    if (cc[k] == ci && mixprec__nms_suppresses(bi, ai, cb[k], ca[k], thr)) bits |= 1ull << k;
+  }
+  mask[i * col_blocks + col] = bits;
+}
+
+/* The greedy walk over the mask of m boxes by one whole block: per 64-box
+ * block, warp 0 resolves the block's own boxes serially from the diagonal
+ * tile (in registers, via shuffles), then every thread ORs the rows of the
+ * boxes just kept into the `removed` words of later blocks. For the c-th
+ * kept box (c = 0, 1, ...) at score position p, a lane of warp 0 calls
+ * emit(c, p). Stops after max_keep (< 0: no limit). `removed` has
+ * ceil(m / 64) words (shared or global). Returns the kept count (to every
+ * thread). */
+template <class Emit>
+static __device__ __forceinline__ long long mixprec__nms_walk(const unsigned long long *mask,
+                                                              int m, int64_t col_blocks,
+                                                              unsigned long long *removed,
+                                                              int64_t max_keep, Emit emit) {
+  __shared__ unsigned long long s_bits;
+  __shared__ long long s_count;
+  __shared__ int s_stop;
+  const int64_t nb_count = (m + MIXPREC__NMS_TILE - 1) / MIXPREC__NMS_TILE;
+  for (int64_t j = threadIdx.x; j < nb_count; j += blockDim.x) removed[j] = 0;
+  if (threadIdx.x == 0) {
+    s_count = 0;
+    s_stop = 0;
+  }
+  for (int64_t nb = 0; nb < nb_count; nb++) {
+    __syncthreads();
+    const int64_t base = nb * MIXPREC__NMS_TILE;
+    if (threadIdx.x < MIXPREC__WARP) {
+      const int lane = threadIdx.x;
+      unsigned long long rv = removed[nb], kb = 0;
+      const long long before = s_count;
+      long long cnt = before;
+      const int lim = (int)min((int64_t)MIXPREC__NMS_TILE, (int64_t)m - base);
+      const unsigned long long all = lim == 64 ? ~0ull : (1ull << lim) - 1ull;
+      /* A block whose boxes are all suppressed already (common in dense
+       * scenes) needs no mask load at all. */
+      const bool live = (rv & all) != all;
+      const unsigned long long d0 =
+          live && base + lane < m ? mask[(base + lane) * col_blocks + nb] : 0ull;
+      const unsigned long long d1 =
+          live && base + 32 + lane < m ? mask[(base + 32 + lane) * col_blocks + nb] : 0ull;
+      for (int b = 0; live && b < lim; b++) {
+        /* Uniform across the warp: every lane holds the same rv and cnt. */
+        const unsigned long long db = __shfl_sync(0xffffffffu, b < 32 ? d0 : d1, b & 31);
+        if (!((rv >> b) & 1ull)) {
+          kb |= 1ull << b;
+          rv |= db;
+          if (++cnt == max_keep) break;
+        }
+      }
+      for (int b = lane; b < MIXPREC__NMS_TILE; b += MIXPREC__WARP) {
+        if ((kb >> b) & 1ull) emit(before + __popcll(kb & ((1ull << b) - 1ull)), base + b);
+      }
+      __syncwarp();
+      if (lane == 0) {
+        s_bits = kb;
+        s_count = cnt;
+        s_stop = cnt == max_keep;
+      }
+    }
+    __syncthreads();
+    const unsigned long long kb = s_bits;
+    if (s_stop) break;
+    if (kb) {
+      for (int64_t j = nb + 1 + threadIdx.x; j < nb_count; j += blockDim.x) {
+        unsigned long long acc = 0, bits = kb;
+        while (bits) {
+          const int b = __ffsll((long long)bits) - 1;
+          bits &= bits - 1;
+          acc |= mask[(base + b) * col_blocks + j];
+        }
+        removed[j] |= acc;
+      }
+    }
+  }
+  __syncthreads();
+  return s_count;
+}
+
+#endif /* MIXPREC_KERNELS_NMS_CUH */
