@@ -65,9 +65,11 @@ inline CeArgs ce_args(const char* op, const Tensor& self, const Tensor& target,
                         tt == ScalarType::BFloat16 || tt == ScalarType::Double;
   MIXPREC_CHECK(tt == ScalarType::Long, "mixprec::", op,
                   ": target must be int64 class indices, got ", dtype_name(tt),
-                  floating ? " (a class-probability target must have self's shape "
-                           : " (convert it with target.long())",
-                  floating ? shape_str(self) + ")" : std::string());
+                  !floating ? std::string(" (convert it with target.long())")
+                  : sizes_of(target) == sizes_of(self)
+                      ? std::string(" (a class-probability target of self's shape goes to "
+                                    "mixprec::cross_entropy_soft; mixprec.ops.cross_entropy picks it)")
+                      : " (a class-probability target must have self's shape " + shape_str(self) + ")");
   same_device(op, "target", target, a.device, "self");
   auto s = self.sizes();
   std::vector<int64_t> want;

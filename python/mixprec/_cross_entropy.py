@@ -32,7 +32,8 @@ for _name in ("cross_entropy", "cross_entropy_backward", "cross_entropy_soft", "
 
 def _target_dtype_message(op, dtype):
     why = (
-        " (a class-probability target must have self's shape)"
+        " (a class-probability target must have self's shape; mixprec.ops.cross_entropy sends those to "
+        "mixprec::cross_entropy_soft)"
         if dtype.is_floating_point
         else " (convert it with target.long())"
     )

@@ -280,7 +280,8 @@ MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_backward(
 /*! mixprec_cuda_cross_entropy_soft(), mixprec_cuda_cross_entropy_soft_backward() :
  *  As the CPU entry points, on device pointers (logits, target, p->weight,
  *  loss, stats, grad_loss, grad_logits, grad_target; p stays a host
- *  pointer), enqueued on `stream`. `workspace` holds at least
+ *  pointer), enqueued on `stream`; stats is required here (not optional).
+ *  `workspace` holds at least
  *  mixprec_cuda_cross_entropy_workspace_size(p) bytes (the same scratch as
  *  the class-index op). Same statuses as the CPU, plus
  *  MIXPREC_ERR_BAD_ARGUMENT for a pointer not aligned to its dtype and
