@@ -4,12 +4,11 @@
  * backward. Each output element is computed by one thread, so results never
  * depend on the thread count.
  *
- * Instead of torchvision's table of grid_h * grid_w * pooled_h * pooled_w
- * pre-computed samples per roi, the sample grid is separable: one table of
- * the pooled_h * grid_h row positions and one of the pooled_w * grid_w column
- * positions, their weights multiplied per sample exactly as torchvision's
- * pre-computation does (w1 = hy * hx, ...), so the values are the same and
- * the tables stay small for large adaptive grids. */
+ * Per roi, the row and column positions (pooled_h * grid_h, pooled_w *
+ * grid_w) are computed once and combined into torchvision's table of
+ * pre-computed samples (offsets and weights, w1 = hy * hx, ...), shared by
+ * the roi's channels in both passes. The forward's AVX2 path
+ * (roi_align_avx2.c) runs 8 channels per vector with the same bits. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -82,64 +81,66 @@ static void fill_tables(const mixprec__roi *r, const mixprec_roi_align_params *p
 
 /* ---- forward ------------------------------------------------------------ */
 
-MIXPREC__FORCE_INLINE void fwd_channels(const void *in, mixprec_dtype dt, int64_t C, int64_t H,
-                                        int64_t W, const mixprec__roi *r, int64_t k, int64_t c0,
-                                        int64_t c1, const mixprec_roi_align_params *p,
-                                        const mixprec__roi_axis *ty,
-                                        const mixprec__roi_axis *tx, void *out,
-                                        mixprec_dtype od) {
-  const int64_t PH = p->pooled_height, PW = p->pooled_width, plane = H * W;
+/* torchvision's pre_calc_for_bilinear_interpolate from the row and column
+ * tables: the same weights (hy * hx, ...) and offsets. */
+static void fill_pc(const mixprec__roi *r, const mixprec_roi_align_params *p, int64_t W,
+                    const mixprec__roi_axis *ty, const mixprec__roi_axis *tx,
+                    mixprec__roi_pc *pc) {
+  int64_t i = 0;
+  for (int64_t ph = 0; ph < p->pooled_height; ph++)
+    for (int64_t pw = 0; pw < p->pooled_width; pw++)
+      for (int64_t iy = 0; iy < r->grid_h; iy++) {
+        const mixprec__roi_axis ay = ty[ph * r->grid_h + iy];
+        for (int64_t ix = 0; ix < r->grid_w; ix++, i++) {
+          const mixprec__roi_axis ax = tx[pw * r->grid_w + ix];
+          mixprec__roi_pc e = {0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f};
+          if (ay.ok && ax.ok) {
+            e.w1 = ay.h * ax.h;
+            e.w2 = ay.h * ax.l;
+            e.w3 = ay.l * ax.h;
+            e.w4 = ay.l * ax.l;
+            e.p1 = ay.lo * W + ax.lo;
+            e.p2 = ay.lo * W + ax.hi;
+            e.p3 = ay.hi * W + ax.lo;
+            e.p4 = ay.hi * W + ax.hi;
+          }
+          pc[i] = e;
+        }
+      }
+}
+
+MIXPREC__FORCE_INLINE void fwd_channels(const void *in, mixprec_dtype dt, int64_t C,
+                                        int64_t plane, const mixprec__roi *r, int64_t k,
+                                        int64_t c0, int64_t c1, int64_t bins, int64_t samples,
+                                        const mixprec__roi_pc *pc, void *out, mixprec_dtype od) {
   for (int64_t c = c0; c < c1; c++) {
     const int64_t base = (r->batch * C + c) * plane;
-    const int64_t obase = (k * C + c) * PH * PW;
-    for (int64_t ph = 0; ph < PH; ph++) {
-      for (int64_t pw = 0; pw < PW; pw++) {
-        float val = 0.0f;
-        for (int64_t iy = 0; iy < r->grid_h; iy++) {
-          const mixprec__roi_axis ay = ty[ph * r->grid_h + iy];
-          for (int64_t ix = 0; ix < r->grid_w; ix++) {
-            const mixprec__roi_axis ax = tx[pw * r->grid_w + ix];
-            float w1 = 0.0f, w2 = 0.0f, w3 = 0.0f, w4 = 0.0f;
-            int64_t p1 = 0, p2 = 0, p3 = 0, p4 = 0;
-            if (ay.ok && ax.ok) {
-              w1 = ay.h * ax.h;
-              w2 = ay.h * ax.l;
-              w3 = ay.l * ax.h;
-              w4 = ay.l * ax.l;
-              p1 = ay.lo * W + ax.lo;
-              p2 = ay.lo * W + ax.hi;
-              p3 = ay.hi * W + ax.lo;
-              p4 = ay.hi * W + ax.hi;
-            }
-            val += w1 * mixprec__roi_load(in, dt, base + p1) +
-                   w2 * mixprec__roi_load(in, dt, base + p2) +
-                   w3 * mixprec__roi_load(in, dt, base + p3) +
-                   w4 * mixprec__roi_load(in, dt, base + p4);
-          }
-        }
-        val /= r->count;
-        mixprec__store_f32(out, od, obase + ph * PW + pw, val);
-      }
+    const int64_t obase = (k * C + c) * bins;
+    const mixprec__roi_pc *e = pc;
+    for (int64_t b = 0; b < bins; b++) {
+      float val = 0.0f;
+      for (int64_t s = 0; s < samples; s++, e++)
+        val += e->w1 * mixprec__roi_load(in, dt, base + e->p1) +
+               e->w2 * mixprec__roi_load(in, dt, base + e->p2) +
+               e->w3 * mixprec__roi_load(in, dt, base + e->p3) +
+               e->w4 * mixprec__roi_load(in, dt, base + e->p4);
+      val /= r->count;
+      mixprec__store_f32(out, od, obase + b, val);
     }
   }
 }
 
 /* One copy of the loop per input dtype, so the load's switch is resolved
  * outside it. */
-static void fwd_item(const void *in, mixprec_dtype dt, int64_t C, int64_t H, int64_t W,
-                     const mixprec__roi *r, int64_t k, int64_t c0, int64_t c1,
-                     const mixprec_roi_align_params *p, const mixprec__roi_axis *ty,
-                     const mixprec__roi_axis *tx, void *out, mixprec_dtype od) {
+void mixprec__roi_fwd_scalar(const void *in, mixprec_dtype dt, int64_t C, int64_t plane,
+                             int64_t total_planes, const mixprec__roi *r, int64_t k, int64_t c0,
+                             int64_t c1, int64_t bins, int64_t samples, const mixprec__roi_pc *pc,
+                             void *out, mixprec_dtype od) {
+  (void)total_planes;
   switch (dt) {
-    case MIXPREC_F16:
-      fwd_channels(in, MIXPREC_F16, C, H, W, r, k, c0, c1, p, ty, tx, out, od);
-      break;
-    case MIXPREC_BF16:
-      fwd_channels(in, MIXPREC_BF16, C, H, W, r, k, c0, c1, p, ty, tx, out, od);
-      break;
-    default:
-      fwd_channels(in, MIXPREC_F32, C, H, W, r, k, c0, c1, p, ty, tx, out, od);
-      break;
+    case MIXPREC_F16: fwd_channels(in, MIXPREC_F16, C, plane, r, k, c0, c1, bins, samples, pc, out, od); break;
+    case MIXPREC_BF16: fwd_channels(in, MIXPREC_BF16, C, plane, r, k, c0, c1, bins, samples, pc, out, od); break;
+    default: fwd_channels(in, MIXPREC_F32, C, plane, r, k, c0, c1, bins, samples, pc, out, od); break;
   }
 }
 
@@ -174,18 +175,27 @@ mixprec_status mixprec_roi_align(const void *input, mixprec_dtype input_dtype, i
   const float scale = (float)p->spatial_scale;
   int64_t rows, cols;
   table_sizes(rois, rois_dtype, n_rois, batch, p, scale, &rows, &cols);
+  /* the largest sample table: (pooled_h * grid_h) * (pooled_w * grid_w) */
+  if (rows > 0 && cols > INT64_MAX / rows) return MIXPREC_ERR_OUT_OF_MEMORY;
+  const int64_t pcs = rows * cols;
   const int64_t n_cb = (channels + ROI_CB - 1) / ROI_CB;
   const int64_t items = n_rois * n_cb;
   const int n_threads = threads_for(out_numel * 4);
-  const size_t per = (size_t)(rows + cols);
-  if (per > SIZE_MAX / sizeof(mixprec__roi_axis) / (size_t)n_threads)
+  const size_t per = (size_t)(rows + cols) * sizeof(mixprec__roi_axis) +
+                     (size_t)pcs * sizeof(mixprec__roi_pc);
+  if ((size_t)pcs > SIZE_MAX / 64 || per > SIZE_MAX / (size_t)n_threads)
     return MIXPREC_ERR_OUT_OF_MEMORY;
-  mixprec__roi_axis *tables =
-      (mixprec__roi_axis *)malloc(sizeof(mixprec__roi_axis) * per * (size_t)n_threads);
-  if (!tables) return MIXPREC_ERR_OUT_OF_MEMORY;
+  char *scratch = (char *)malloc(per * (size_t)n_threads);
+  if (!scratch) return MIXPREC_ERR_OUT_OF_MEMORY;
+  mixprec__roi_fwd_fn fn = mixprec__roi_fwd_scalar;
+#if defined(MIXPREC_X86)
+  if (mixprec__active_isa() != MIXPREC_ISA_SCALAR) fn = mixprec__roi_fwd_avx2;
+#endif
+  const int64_t bins = p->pooled_height * p->pooled_width, plane = height * width;
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
   {
-    mixprec__roi_axis *ty = tables + per * (size_t)thread_id();
+    mixprec__roi_pc *pc = (mixprec__roi_pc *)(scratch + per * (size_t)thread_id());
+    mixprec__roi_axis *ty = (mixprec__roi_axis *)(pc + pcs);
     mixprec__roi_axis *tx = ty + rows;
     int64_t last_k = -1;
     mixprec__roi r;
@@ -195,21 +205,24 @@ mixprec_status mixprec_roi_align(const void *input, mixprec_dtype input_dtype, i
       const int64_t c1 = c0 + ROI_CB < channels ? c0 + ROI_CB : channels;
       if (k != last_k) {
         r = mixprec__roi_make(rois, rois_dtype, k, batch, p, scale);
-        if (r.finite) fill_tables(&r, p, height, width, ty, tx);
+        if (r.finite) {
+          fill_tables(&r, p, height, width, ty, tx);
+          fill_pc(&r, p, width, ty, tx, pc);
+        }
         last_k = k;
       }
       if (!r.finite) {
-        const int64_t n = (c1 - c0) * p->pooled_height * p->pooled_width;
-        const int64_t o = (k * channels + c0) * p->pooled_height * p->pooled_width;
+        const int64_t n = (c1 - c0) * bins, o = (k * channels + c0) * bins;
         for (int64_t i = 0; i < n; i++)
           mixprec__store_f32(output, output_dtype, o + i, mixprec__f32_from_bits(0x7fc00000u));
         continue;
       }
-      fwd_item(input, input_dtype, channels, height, width, &r, k, c0, c1, p, ty, tx, output,
-               output_dtype);
+      const int64_t samples = (r.grid_h > 0 && r.grid_w > 0) ? r.grid_h * r.grid_w : 0;
+      fn(input, input_dtype, channels, plane, batch * channels, &r, k, c0, c1, bins, samples, pc,
+         output, output_dtype);
     }
   }
-  free(tables);
+  free(scratch);
   return MIXPREC_OK;
 }
 
@@ -241,47 +254,40 @@ static int group_by_image(const void *rois, mixprec_dtype rd, int64_t n_rois, in
   return 1;
 }
 
+/* torchvision's scatter from the sample table: an empty sample (all four
+ * weights 0; a valid one's sum to 1) adds nothing, as torchvision skips it. */
 MIXPREC__FORCE_INLINE void bwd_roi(const void *grad, mixprec_dtype gd, const int64_t *gs,
-                                   int64_t H, int64_t W, const mixprec__roi *r, int64_t k,
-                                   int64_t c0, int64_t c1, const mixprec_roi_align_params *p,
-                                   const mixprec__roi_axis *ty, const mixprec__roi_axis *tx,
-                                   float *acc) {
-  const int64_t PH = p->pooled_height, PW = p->pooled_width, plane = H * W;
+                                   int64_t plane, const mixprec__roi *r, int64_t k, int64_t c0,
+                                   int64_t c1, const mixprec_roi_align_params *p,
+                                   const mixprec__roi_pc *pc, float *acc) {
+  const int64_t PH = p->pooled_height, PW = p->pooled_width, samples = r->grid_h * r->grid_w;
+  const float count = r->count_bwd;
   for (int64_t c = c0; c < c1; c++) {
     float *dst = acc + (c - c0) * plane;
     const int64_t goff = k * gs[0] + c * gs[1];
+    const mixprec__roi_pc *e = pc;
     for (int64_t ph = 0; ph < PH; ph++) {
       for (int64_t pw = 0; pw < PW; pw++) {
         const float g = mixprec__roi_load(grad, gd, goff + ph * gs[2] + pw * gs[3]);
-        for (int64_t iy = 0; iy < r->grid_h; iy++) {
-          const mixprec__roi_axis ay = ty[ph * r->grid_h + iy];
-          if (!ay.ok) continue;
-          for (int64_t ix = 0; ix < r->grid_w; ix++) {
-            const mixprec__roi_axis ax = tx[pw * r->grid_w + ix];
-            if (!ax.ok) continue;
-            const float g1 = g * (ay.h * ax.h) / r->count_bwd;
-            const float g2 = g * (ay.h * ax.l) / r->count_bwd;
-            const float g3 = g * (ay.l * ax.h) / r->count_bwd;
-            const float g4 = g * (ay.l * ax.l) / r->count_bwd;
-            dst[ay.lo * W + ax.lo] += g1;
-            dst[ay.lo * W + ax.hi] += g2;
-            dst[ay.hi * W + ax.lo] += g3;
-            dst[ay.hi * W + ax.hi] += g4;
-          }
+        for (int64_t s = 0; s < samples; s++, e++) {
+          if (e->w1 == 0.0f && e->w2 == 0.0f && e->w3 == 0.0f && e->w4 == 0.0f) continue;
+          dst[e->p1] += g * e->w1 / count;
+          dst[e->p2] += g * e->w2 / count;
+          dst[e->p3] += g * e->w3 / count;
+          dst[e->p4] += g * e->w4 / count;
         }
       }
     }
   }
 }
 
-static void bwd_item(const void *grad, mixprec_dtype gd, const int64_t *gs, int64_t H, int64_t W,
+static void bwd_item(const void *grad, mixprec_dtype gd, const int64_t *gs, int64_t plane,
                      const mixprec__roi *r, int64_t k, int64_t c0, int64_t c1,
-                     const mixprec_roi_align_params *p, const mixprec__roi_axis *ty,
-                     const mixprec__roi_axis *tx, float *acc) {
+                     const mixprec_roi_align_params *p, const mixprec__roi_pc *pc, float *acc) {
   switch (gd) {
-    case MIXPREC_F16: bwd_roi(grad, MIXPREC_F16, gs, H, W, r, k, c0, c1, p, ty, tx, acc); break;
-    case MIXPREC_BF16: bwd_roi(grad, MIXPREC_BF16, gs, H, W, r, k, c0, c1, p, ty, tx, acc); break;
-    default: bwd_roi(grad, MIXPREC_F32, gs, H, W, r, k, c0, c1, p, ty, tx, acc); break;
+    case MIXPREC_F16: bwd_roi(grad, MIXPREC_F16, gs, plane, r, k, c0, c1, p, pc, acc); break;
+    case MIXPREC_BF16: bwd_roi(grad, MIXPREC_BF16, gs, plane, r, k, c0, c1, p, pc, acc); break;
+    default: bwd_roi(grad, MIXPREC_F32, gs, plane, r, k, c0, c1, p, pc, acc); break;
   }
 }
 
@@ -322,11 +328,19 @@ mixprec_status mixprec_roi_align_backward(const void *grad_output, mixprec_dtype
   /* float grad_input: accumulate in place; else in a float workspace of
    * ROI_CB planes per thread, rounded once. */
   const int direct = grad_input_dtype == MIXPREC_F32;
-  const size_t per = (size_t)(rows + cols);
+  if (rows > 0 && cols > INT64_MAX / rows) {
+    free(start);
+    free(order);
+    return MIXPREC_ERR_OUT_OF_MEMORY;
+  }
+  const int64_t pcs = rows * cols;
   const size_t ws_floats = direct ? 0 : (size_t)ROI_CB * (size_t)plane;
-  const size_t per_bytes = per * sizeof(mixprec__roi_axis) + ws_floats * sizeof(float);
+  const size_t per_bytes = (size_t)pcs * sizeof(mixprec__roi_pc) +
+                           (size_t)(rows + cols) * sizeof(mixprec__roi_axis) +
+                           ws_floats * sizeof(float);
   void *scratch = NULL;
-  if (per_bytes <= SIZE_MAX / (size_t)n_threads) scratch = malloc(per_bytes * (size_t)n_threads);
+  if ((size_t)pcs <= SIZE_MAX / 64 && per_bytes <= SIZE_MAX / (size_t)n_threads)
+    scratch = malloc(per_bytes * (size_t)n_threads);
   if (!scratch) {
     free(start);
     free(order);
@@ -335,9 +349,10 @@ mixprec_status mixprec_roi_align_backward(const void *grad_output, mixprec_dtype
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
   {
     char *mine = (char *)scratch + per_bytes * (size_t)thread_id();
-    mixprec__roi_axis *ty = (mixprec__roi_axis *)mine;
+    mixprec__roi_pc *pc = (mixprec__roi_pc *)mine;
+    mixprec__roi_axis *ty = (mixprec__roi_axis *)(pc + pcs);
     mixprec__roi_axis *tx = ty + rows;
-    float *ws = (float *)(mine + per * sizeof(mixprec__roi_axis));
+    float *ws = (float *)(tx + cols);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; it++) {
       const int64_t b = it / n_cb, c0 = (it % n_cb) * ROI_CB;
@@ -350,8 +365,8 @@ mixprec_status mixprec_roi_align_backward(const void *grad_output, mixprec_dtype
         const mixprec__roi r = mixprec__roi_make(rois, rois_dtype, k, batch, p, scale);
         if (!r.finite || r.grid_h <= 0 || r.grid_w <= 0) continue;
         fill_tables(&r, p, height, width, ty, tx);
-        bwd_item(grad_output, grad_dtype, grad_strides, height, width, &r, k, c0, c1, p, ty, tx,
-                 acc);
+        fill_pc(&r, p, width, ty, tx, pc);
+        bwd_item(grad_output, grad_dtype, grad_strides, plane, &r, k, c0, c1, p, pc, acc);
       }
       if (!direct)
         for (int64_t i = 0; i < n; i++) mixprec__store_f32(grad_input, grad_input_dtype, first + i, acc[i]);

@@ -237,4 +237,35 @@ MIXPREC__ROI_FN void mixprec__roi_gather(const mixprec__roi *r, const void *grad
   }
 }
 
+#ifndef __CUDACC__
+/* ---- CPU forward: torchvision's pre-computed samples ------------------------
+ *
+ * One entry per sample of a roi, in (ph, pw, iy, ix) order: the four pixel
+ * offsets in the channel plane and the four weights, exactly torchvision's
+ * PreCalc (an empty sample has offsets 0 and weights 0). Built once per roi
+ * and shared by its channels. */
+typedef struct mixprec__roi_pc {
+  int64_t p1, p2, p3, p4;
+  float w1, w2, w3, w4;
+} mixprec__roi_pc;
+
+/* The forward of channels [c0, c1) of roi k (r->batch valid) from its
+ * table, output values rounded to od. The AVX2 path (roi_align_avx2.c)
+ * gives the same bits, 8 channels per vector. */
+typedef void (*mixprec__roi_fwd_fn)(const void *in, mixprec_dtype dt, int64_t C, int64_t plane,
+                                    int64_t total_planes, const mixprec__roi *r, int64_t k,
+                                    int64_t c0, int64_t c1, int64_t bins, int64_t samples,
+                                    const mixprec__roi_pc *pc, void *out, mixprec_dtype od);
+void mixprec__roi_fwd_scalar(const void *in, mixprec_dtype dt, int64_t C, int64_t plane,
+                             int64_t total_planes, const mixprec__roi *r, int64_t k, int64_t c0,
+                             int64_t c1, int64_t bins, int64_t samples, const mixprec__roi_pc *pc,
+                             void *out, mixprec_dtype od);
+#if defined(MIXPREC_X86)
+void mixprec__roi_fwd_avx2(const void *in, mixprec_dtype dt, int64_t C, int64_t plane,
+                           int64_t total_planes, const mixprec__roi *r, int64_t k, int64_t c0,
+                           int64_t c1, int64_t bins, int64_t samples, const mixprec__roi_pc *pc,
+                           void *out, mixprec_dtype od);
+#endif
+#endif /* !__CUDACC__ */
+
 #endif /* MIXPREC_ROI_ALIGN_INTERNAL_H */

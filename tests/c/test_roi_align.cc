@@ -347,3 +347,23 @@ TEST(RoiAlign, EmptyCases) {
                               MIXPREC_F32),
             MIXPREC_OK);
 }
+
+// The AVX2 forward (8 channels per vector, gathers) gives the scalar path's
+// bits for every dtype, including the blocks that end at the input's last
+// plane (scalar there) and channel remainders.
+TEST(RoiAlign, Avx2EqualsScalar) {
+  mpt::GlobalStateGuard guard;
+  if (!mixprec_cpu_isa_supported(MIXPREC_ISA_AVX2)) GTEST_SKIP() << "no AVX2";
+  std::mt19937 rng(mpt::kSeed + 5);
+  for (const Cfg &c : kCfgs)
+    for (mixprec_dtype dt : kDtypes) {
+      Problem pr = MakeProblem(rng, 3, 27, 21, 18, 31, float(c.scale));
+      for (int64_t k = 0; k < pr.k; k++) pr.rois[size_t(k * 5)] = float(k % 3);
+      const mixprec_roi_align_params p = Params(c.ph, c.pw, c.scale, c.sr, c.aligned);
+      ASSERT_EQ(mixprec_set_cpu_isa(MIXPREC_ISA_SCALAR), MIXPREC_OK);
+      Buf a = Forward(pr, dt, dt, p);
+      ASSERT_EQ(mixprec_set_cpu_isa(MIXPREC_ISA_AVX2), MIXPREC_OK);
+      Buf b = Forward(pr, dt, dt, p);
+      for (int64_t i = 0; i < a.numel(); i++) ASSERT_EQ(a.raw(i), b.raw(i)) << "element " << i << " dtype " << dt;
+    }
+}

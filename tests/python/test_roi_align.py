@@ -29,7 +29,7 @@ OPTIONS = [
 ]
 
 
-def make(gen, n=2, c=6, h=29, w=37, k=40, scale=1.0, dtype=torch.float32):
+def make(gen, n=2, c=19, h=29, w=37, k=40, scale=1.0, dtype=torch.float32):
     """Features and rois: boxes partly outside the map, tiny ones, inverted
     ones, on every image."""
     x = torch.randn(n, c, h, w, generator=gen)
@@ -240,7 +240,7 @@ def test_bad_inputs_direct_op(gen):
     with pytest.raises(RuntimeError, match="mixprec::roi_align: spatial_scale must be finite"):
         torch.ops.mixprec.roi_align(x, rois, float("inf"), 2, 2, -1, False)
     with pytest.raises(RuntimeError, match="mixprec::roi_align_backward: grad must have shape"):
-        torch.ops.mixprec.roi_align_backward(torch.zeros(3, 6, 2, 2), rois, 1.0, 2, 2, 2, 6, 29, 37, -1, False)
+        torch.ops.mixprec.roi_align_backward(torch.zeros(3, 19, 2, 2), rois, 1.0, 2, 2, 2, 19, 29, 37, -1, False)
     with pytest.raises(RuntimeError, match="double backward is not supported"):
         xg = x.clone().requires_grad_()
         out = roi_align(xg, rois, 2)
