@@ -46,7 +46,9 @@
  *   float32 result rounded once for float16 / bfloat16.
  * Threads: OpenMP over (roi, block of 16 channels) forward and over (image,
  * block of 16 channels) backward, each output element written by one thread
- * in the fixed order above: results never depend on the thread count.
+ * in the fixed order above: results never depend on the thread count. The
+ * forward's AVX2 + F16C path (8 channels per vector, chosen at run time)
+ * gives the scalar path's bits.
  */
 #ifndef MIXPREC_ROI_ALIGN_H
 #define MIXPREC_ROI_ALIGN_H
@@ -93,8 +95,9 @@ MIXPREC_API mixprec_status mixprec_roi_align_first_bad_roi(const void *rois,
  *            when the output is not empty); MIXPREC_ERR_BAD_SIZE for a
  *            negative size, an element count above INT64_MAX, or rois on an
  *            empty (height or width 0) map; MIXPREC_ERR_BAD_DTYPE;
- *            MIXPREC_ERR_BAD_ARGUMENT for a negative pooled size, a
- *            non-finite spatial_scale or a batch index out of range;
+ *            MIXPREC_ERR_BAD_ARGUMENT for a negative pooled size, a pooled
+ *            size or sampling_ratio above INT32_MAX, a spatial_scale that
+ *            is not finite as a float, or a batch index out of range;
  *            MIXPREC_ERR_OUT_OF_MEMORY. Nothing is written on an error. */
 MIXPREC_API mixprec_status mixprec_roi_align(const void *input, mixprec_dtype input_dtype,
                                              int64_t batch, int64_t channels, int64_t height,
@@ -114,7 +117,9 @@ MIXPREC_API mixprec_status mixprec_roi_align(const void *input, mixprec_dtype in
  *                        no sample falls). Accumulated in float (a float
  *                        workspace of 16 channel planes per thread for
  *                        float16 / bfloat16, or grad_input itself for
- *                        float32) and rounded once.
+ *                        float32) and rounded once. When grad_output
+ *                        is empty (no rois, a pooled size 0) the rois are
+ *                        not read and grad_input is all zeros.
  *  @return : as mixprec_roi_align(); MIXPREC_ERR_NULL_POINTER also for
  *            grad_strides NULL, MIXPREC_ERR_BAD_ARGUMENT also for a negative
  *            stride. */
