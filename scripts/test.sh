@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of mixprec from a fresh checkout: installs what it needs,
 # builds the libraries (CUDA too when nvcc is present), runs GoogleTest
-# (ctest) on a normal and on an ASan+UBSan build of the C API, checks the
+# (ctest) on a normal and on an ASan+UBSan build of the C API, fuzzes the C
+# entry points for 20 s each (scripts/fuzz.sh, libFuzzer), checks the
 # torch libraries use no unstable torch symbols, builds the sdist and the
 # wheel and installs the wheel in a fresh venv on torch 2.13.0
 # (scripts/check_package.sh), and runs pytest (on this torch, and on 2.13.0
@@ -34,6 +35,14 @@ if [ -x build/mixprec_c_tests ]; then
 else
   echo "== GoogleTest not available: C tests skipped" >&2
   [ "${CI:-}" = true ] && { echo "CI needs the C tests" >&2; exit 1; }
+fi
+
+if _fuzz_probe; then
+  echo "== fuzz (libFuzzer + ASan/UBSan, 20 s per harness)"
+  MAX_JOBS="$JOBS" bash scripts/fuzz.sh 20
+else
+  echo "== clang with libFuzzer/OpenMP not available: fuzzing skipped" >&2
+  [ "${CI:-}" = true ] && { echo "CI needs the fuzzers" >&2; exit 1; }
 fi
 
 echo "== package: sdist + wheel (python -m build), auditwheel, the wheel in a fresh venv on torch 2.13.0"

@@ -54,7 +54,8 @@ MIXPREC__HD void mixprec__update_scale_step(
       float s = (float)(*scale * backoff_factor);
       *scale = s < min_scale ? min_scale : s;
     }
-    if (skipped_steps) ++*skipped_steps;
+    /* Saturates: INT64_MAX + 1 would be undefined behaviour. */
+    if (skipped_steps && *skipped_steps < INT64_MAX) ++*skipped_steps;
   } else {
     if (hysteresis_tracker) *hysteresis_tracker = (int32_t)hysteresis;
     /* torch compares with ==: a tracker loaded above the interval never

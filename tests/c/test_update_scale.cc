@@ -453,4 +453,22 @@ TEST(UpdateScale, UnusualValidParamsAccepted) {
   }
 }
 
+// Found by tests/fuzz/fuzz_update_scale: the skipped-step counter at
+// INT64_MAX was incremented past it (signed overflow, undefined behaviour);
+// it saturates instead, and the rest of the update still happens.
+TEST(UpdateScale, SkippedStepsSaturate) {
+  const float bad = 1.0f;
+  mixprec_update_scale_params p = torch_params(2.0, 0.5, 10);
+  float scale = 8.0f;
+  int32_t growth = 3;
+  int64_t skipped = INT64_MAX - 1;
+  ASSERT_EQ(mixprec_update_scale(&scale, &growth, nullptr, &skipped, &bad, &p), MIXPREC_OK);
+  EXPECT_EQ(skipped, INT64_MAX);
+  EXPECT_EQ(scale, 4.0f);
+  ASSERT_EQ(mixprec_update_scale(&scale, &growth, nullptr, &skipped, &bad, &p), MIXPREC_OK);
+  EXPECT_EQ(skipped, INT64_MAX);
+  EXPECT_EQ(scale, 2.0f);
+  EXPECT_EQ(growth, 0);
+}
+
 }  // namespace

@@ -99,7 +99,8 @@ MIXPREC_API mixprec_update_scale_params mixprec_scale_update_params_default(void
  *      it equals growth_interval, growth_tracker = 0 and, if
  *      scale * growth_factor is finite, scale = min(that, max_scale). (As in
  *      torch, a tracker already above the interval never triggers growth.)
- *    skipped_steps (if not NULL) counts overflowing steps.
+ *    skipped_steps (if not NULL) counts overflowing steps (saturating at
+ *      INT64_MAX).
  *  hysteresis_tracker may be NULL only when hysteresis == 1.
  *  @return : MIXPREC_ERR_NULL_POINTER, MIXPREC_ERR_BAD_ARGUMENT for
  *            growth_interval or hysteresis outside [1, INT32_MAX] (never
