@@ -13,14 +13,17 @@
  *     F16/BF16 params with a master hold the master rounded to nearest even,
  *     the grads are g / grad_scale rounded to their dtype under
  *     unscale_grads (else untouched), buffers the call ignores untouched,
- *     unscale_grads changes nothing but the grads, and everything is the
- *     same bits on 1 and 2 threads and on each ISA path of this CPU. */
+ *     unscale_grads changes nothing but the grads, the fused EMA is
+ *     lerp(ema, p, 1 - decay) of the new FP32 value on the steps its
+ *     interval selects (else untouched) and changes nothing else, and
+ *     everything is the same bits on 1 and 2 threads and on each ISA path
+ *     of this CPU. */
 #include "fuzz_common.h"
 
 #define MAX_T 6
-enum { B_PARAM, B_GRAD, B_MASTER, B_M, B_V, B_VMAX, N_BUF };
+enum { B_PARAM, B_GRAD, B_MASTER, B_M, B_V, B_VMAX, B_EMA, N_BUF };
 static const char *const buf_name[N_BUF] = {"param", "grad", "master", "exp_avg/momentum_buffer",
-                                            "exp_avg_sq", "max_exp_avg_sq"};
+                                            "exp_avg_sq", "max_exp_avg_sq", "ema"};
 
 typedef struct tensor {
   mixprec_opt_tensor d; /* pointers filled per run */
@@ -39,6 +42,8 @@ typedef struct call {
   mixprec_sgd_params s;
   float lr_t, scale_t, found_t;
   int has_lr_t, has_scale_t, has_found_t;
+  int ema_on; /* ema.bufs given (each tensor's B_EMA buffer, NULL: none) */
+  mixprec_ema_params ema;
 } call;
 
 typedef struct result {
@@ -50,8 +55,9 @@ static mixprec_dtype buf_dtype(const tensor *t, int b) {
   return b == B_PARAM ? t->d.param_dtype : b == B_GRAD ? t->d.grad_dtype : MIXPREC_F32;
 }
 
-static mixprec_status run(const call *c, int unscale_grads, result *r) {
+static mixprec_status run(const call *c, int unscale_grads, int with_ema, result *r) {
   mixprec_opt_tensor list[MAX_T];
+  float *ema_bufs[MAX_T] = {NULL};
   memcpy(r->steps, c->steps, sizeof r->steps);
   for (int i = 0; i < c->n_alloc; i++) {
     const tensor *t = &c->t[i];
@@ -65,7 +71,10 @@ static mixprec_status run(const call *c, int unscale_grads, result *r) {
     list[i].exp_avg_sq = (float *)r->buf[i][B_V];
     list[i].max_exp_avg_sq = (float *)r->buf[i][B_VMAX];
     list[i].step = t->step_slot >= 0 ? &r->steps[t->step_slot] : NULL;
+    ema_bufs[i] = with_ema ? (float *)r->buf[i][B_EMA] : NULL;
   }
+  mixprec_ema_params ema = c->ema;
+  ema.bufs = with_ema && c->ema_on ? ema_bufs : NULL;
   const float lr_t = c->lr_t, scale_t = c->scale_t, found_t = c->found_t;
   mixprec_status st;
   if (c->sgd) {
@@ -74,6 +83,7 @@ static mixprec_status run(const call *c, int unscale_grads, result *r) {
     p.grad_scale = c->has_scale_t ? &scale_t : NULL;
     p.found_inf = c->has_found_t ? &found_t : NULL;
     p.unscale_grads = unscale_grads;
+    p.ema = ema;
     st = mixprec_sgd_step(c->list_null ? NULL : list, c->n, c->p_null ? NULL : &p);
   } else {
     mixprec_adamw_params p = c->a;
@@ -81,6 +91,7 @@ static mixprec_status run(const call *c, int unscale_grads, result *r) {
     p.grad_scale = c->has_scale_t ? &scale_t : NULL;
     p.found_inf = c->has_found_t ? &found_t : NULL;
     p.unscale_grads = unscale_grads;
+    p.ema = ema;
     st = mixprec_adamw_step(c->list_null ? NULL : list, c->n, c->p_null ? NULL : &p);
   }
   FZ_CHECK(fz_bits(lr_t) == fz_bits(c->lr_t) && fz_bits(scale_t) == fz_bits(c->scale_t) &&
@@ -108,6 +119,11 @@ static void describe(const call *c, int unscale_grads, fz_allowed errors) {
           "expected errors 0x%x\n", c->has_lr_t, (double)c->lr_t, c->has_scale_t,
           (double)c->scale_t, c->has_found_t, (double)c->found_t, unscale_grads, (long long)c->n,
           (unsigned)errors);
+  if (c->ema_on)
+    fprintf(stderr, "ema decay %.9g min_decay %.9g warmup %d gamma %.9g power %.9g after %lld "
+            "every %lld\n", c->ema.decay, c->ema.min_decay, c->ema.use_warmup,
+            c->ema.warmup_gamma, c->ema.warmup_power, (long long)c->ema.update_after_step,
+            (long long)c->ema.update_every);
   for (int i = 0; i < c->n_alloc; i++) {
     const tensor *t = &c->t[i];
     fprintf(stderr, "  tensor %d: numel %lld param %d grad %d step slot %d (%a) buffers", i,
@@ -172,6 +188,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   c.has_found_t = (pf & 4) != 0;
   c.found_t = c.has_found_t ? (fz_u8(&f) < 160 ? 0.0f : fz_special(&f)) : 0.0f;
   const int unscale_grads = (pf & 8) != 0;
+  /* The fused EMA of the weights (mixprec_ema_params). */
+  c.ema = c.sgd ? c.s.ema : c.a.ema;
+  c.ema_on = (pf & 16) != 0;
+  if (c.ema_on) {
+    mixprec_ema_params *e = &c.ema;
+    const uint8_t em = fz_u8(&f);
+    e->decay = (em & 1) ? 0.9999 : hyper(&f, 0.0, 1.0, hfaults);
+    e->min_decay = (em & 2) ? 0.0 : hyper(&f, 0.0, 1.0, hfaults);
+    e->use_warmup = (em & 4) != 0;
+    e->warmup_gamma = hyper(&f, 0.25, 10.0, hfaults);
+    e->warmup_power = hyper(&f, 0.1, 1.0, hfaults);
+    e->update_after_step = (em & 8) ? 0 : fz_range(&f, 0, 5);
+    e->update_every = (em & 16) ? 1 : fz_range(&f, 0, 4);
+    if (hfaults && (em & 0x60) == 0x60) e->update_after_step = -fz_range(&f, 1, 3);
+    if (hfaults && (em & 0xa0) == 0xa0) e->update_every = fz_u8(&f) & 1 ? -1 : INT64_MIN;
+  }
 
   fz_allowed errors = 0;
   const uint8_t fm = faults ? fz_u8(&f) : 0;
@@ -201,6 +233,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         !(p->beta1 >= 0 && p->beta1 < 1) || !(p->beta2 >= 0 && p->beta2 < 1))
       errors |= FZ_BIT(MIXPREC_ERR_BAD_ARGUMENT);
   }
+  if (c.ema_on) {
+    const mixprec_ema_params *e = &c.ema;
+    if (!(e->decay >= 0 && e->decay <= 1) || !(e->min_decay >= 0 && e->min_decay <= 1) ||
+        e->update_after_step < 0 || e->update_every < 0)
+      errors |= FZ_BIT(MIXPREC_ERR_BAD_ARGUMENT);
+    if (e->use_warmup && !(isfinite(e->warmup_gamma) && e->warmup_gamma > 0 &&
+                           isfinite(e->warmup_power) && e->warmup_power > 0))
+      errors |= FZ_BIT(MIXPREC_ERR_BAD_ARGUMENT);
+  }
   const int momentum_on = c.sgd && c.s.momentum != 0.0;
   const int amsgrad = !c.sgd && c.a.amsgrad;
 
@@ -221,15 +262,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int master = d->param_dtype == MIXPREC_F16 || (d->param_dtype == MIXPREC_BF16 && (tf & 1)) ||
                  !fz_dtype_ok(d->param_dtype);
     if (faults && (tf & 0x40)) master = !master;
-    int present[N_BUF] = {1, 1, master, 1, 1, 1};
+    int present[N_BUF] = {1, 1, master, 1, 1, 1, c.ema_on && (tf & 2)};
     for (int b = 0; b < N_BUF; b++)
       if (nulls & (1 << b)) present[b] = 0;
     const mixprec_dtype pd = fz_dtype_ok(d->param_dtype) ? d->param_dtype : MIXPREC_F32;
     const mixprec_dtype gd = fz_dtype_ok(d->grad_dtype) ? d->grad_dtype : MIXPREC_F32;
-    const mixprec_dtype kind[N_BUF] = {pd, gd, MIXPREC_F32, MIXPREC_F32, MIXPREC_F32, MIXPREC_F32};
+    const mixprec_dtype kind[N_BUF] = {pd, gd, MIXPREC_F32, MIXPREC_F32, MIXPREC_F32, MIXPREC_F32,
+                                       MIXPREC_F32};
     for (int b = 0; b < N_BUF; b++) {
       t->bytes[b] = (size_t)ne * fz_dsize(kind[b]);
-      if (!present[b] || (ne == 0 && (fz_u8(&f) & 1) && b != B_MASTER)) continue;
+      if (!present[b] || (ne == 0 && (fz_u8(&f) & 1) && b != B_MASTER && b != B_EMA)) continue;
       t->buf[b] = fz_alloc(t->bytes[b]);
       fz_fill(&f, t->buf[b], kind[b], ne);
       if (b == B_V || b == B_VMAX) /* a second moment is >= 0 unless faulted */
@@ -260,6 +302,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (c.sgd) {
         missing |= momentum_on && !t->buf[B_M];
         missing |= sr && t->step_slot < 0;
+        missing |= t->buf[B_EMA] && t->step_slot < 0;
       } else {
         missing |= !t->buf[B_M] || !t->buf[B_V] || (amsgrad && !t->buf[B_VMAX]);
       }
@@ -275,7 +318,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (int k = 0; k < n_cfg; k++) {
     fz_apply(cfg[k]);
     result r;
-    const mixprec_status st = run(&c, unscale_grads, &r);
+    const mixprec_status st = run(&c, unscale_grads, 1, &r);
     fz_check_status(fn, st, errors);
     const int skipped = st == MIXPREC_OK && c.has_found_t && c.found_t != 0.0f;
     if (st != MIXPREC_OK || skipped || c.n <= 0 || c.list_null) {
@@ -345,11 +388,60 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if ((c.sgd || !amsgrad) && t->buf[B_VMAX])
       fz_unchanged("max_exp_avg_sq (no amsgrad)", t->buf[B_VMAX], ref.buf[i][B_VMAX], t->bytes[B_VMAX], MIXPREC_OK);
   }
+  /* The EMA: lerp(ema, p, 1 - decay) with the new FP32 value p, on the
+   * steps the interval selects (header's formula, written here); and the
+   * step without it changes nothing else. */
+  if (c.ema_on) {
+    for (int i = 0; i < c.n_alloc; i++) {
+      const tensor *t = &c.t[i];
+      if (!t->buf[B_EMA] || t->d.numel <= 0) continue;
+      const int sr = t->d.param_dtype == MIXPREC_BF16 && !t->buf[B_MASTER];
+      const double step = (double)ref.steps[t->step_slot];
+      const mixprec_ema_params *e = &c.ema;
+      const int update = !(e->update_every > 1 && fmod(step, (double)e->update_every) != 0.0);
+      if (!update) {
+        fz_unchanged("ema (not an EMA step)", t->buf[B_EMA], ref.buf[i][B_EMA], t->bytes[B_EMA], MIXPREC_OK);
+        continue;
+      }
+      if (sr) continue; /* p before its stochastic rounding is not observable */
+      const double sd = step - (double)e->update_after_step - 1.0;
+      double decay;
+      if (!(sd > 0.0)) {
+        decay = 0.0;
+      } else if (e->use_warmup) {
+        decay = 1.0 - pow(1.0 + sd / e->warmup_gamma, -e->warmup_power);
+        if (e->decay < decay) decay = e->decay;
+        if (e->min_decay > decay) decay = e->min_decay;
+      } else {
+        decay = e->decay;
+      }
+      const float w = (float)(1.0 - decay);
+      const float *pnew = (const float *)ref.buf[i][t->buf[B_MASTER] ? B_MASTER : B_PARAM];
+      for (int64_t k = 0; k < t->d.numel; k++) {
+        const float e0 = fz_load(t->buf[B_EMA], MIXPREC_F32, k), p = pnew[k];
+        const float d = p - e0;
+        const float want = fabsf(w) < 0.5f ? fmaf(w, d, e0) : fmaf(w - 1.0f, d, p);
+        const float got = fz_load(ref.buf[i][B_EMA], MIXPREC_F32, k);
+        FZ_CHECK(fz_bits(got) == fz_bits(want) || (fz_isnan(got) && fz_isnan(want)),
+                 "tensor %d ema[%lld]: lerp(%a, %a, %a) = %a, got %a (step %g)", i, (long long)k,
+                 (double)e0, (double)p, (double)w, (double)want, (double)got, step);
+      }
+    }
+    fz_apply(cfg[0]);
+    result r;
+    FZ_CHECK(run(&c, unscale_grads, 0, &r) == MIXPREC_OK, "the same call without the EMA failed");
+    for (int i = 0; i < c.n_alloc; i++)
+      for (int b = 0; b < N_BUF; b++)
+        if (b != B_EMA && c.t[i].buf[b])
+          fz_same(buf_name[b], ref.buf[i][b], r.buf[i][b], c.t[i].bytes[b], cfg[0], cfg[0]);
+    fz_same("step counts (EMA vs none)", ref.steps, r.steps, sizeof r.steps, cfg[0], cfg[0]);
+    free_result(&r, c.n_alloc);
+  }
   /* unscale_grads changes nothing but the grads. */
   if (unscale_grads && c.has_scale_t) {
     fz_apply(cfg[0]);
     result r;
-    FZ_CHECK(run(&c, 0, &r) == MIXPREC_OK, "the same call without unscale_grads failed");
+    FZ_CHECK(run(&c, 0, 1, &r) == MIXPREC_OK, "the same call without unscale_grads failed");
     for (int i = 0; i < c.n_alloc; i++)
       for (int b = 0; b < N_BUF; b++)
         if (b != B_GRAD && c.t[i].buf[b])
