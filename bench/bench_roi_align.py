@@ -128,7 +128,7 @@ def main():
         f"Machine: {machine(device)}; torchvision {torchvision.__version__}. "
         f"Date: {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC. The machine was shared with other "
         "helpers' builds and tests while this ran (load average 10-16 on 2 cores): absolute times are "
-        "inflated and noisy, the ratios (interleaved, same process) less so. Median of {args.reps} interleaved runs, one process. "
+        f"inflated and noisy, the ratios (interleaved, same process) less so. Median of {args.reps} interleaved runs, one process. "
         "'theirs' = torchvision.ops.roi_align on float32; for bfloat16/float16 the upcast path "
         "(torchvision on x.float(), rois.float(), result cast back). ms; ratio = theirs / mixprec. "
         "'1 thr' = mixprec limited to one thread (torchvision's CPU kernel is single threaded). "
