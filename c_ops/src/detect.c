@@ -2,9 +2,11 @@
  *
  * Per image: one pass over the (N, C) scores turns every candidate (score >
  * threshold, not NaN) into a 32-bit key of mixprec_nms's score order, in
- * flat-index order; a radix select (4 histogram passes of 8 bits) finds the
- * pre-NMS top-k boundary and keeps equal keys in index order, so the stable
- * radix sort of the survivors gives decreasing score, ties by index. The NMS
+ * flat-index order, and counts the keys' top bytes; the pre-NMS top-k takes
+ * every candidate below the boundary byte and radix-selects (8 bits per
+ * pass) only within the boundary byte, keeping equal keys in index order, so
+ * the stable radix sort of the survivors gives decreasing score, ties by
+ * index. The NMS
  * itself is mixprec_nms's core (mixprec__nms_sorted: the same gather, SIMD
  * sweep, x-sorted pruning and per-class split), so the IoU decisions are
  * those of mixprec_nms / torchvision bit for bit. Images run on parallel
@@ -62,6 +64,76 @@ static int64_t select_smallest(uint32_t *keys, int32_t *idx, int64_t m, int64_t 
   return w;
 }
 
+/* The candidates of one image's nc scores: (~key, flat index) in index
+ * order, and the histogram of the keys' top bytes. One loop per dtype. */
+#define DETECT_SCORE_LOOP(LOAD)                                       \
+  for (int64_t j = 0; j < nc; j++) {                                  \
+    const float s = LOAD;                                             \
+    if (s != s || (use_thr && !(s > thr))) continue;                  \
+    const uint32_t key = ~mixprec__nms_score_key(s);                  \
+    hist[key >> 24]++;                                                \
+    keys[m] = key;                                                    \
+    idx[m] = (int32_t)j;                                              \
+    m++;                                                              \
+  }
+
+static int64_t score_candidates(const void *scores, mixprec_dtype dt, int64_t nc, int use_thr,
+                                float thr, uint32_t *keys, int32_t *idx, int64_t hist[256]) {
+  int64_t m = 0;
+  switch (dt) {
+    case MIXPREC_F16: {
+      const uint16_t *v = (const uint16_t *)scores;
+      DETECT_SCORE_LOOP(mixprec__f16_to_f32(v[j]))
+      break;
+    }
+    case MIXPREC_BF16: {
+      const uint16_t *v = (const uint16_t *)scores;
+      DETECT_SCORE_LOOP(mixprec__bf16_to_f32(v[j]))
+      break;
+    }
+    default: {
+      const float *v = (const float *)scores;
+      DETECT_SCORE_LOOP(v[j])
+      break;
+    }
+  }
+  return m;
+}
+#undef DETECT_SCORE_LOOP
+
+/* Keeps in place, in index order, the k (< m) candidates with the smallest
+ * keys (equal keys by position), given the histogram of their top bytes:
+ * those whose top byte is below the boundary byte are all in; only the
+ * boundary byte's candidates (moved to tk/tv) go through the full select. */
+static int64_t select_top(uint32_t *keys, int32_t *idx, int64_t m, int64_t k,
+                          const int64_t hist[256], uint32_t *tk, int32_t *tv) {
+  int64_t need = k;
+  uint32_t d = 0;
+  for (; d < 255; d++) {
+    if (need <= hist[d]) break;
+    need -= hist[d];
+  }
+  int64_t w = 0, side = 0;
+  for (int64_t i = 0; i < m; i++) {
+    const uint32_t top = keys[i] >> 24;
+    if (top < d) {
+      keys[w] = keys[i];
+      idx[w] = idx[i];
+      w++;
+    } else if (top == d) {
+      tk[side] = keys[i];
+      tv[side] = idx[i];
+      side++;
+    }
+  }
+  side = select_smallest(tk, tv, side, need);
+  /* The boundary byte's keys differ from all the others: appending them
+   * after the rest keeps every run of equal keys in index order. */
+  memcpy(keys + w, tk, sizeof *keys * (size_t)side);
+  memcpy(idx + w, tv, sizeof *idx * (size_t)side);
+  return w + side;
+}
+
 typedef struct detect_args {
   const uint8_t *boxes;
   size_t box_es; /* bytes of one box coordinate */
@@ -94,17 +166,11 @@ static mixprec_status detect_image(const detect_args *a, int64_t b, int threads)
     uint8_t *flags = (uint8_t *)(rows + nn);
 
     const void *scores = a->scores + (size_t)(b * nc) * a->score_es;
-    const int use_thr = a->p->use_score_threshold;
-    int64_t m = 0;
-    for (int64_t j = 0; j < nc; j++) {
-      const float s = mixprec__load_f32(scores, a->scores_dtype, j);
-      if (s != s || (use_thr && !(s > a->score_thr))) continue;
-      keys[m] = ~mixprec__nms_score_key(s);
-      idx[m] = (int32_t)j;
-      m++;
-    }
+    int64_t hist[256] = {0};
+    int64_t m = score_candidates(scores, a->scores_dtype, nc, a->p->use_score_threshold,
+                                 a->score_thr, keys, idx, hist);
     if (a->p->pre_nms_top_k > 0 && m > a->p->pre_nms_top_k)
-      m = select_smallest(keys, idx, m, a->p->pre_nms_top_k);
+      m = select_top(keys, idx, m, a->p->pre_nms_top_k, hist, tk, tv);
     mixprec__nms_radix_sort(keys, idx, tk, tv, m);
     for (int64_t r = 0; r < m; r++) {
       const int64_t j = idx[r];
