@@ -65,20 +65,33 @@ static int64_t select_smallest(uint32_t *keys, int32_t *idx, int64_t m, int64_t 
 }
 
 /* The candidates of one image's nc scores: (~key, flat index) in index
- * order, and the histogram of the keys' top bytes. One loop per dtype. */
-#define DETECT_SCORE_LOOP(LOAD)                                       \
-  for (int64_t j = 0; j < nc; j++) {                                  \
-    const float s = LOAD;                                             \
-    if (s != s || (use_thr && !(s > thr))) continue;                  \
-    const uint32_t key = ~mixprec__nms_score_key(s);                  \
-    hist[key >> 24]++;                                                \
-    keys[m] = key;                                                    \
-    idx[m] = (int32_t)j;                                              \
-    m++;                                                              \
+ * order, and the histogram of the keys' top bytes. One loop per dtype,
+ * branch-free (the threshold test is unpredictable): each block of scores is
+ * compacted into a small local buffer, storing every score and advancing
+ * only for a candidate, then appended, so only the candidates' entries of
+ * keys/idx are ever touched (they are fresh pages of a large allocation).
+ * The histogram is a pass over the candidates only. */
+#define DETECT_BLOCK 1024
+#define DETECT_SCORE_LOOP(LOAD)                                              \
+  for (int64_t j0 = 0; j0 < nc; j0 += DETECT_BLOCK) {                        \
+    const int64_t j1 = j0 + DETECT_BLOCK < nc ? j0 + DETECT_BLOCK : nc;      \
+    int64_t q = 0;                                                           \
+    for (int64_t j = j0; j < j1; j++) {                                      \
+      const float s = LOAD;                                                  \
+      const int ok = (s == s) & (!use_thr | (s > thr));                      \
+      lk[q] = ~mixprec__nms_score_key(s);                                    \
+      li[q] = (int32_t)j;                                                    \
+      q += ok;                                                               \
+    }                                                                        \
+    memcpy(keys + m, lk, sizeof *lk * (size_t)q);                            \
+    memcpy(idx + m, li, sizeof *li * (size_t)q);                             \
+    m += q;                                                                  \
   }
 
 static int64_t score_candidates(const void *scores, mixprec_dtype dt, int64_t nc, int use_thr,
                                 float thr, uint32_t *keys, int32_t *idx, int64_t hist[256]) {
+  uint32_t lk[DETECT_BLOCK];
+  int32_t li[DETECT_BLOCK];
   int64_t m = 0;
   switch (dt) {
     case MIXPREC_F16: {
@@ -97,9 +110,11 @@ static int64_t score_candidates(const void *scores, mixprec_dtype dt, int64_t nc
       break;
     }
   }
+  for (int64_t i = 0; i < m; i++) hist[keys[i] >> 24]++;
   return m;
 }
 #undef DETECT_SCORE_LOOP
+#undef DETECT_BLOCK
 
 /* Keeps in place, in index order, the k (< m) candidates with the smallest
  * keys (equal keys by position), given the histogram of their top bytes:
