@@ -88,11 +88,24 @@ static int64_t select_smallest(uint32_t *keys, int32_t *idx, int64_t m, int64_t 
     m += q;                                                                  \
   }
 
+#if defined(MIXPREC_X86)
+int64_t mixprec__detect_score_avx2(const void *scores, mixprec_dtype dt, int64_t nc, int use_thr,
+                                   float thr, uint32_t *keys, int32_t *idx);
+#endif
+
 static int64_t score_candidates(const void *scores, mixprec_dtype dt, int64_t nc, int use_thr,
                                 float thr, uint32_t *keys, int32_t *idx, int64_t hist[256]) {
   uint32_t lk[DETECT_BLOCK];
   int32_t li[DETECT_BLOCK];
   int64_t m = 0;
+#if defined(MIXPREC_X86)
+  const mixprec_cpu_isa isa = mixprec__active_isa();
+  if (isa == MIXPREC_ISA_AVX2 || isa == MIXPREC_ISA_AVX512) {
+    m = mixprec__detect_score_avx2(scores, dt, nc, use_thr, thr, keys, idx);
+    for (int64_t i = 0; i < m; i++) hist[keys[i] >> 24]++;
+    return m;
+  }
+#endif
   switch (dt) {
     case MIXPREC_F16: {
       const uint16_t *v = (const uint16_t *)scores;
@@ -171,19 +184,30 @@ static mixprec_status detect_image(const detect_args *a, int64_t b, int threads)
   int64_t *ocls = a->out_classes + b * k, *oidx = a->out_indices + b * k;
   int64_t count = 0;
   if (nc > 0) {
-    /* keys, tk (u32); idx, tv, rows (i32); cls (i64); flags (u8). */
+    /* Two allocations: keys and idx for every score (under glibc's 32 MiB
+     * mmap ceiling up to 4M scores, so repeated calls reuse heap pages
+     * instead of faulting fresh ones in), then the rest for the m
+     * candidates only: tk (u32); tv, rows (i32); cls (i64); flags (u8). */
     const size_t nn = (size_t)nc + 8;
-    uint8_t *mem = (uint8_t *)malloc(nn * (4 * 2 + 4 * 3 + 8 + 1) + 64);
+    uint8_t *mem = (uint8_t *)malloc(nn * (4 + 4) + 64);
     if (!mem) return MIXPREC_ERR_OUT_OF_MEMORY;
-    int64_t *cls = (int64_t *)mem;
-    uint32_t *keys = (uint32_t *)(cls + nn), *tk = keys + nn;
-    int32_t *idx = (int32_t *)(tk + nn), *tv = idx + nn, *rows = tv + nn;
-    uint8_t *flags = (uint8_t *)(rows + nn);
+    uint32_t *keys = (uint32_t *)mem;
+    int32_t *idx = (int32_t *)(keys + nn);
 
     const void *scores = a->scores + (size_t)(b * nc) * a->score_es;
     int64_t hist[256] = {0};
     int64_t m = score_candidates(scores, a->scores_dtype, nc, a->p->use_score_threshold,
                                  a->score_thr, keys, idx, hist);
+    const size_t mm = (size_t)m + 8;
+    uint8_t *mem2 = (uint8_t *)malloc(mm * (4 + 4 * 2 + 8 + 1) + 64);
+    if (!mem2) {
+      free(mem);
+      return MIXPREC_ERR_OUT_OF_MEMORY;
+    }
+    int64_t *cls = (int64_t *)mem2;
+    uint32_t *tk = (uint32_t *)(cls + mm);
+    int32_t *tv = (int32_t *)(tk + mm), *rows = tv + mm;
+    uint8_t *flags = (uint8_t *)(rows + mm);
     if (a->p->pre_nms_top_k > 0 && m > a->p->pre_nms_top_k)
       m = select_top(keys, idx, m, a->p->pre_nms_top_k, hist, tk, tv);
     mixprec__nms_radix_sort(keys, idx, tk, tv, m);
@@ -197,6 +221,7 @@ static mixprec_status detect_image(const detect_args *a, int64_t b, int threads)
         mixprec__nms_sorted(boxes, a->boxes_dtype, rows, a->p->class_agnostic ? NULL : cls, m,
                             a->iou_thr, k, threads, flags);
     if (st != MIXPREC_OK) {
+      free(mem2);
       free(mem);
       return st;
     }
@@ -211,6 +236,7 @@ static mixprec_status detect_image(const detect_args *a, int64_t b, int threads)
       oidx[count] = j / a->classes;
       count++;
     }
+    free(mem2);
     free(mem);
   }
   /* All-zero bits are +0 in float32, float16 and bfloat16. */

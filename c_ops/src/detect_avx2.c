@@ -1,0 +1,66 @@
+/* AVX2 path of the scoring pass of mixprec_efficient_nms (detect.c): 8
+ * scores per step widened to float (F16C for float16, a shift for
+ * bfloat16), compared with the threshold in one vector compare (ordered, so
+ * a NaN never passes), and only the lanes that pass are turned into keys;
+ * in a detector's output most groups of 8 have none. Compiled with -mavx2
+ * -mfma -mf16c, called only when the CPU has them. The same candidates, keys
+ * and order as the scalar loop. */
+#include <immintrin.h>
+
+#include "nms_internal.h"
+
+int64_t mixprec__detect_score_avx2(const void *scores, mixprec_dtype dt, int64_t nc, int use_thr,
+                                   float thr, uint32_t *keys, int32_t *idx);
+
+MIXPREC__FORCE_INLINE __m256 load8(const void *scores, mixprec_dtype dt, int64_t j) {
+  switch (dt) {
+    case MIXPREC_F16:
+      return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)scores + j)));
+    case MIXPREC_BF16: {
+      const __m256i w =
+          _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)scores + j)));
+      return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    }
+    default:
+      return _mm256_loadu_ps((const float *)scores + j);
+  }
+}
+
+MIXPREC__FORCE_INLINE int64_t score_loop(const void *scores, mixprec_dtype dt, int64_t nc,
+                                         int use_thr, float thr, uint32_t *keys, int32_t *idx) {
+  /* s > thr is false for NaN; without a threshold, s == s keeps the rest. */
+  const __m256 vthr = _mm256_set1_ps(thr);
+  int64_t m = 0, j = 0;
+  for (; j + 8 <= nc; j += 8) {
+    const __m256 s = load8(scores, dt, j);
+    const __m256 ok = use_thr ? _mm256_cmp_ps(s, vthr, _CMP_GT_OQ) : _mm256_cmp_ps(s, s, _CMP_EQ_OQ);
+    unsigned bits = (unsigned)_mm256_movemask_ps(ok);
+    if (!bits) continue;
+    float v[8];
+    _mm256_storeu_ps(v, s);
+    while (bits) {
+      const int l = __builtin_ctz(bits);
+      bits &= bits - 1;
+      keys[m] = ~mixprec__nms_score_key(v[l]);
+      idx[m] = (int32_t)(j + l);
+      m++;
+    }
+  }
+  for (; j < nc; j++) {
+    const float s = mixprec__load_f32(scores, dt, j);
+    if (s != s || (use_thr && !(s > thr))) continue;
+    keys[m] = ~mixprec__nms_score_key(s);
+    idx[m] = (int32_t)j;
+    m++;
+  }
+  return m;
+}
+
+int64_t mixprec__detect_score_avx2(const void *scores, mixprec_dtype dt, int64_t nc, int use_thr,
+                                   float thr, uint32_t *keys, int32_t *idx) {
+  switch (dt) {
+    case MIXPREC_F16: return score_loop(scores, MIXPREC_F16, nc, use_thr, thr, keys, idx);
+    case MIXPREC_BF16: return score_loop(scores, MIXPREC_BF16, nc, use_thr, thr, keys, idx);
+    default: return score_loop(scores, MIXPREC_F32, nc, use_thr, thr, keys, idx);
+  }
+}
