@@ -27,12 +27,12 @@ def gen(request):
     return torch.Generator().manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
-@pytest.fixture(params=["scalar", "avx2"])
+@pytest.fixture(params=["scalar", "avx2", "avx512"])
 def isa(request):
     """Runs the test once on each CPU path of libmixprec.so (skipped where the
     CPU lacks it), then puts the library back on its own choice."""
     lib = cpu_lib()
-    code = {"scalar": 1, "avx2": 2}[request.param]
+    code = {"scalar": 1, "avx2": 2, "avx512": 3}[request.param]
     if not lib.mixprec_cpu_isa_supported(code):
         pytest.skip(f"this CPU has no {request.param} path")
     assert lib.mixprec_set_cpu_isa(code) == 0
