@@ -110,7 +110,7 @@ typedef struct mixprec_ema_params {
    * no EMA. */
   float *const *bufs;
   double decay;             /* in [0, 1] */
-  double min_decay;         /* in [0, 1] (used with use_warmup) */
+  double min_decay;         /* in [0, 1], checked always (used with use_warmup) */
   int use_warmup;           /* nonzero: timm's warmup formula */
   double warmup_gamma;      /* finite, > 0 (used with use_warmup) */
   double warmup_power;      /* finite, > 0 (used with use_warmup) */
@@ -261,7 +261,11 @@ MIXPREC_API mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list,
  *    p = fma(-g, lr, p);  param = p rounded to param_dtype when F16/BF16;
  *    ema = lerp(ema, p, w)  (as in mixprec_adamw_step).
  *  (fma: one rounding, as torch's AVX2 build computes it: bitwise equal to
- *  torch's fused CPU SGD there; see c_ops/src/sgd.c.)
+ *  torch's fused CPU SGD there; see c_ops/src/sgd.c.) The instruction-set
+ *  paths give the same bits, except the sign of a NaN result (the portable
+ *  path's fmaf and the vector fma may propagate a NaN operand's sign
+ *  differently, e.g. Nesterov with a NaN momentum buffer; found by
+ *  tests/fuzz/fuzz_optim, which treats any two NaNs as equal).
  *  "First step" (torch: the momentum_buffer is still None): for a tensor
  *  whose step is not NULL, it is *step == 0, read when the step runs (so a
  *  captured CUDA graph initialises the buffers on its first replay), and

@@ -148,7 +148,8 @@ MIXPREC_API mixprec_status mixprec_cross_entropy(
  *  p_c = exp((x_c - max) - log(sum)) (from stats), W = sum_c w_c:
  *    dx_c = g * ((1 - eps) * w_t * (p_c - [c == t])
  *                + eps / C * (W * p_c - w_c))
- *  and dx_c = 0 for an ignored position.
+ *  and dx_c = 0 for an ignored position whose logits are finite (an inf or
+ *  NaN logit there gives NaN, as torch's backward does).
  *  @return : as mixprec_cross_entropy() (targets are checked again). */
 MIXPREC_API mixprec_status mixprec_cross_entropy_backward(
     const float *grad_loss, const void *logits, mixprec_dtype dtype,
