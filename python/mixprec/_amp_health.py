@@ -163,11 +163,13 @@ class Recorder:
             norms = torch.cat([n for _, n in self._pending])
             self._last = (slots, norms)
             total = norms.square().sum().sqrt()
-            counts = torch.zeros(len(self._slot_names), dtype=torch.int64, device=dev)
-            if self._counts is not None:
-                counts[: self._counts.numel()] = self._counts
+            counts = self._counts
+            if counts is None or counts.numel() != len(self._slot_names) or counts.device != dev:
+                counts = torch.zeros(len(self._slot_names), dtype=torch.int64, device=dev)
+                if self._counts is not None:  # new parameters appeared: grow
+                    counts[: self._counts.numel()] = self._counts.to(dev)
+                self._counts = counts
             counts.index_add_(0, slots, (~torch.isfinite(norms)).to(torch.int64))
-            self._counts = counts
         else:
             self._last = None
             total = torch.full((), math.nan, dtype=torch.float64, device=dev)
