@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
+import os
 import statistics
 
 import torch
@@ -75,6 +76,7 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    load_at_start = os.getloadavg()[0]
     device = torch.device(args.device)
     gen = torch.Generator().manual_seed(0)
     rows = []
@@ -126,9 +128,9 @@ def main():
         f"# RoIAlign benchmark ({device.type})",
         "",
         f"Machine: {machine(device)}; torchvision {torchvision.__version__}. "
-        f"Date: {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC. The machine was shared with other "
-        "helpers' builds and tests while this ran (load average 10-16 on 2 cores): absolute times are "
-        f"inflated and noisy, the ratios (interleaved, same process) less so. Median of {args.reps} interleaved runs, one process. "
+        f"Date: {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC. Load average when it started: "
+        f"{load_at_start:.2f} (a loaded machine inflates the absolute times; the ratios, interleaved in "
+        f"one process, less so). Median of {args.reps} interleaved runs, one process. "
         "'theirs' = torchvision.ops.roi_align on float32; for bfloat16/float16 the upcast path "
         "(torchvision on x.float(), rois.float(), result cast back). ms; ratio = theirs / mixprec. "
         "'1 thr' = mixprec limited to one thread (torchvision's CPU kernel is single threaded). "
