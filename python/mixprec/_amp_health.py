@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -137,8 +136,8 @@ class Recorder:
         n = torch.cat([per.to(dev, non_blocking=True).double() for _, per, _ in entries])
         if factor is not None:
             n = n * factor.to(dev).double()
-        if any(groups):
-            n = _whole_tensor_norms(n, groups)
+        if any(groups):  # norms of the whole tensors, not of this rank's shards
+            n = _distributed.whole_tensor_squares(n * n, groups).sqrt()
         self._pending.append((self._slots_of(optimizer, params, dev), n))
 
     def _slots_of(self, optimizer, params: list, dev: torch.device) -> torch.Tensor:
@@ -228,21 +227,3 @@ class Recorder:
 
     def __setstate__(self, state) -> None:
         self.__init__()
-
-
-def _whole_tensor_norms(norms: torch.Tensor, groups: list[tuple]) -> torch.Tensor:
-    """Norms of whole tensors from their local shards' norms: squares summed
-    over each tensor's shard groups, one all-reduce per distinct groups key,
-    keys in first-appearance order (the same on every rank)."""
-    sq = norms * norms
-    by_key: dict[tuple, list[int]] = defaultdict(list)
-    for i, k in enumerate(groups):
-        if k:
-            by_key[k].append(i)
-    for key, idx in by_key.items():
-        where = torch.tensor(idx, device=sq.device)
-        s = sq[where]
-        for g in key:
-            _distributed._all_reduce(s, _distributed.dist.ReduceOp.SUM, g)
-        sq = sq.index_copy(0, where, s)
-    return sq.sqrt()

@@ -126,6 +126,25 @@ class NormParts:
         return sq.sqrt().float()
 
 
+def whole_tensor_squares(sq: torch.Tensor, groups: list[tuple]) -> torch.Tensor:
+    """Squared L2 norms of whole tensors from their local shards' squared
+    norms ``sq`` (float64, one per tensor): each summed over its tensor's
+    shard groups (``groups[i]``, empty when whole on this rank), one
+    all-reduce per distinct groups key, keys in first-appearance order and
+    each key's groups in mesh-dim order (the same on every rank)."""
+    by_key: dict[tuple, list[int]] = defaultdict(list)
+    for i, k in enumerate(groups):
+        if k:
+            by_key[k].append(i)
+    for key, idx in by_key.items():
+        where = torch.tensor(idx, device=sq.device)
+        s = sq[where]
+        for g in key:
+            _all_reduce(s, dist.ReduceOp.SUM, g)
+        sq = sq.index_copy(0, where, s)
+    return sq
+
+
 # ---- torch.ops.mixprec.* called directly on DTensors ----------------------------
 # DTensor has no sharding rule for mixprec's list ops (its rule language
 # cannot say "reduce found_inf over the mesh" or "the norm of the whole
@@ -165,16 +184,7 @@ def _unscale_handler(op_call, args, kwargs):
     if out is None:
         return None
     per, _total = out
-    # Per-tensor norms of the whole tensors: squared local norms summed over
-    # each grad's shard groups (in mesh-dim order, the same on every rank).
-    sq = per.double() * per.double()
-    parts = []
-    for i, groups in enumerate(per_grad):
-        s = sq[i].clone()
-        for g in groups:
-            _all_reduce(s, dist.ReduceOp.SUM, g)
-        parts.append(s)
-    sq = torch.stack(parts) if parts else sq
+    sq = whole_tensor_squares(per.double() * per.double(), per_grad)
     return sq.sqrt().float(), sq.sum().sqrt().float()
 
 
