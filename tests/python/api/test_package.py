@@ -20,7 +20,7 @@ import torch
 
 import mixprec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ISA = {1: "scalar", 2: "avx2", 3: "avx512"}
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("mode,dtype", [("ddp", "bf16"), ("fsdp2", "bf16"), ("fsdp2", "fp32-policy")])

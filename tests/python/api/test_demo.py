@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("sklearn")
 pytest.importorskip("matplotlib")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
 import train_amp  # noqa: E402
 
 
