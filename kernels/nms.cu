@@ -129,7 +129,7 @@ __global__ void nms_fill(int64_t *keep, int64_t cap, int64_t *n_keep) {
 }  // namespace
 
 /* The largest float f with f <= t: `float > t` <=> `float > f` (as nms.c);
- * also used by detect.cu. */
+ * also used by efficient_nms.cu. */
 float mixprec__cuda_nms_float_floor(double t) {
   float f = (float)t;
   if ((double)f > t) f = nextafterf(f, -INFINITY);

@@ -1,5 +1,5 @@
 /* Device code of the NMS family shared by kernels/nms.cu (one box list) and
- * kernels/detect.cu (a batch of images): loads, the score key, torchvision's
+ * kernels/efficient_nms.cu (a batch of images): loads, the score key, torchvision's
  * IoU decision, one 64x64 tile of the IoU bitmask and the one-block greedy
  * walk over the mask. One implementation, so the batched op's decisions are
  * mixprec_cuda_nms's (and the CPU's) bit for bit. */

@@ -15,7 +15,7 @@
  * per-rank flag array, which is read out in rank order (= global decreasing
  * score, stable) at the end, so the result does not depend on threads.
  * Everything after the score sort is mixprec__nms_sorted (nms_internal.h),
- * which the batched post-processing of detect.c calls as well.
+ * which the batched post-processing of efficient_nms.c calls as well.
  *
  * Bit-exactness with torchvision: the IoU is computed with its exact
  * operations and order in float (max/min as std::max/std::min, no FMA: this

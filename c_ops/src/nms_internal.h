@@ -1,4 +1,4 @@
-/* What nms.c shares with the batched detection post-processing (detect.c):
+/* What nms.c shares with the batched detection post-processing (efficient_nms.c):
  * the score order, the radix sort, the threshold rounding, and the greedy
  * NMS core over candidates already in output order, so both run one
  * implementation of the sweep (nms_avx2.c) and of torchvision's IoU rules. */
