@@ -67,9 +67,19 @@ _RECIPE = "the order is scaler.scale(loss).backward(); scaler.clip_grad_norm_(..
 # clipped; of one already stepped, or folded (``fold=True``), refused.
 
 
+def _is_optimizer(x) -> bool:
+    """torch's GradScaler takes anything with ``param_groups`` and ``step()``
+    (wrappers such as DeepSpeed's are not Optimizer subclasses)."""
+    return isinstance(x, torch.optim.Optimizer) or (
+        hasattr(x, "param_groups") and callable(getattr(x, "step", None)))
+
+
 def _check_optimizer(where: str, optimizer) -> None:
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"{where}: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if not _is_optimizer(optimizer):
+        raise TypeError(
+            f"{where}: optimizer must be a torch.optim.Optimizer (or have param_groups and step()), "
+            f"got {type(optimizer).__name__}"
+        )
 
 
 class GradScaler(torch.amp.GradScaler):
@@ -308,7 +318,10 @@ class GradScaler(torch.amp.GradScaler):
         """``clip_grad_norm_`` given parameters: see [note: gradients
         unscaled by parameters]."""
         where = f"{_WHERE}.clip_grad_norm_"
-        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        try:
+            params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        except TypeError:
+            params = [parameters]  # named below
         for i, p in enumerate(params):
             if not isinstance(p, torch.Tensor):
                 raise TypeError(
@@ -411,7 +424,7 @@ class GradScaler(torch.amp.GradScaler):
             raise TypeError(f"{where}: norm_type must be a real number or 'inf', got {norm_type!r}") from None
         if isinstance(norm_type, bool) or norm_value != norm_value:
             raise ValueError(f"{where}: norm_type must be a real number or 'inf', got {norm_type!r}")
-        if not isinstance(optimizer, torch.optim.Optimizer):
+        if not _is_optimizer(optimizer):
             return self._clip_parameters(optimizer, max_norm, norm_type, error_if_nonfinite, foreach)
         params = [p for g in optimizer.param_groups for p in g["params"]]
         stage = self._per_optimizer_states[id(optimizer)]["stage"] if self._enabled else OptState.READY

@@ -909,7 +909,9 @@ def _roi_api(module):
 
 
 for _label, _module in (("ops.roi_align", False), ("ops.RoIAlign", True)):
-    api(_label, ("output_size", INT_BAD + [(3, 2.5), (NAN, 4), (3, True)]), ("spatial_scale", FINITE_BAD),
+    # output_size takes a pair too: a list is not a bad value there.
+    api(_label, ("output_size", [v for v in INT_BAD if not isinstance(v, list)] + [(3, 2.5), (NAN, 4), (3, True)]),
+        ("spatial_scale", FINITE_BAD),
         ("sampling_ratio", INT_BAD))(_roi_api(_module))
 
 
