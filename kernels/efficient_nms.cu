@@ -119,7 +119,7 @@ __global__ void efficient_nms_gather(const void *boxes, mixprec_dtype dt, int cl
   q.w = mixprec__nms_load_any(boxes, dt, 4 * row + 3);
   const int64_t at = b * cap + p;
   sboxes[at] = q;
-  sarea[at] = __fmul_rn(__fsub_rn(q.z, q.x), __fsub_rn(q.w, q.y));
+  sarea[at] = mixprec__nms_area(q.x, q.y, q.z, q.w);
   scls[at] = agnostic ? 0 : j % classes;
   src[at] = (int32_t)j;
 }
