@@ -10,6 +10,7 @@
 // untouched.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 #include <vector>
@@ -24,13 +25,46 @@ struct UnscaleArgs {
   Where device;
   float* found_inf;
   const float* inv_scale;
+  // [note: non-dense grads] The C kernels walk a tensor as one flat array,
+  // so a grad that is not dense (g[:, :5], which torch's
+  // _amp_foreach_non_finite_check_and_unscale_ takes) runs on a dense copy
+  // in its own dtype: staged[k] is the copy of grads[staged_index[k]]. The
+  // element rule is the same, so the bits are torch's. After a successful
+  // write the copies go back through an alias made with from_blob: it shares
+  // the grad's memory but not its version counter, so the only version bump
+  // is the op's own (the ADInplaceOrView kernel of _amp.py), one per grad as
+  // for a dense grad.
+  std::vector<Tensor> staged;
+  std::vector<size_t> staged_index;
 };
 
-// Grads: a non-empty list of strided, dense (any dimension order, e.g.
-// channels_last) float32/float16/bfloat16 tensors on found_inf's device.
-// found_inf and inv_scale: one-element float32 tensors on that device.
+// No two elements of t share memory (no stride-0 or otherwise overlapping
+// dimensions): sorted by stride, each dimension must step past everything
+// the smaller ones cover. What a tensor written in place must satisfy.
+inline bool no_internal_overlap(const Tensor& t) {
+  auto sizes = t.sizes();
+  auto strides = t.strides();
+  std::vector<int64_t> order;
+  for (int64_t d = 0; d < t.dim(); d++)
+    if (sizes[d] > 1) order.push_back(d);
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return strides[a] < strides[b]; });
+  int64_t reach = 0;  // the largest offset the dimensions seen so far span
+  for (int64_t d : order) {
+    if (strides[d] <= reach) return false;
+    reach += (sizes[d] - 1) * strides[d];
+  }
+  return true;
+}
+
+// Grads: a non-empty list of strided float32/float16/bfloat16 tensors on
+// found_inf's device, any strides (see [note: non-dense grads]); written
+// ones (write) must not overlap one another or themselves. read_only
+// (grad_norm): the same grad may be listed twice, as torch._foreach_norm
+// takes it. found_inf and inv_scale: one-element float32 tensors on that
+// device, overlapping nothing.
 inline UnscaleArgs unscale_args(const char* op, const std::vector<Tensor>& grads,
-                                const Tensor& found_inf, const Tensor& inv_scale) {
+                                const Tensor& found_inf, const Tensor& inv_scale,
+                                bool write = true) {
   UnscaleArgs a;
   a.device = where(found_inf);
   check_scalar(op, "found_inf", found_inf, ScalarType::Float, a.device, nullptr);
@@ -47,23 +81,44 @@ inline UnscaleArgs unscale_args(const char* op, const std::vector<Tensor>& grads
                     "] must be float32, float16 or bfloat16, got ", dtype_name(g.scalar_type()));
     MIXPREC_CHECK(where(g) == a.device, "mixprec::", op, ": grads[", i, "] is on ",
                     describe(where(g)), " but found_inf is on ", describe(a.device));
-    MIXPREC_CHECK(is_dense(g), "mixprec::", op, ": grads[", i,
-                    "] must be contiguous or dense in some dimension order "
-                    "(e.g. channels_last); call .contiguous() on it");
+    MIXPREC_CHECK(!write || no_internal_overlap(g), "mixprec::", op, ": grads[", i,
+                  "] has elements that share memory (an expanded view?) and cannot be "
+                  "written in place; clone() it first");
     // Strides are never negative in torch, so a dense tensor's data_ptr() is
     // the lowest address of its elements whatever the dimension order.
     a.list.push_back({g.numel() ? g.data_ptr() : nullptr, g.numel(), dt});
   }
-  // No two of them may share memory (mixprec/amp.h: the tensors must not
-  // overlap): a grad listed twice would be unscaled twice, found_inf inside
-  // a grad or inv_scale would change what the kernel reads.
+  // Written grads may not share memory (mixprec/amp.h: the tensors must not
+  // overlap): a grad listed twice would be unscaled twice. found_inf inside a
+  // grad or inv_scale would change what the kernel reads, so it overlaps
+  // nothing in either mode. Spans of non-dense grads are bounding ranges:
+  // two interleaved views of one buffer are refused too.
   std::vector<Span> spans;
   spans.reserve(grads.size() + 2);
-  for (size_t i = 0; i < grads.size(); i++)
-    add_span(spans, grads[i], "grads", static_cast<int64_t>(i));
-  add_span(spans, found_inf, "found_inf");
-  add_span(spans, inv_scale, "inv_scale");
-  check_disjoint(op, std::move(spans));
+  if (write) {
+    for (size_t i = 0; i < grads.size(); i++)
+      add_span(spans, grads[i], "grads", static_cast<int64_t>(i));
+    add_span(spans, found_inf, "found_inf");
+    add_span(spans, inv_scale, "inv_scale");
+    check_disjoint(op, std::move(spans));
+  } else {
+    for (size_t i = 0; i < grads.size(); i++) {
+      std::vector<Span> pair;
+      add_span(pair, grads[i], "grads", static_cast<int64_t>(i));
+      add_span(pair, found_inf, "found_inf");
+      check_disjoint(op, std::move(pair));
+    }
+    add_span(spans, found_inf, "found_inf");
+    add_span(spans, inv_scale, "inv_scale");
+    check_disjoint(op, std::move(spans));
+  }
+  // Every check has passed: only now the copies (allocations, no writes).
+  for (size_t i = 0; i < grads.size(); i++) {
+    if (grads[i].numel() == 0 || is_dense(grads[i])) continue;
+    a.staged.push_back(torch::stable::contiguous(grads[i]));
+    a.staged_index.push_back(i);
+    a.list[i].data = a.staged.back().data_ptr();
+  }
   a.found_inf = static_cast<float*>(found_inf.data_ptr());
   a.inv_scale = static_cast<const float*>(inv_scale.data_ptr());
   return a;
@@ -134,19 +189,31 @@ inline UpdateScaleArgs update_scale_args(const char* op, const Tensor& scale,
   return a;
 }
 
+// The unscaled copies back into their non-dense grads ([note: non-dense
+// grads]), on the grads' device (torch's copy_, current stream on CUDA).
+inline void copy_back_staged(const UnscaleArgs& a, const std::vector<Tensor>& grads) {
+  for (size_t k = 0; k < a.staged.size(); k++) {
+    const Tensor& g = grads[a.staged_index[k]];
+    Tensor alias = torch::stable::from_blob(g.data_ptr(), g.sizes(), g.strides(), g.device(),
+                                            g.scalar_type());
+    torch::stable::copy_(alias, a.staged[k]);
+  }
+}
+
 template <class B>
 void unscale_op(std::vector<Tensor> grads, Tensor found_inf, Tensor inv_scale) {
   const char* op = "unscale_";
   UnscaleArgs a = unscale_args(op, grads, found_inf, inv_scale);
   B::check_device(op, a.device);
   check_status(B::unscale(op, a, nullptr, nullptr, true, found_inf), op);
+  copy_back_staged(a, grads);
 }
 
 // unscale_norm_ (write) and grad_norm (read only): the same call.
 template <class B>
 std::tuple<Tensor, Tensor> norm_op(const char* op, bool write, const std::vector<Tensor>& grads,
                                    const Tensor& found_inf, const Tensor& inv_scale) {
-  UnscaleArgs a = unscale_args(op, grads, found_inf, inv_scale);
+  UnscaleArgs a = unscale_args(op, grads, found_inf, inv_scale, write);
   B::check_device(op, a.device);
   const int64_t n = static_cast<int64_t>(a.list.size());
   Tensor norms = torch::stable::new_empty(found_inf, {n}, ScalarType::Float);
@@ -154,6 +221,7 @@ std::tuple<Tensor, Tensor> norm_op(const char* op, bool write, const std::vector
   check_status(B::unscale(op, a, static_cast<float*>(norms.data_ptr()),
                           static_cast<float*>(total.data_ptr()), write, found_inf),
                op);
+  if (write) copy_back_staged(a, grads);
   return {norms, total};
 }
 

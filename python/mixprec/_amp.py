@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from ._library import FLOAT_DTYPES as _FLOAT
-from ._registration import _bump_versions_on_mutation, _one_element, _refuse_sparse, _same_device
+from ._registration import _IMPL_LIB, _bump_versions_on_mutation, _one_element, _refuse_sparse, _same_device
 
 __all__ = ["unscale_", "grad_norm", "update_scale_"]
 
@@ -23,6 +23,36 @@ __all__ = ["unscale_", "grad_norm", "update_scale_"]
 for _name in ("unscale_", "unscale_norm_", "grad_norm", "update_scale_", "update_scale_ex_"):
     _bump_versions_on_mutation(_name)
     _refuse_sparse(_name)
+
+
+# ---- a loss scale that requires grad -------------------------------------------
+
+
+def _refuse_leaf_requiring_grad(name: str, arg: str, lib: torch.library.Library = _IMPL_LIB) -> None:
+    """Autograd kernel for ``mixprec::<name>`` refusing, as every torch
+    in-place op does (``torch._amp_update_scale_`` included), to write its
+    first argument ``arg`` when that is a leaf that requires grad while grad
+    mode is on; then redispatches below autograd. The C++ op cannot see
+    requires_grad (the stable ABI has no getter for it)."""
+    op = getattr(torch.ops.mixprec, name).default
+    after = torch._C._after_autograd_keyset
+
+    def autograd(keyset, *args, **kwargs):
+        t = args[0] if args else kwargs.get(arg)
+        if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf and torch.is_grad_enabled():
+            raise RuntimeError(
+                f"mixprec::{name}: {arg} is a leaf tensor that requires grad and cannot be written in place "
+                "(as torch: a leaf Variable that requires grad is being used in an in-place operation); "
+                "pass a scale that does not require grad, or call it under torch.no_grad()"
+            )
+        with torch._C._AutoDispatchBelowAutograd():
+            return op.redispatch(keyset & after, *args, **kwargs)
+
+    lib.impl(name, autograd, "Autograd", with_keyset=True)
+
+
+for _name in ("update_scale_", "update_scale_ex_"):
+    _refuse_leaf_requiring_grad(_name, "scale")
 
 
 # ---- fake kernels ------------------------------------------------------------
@@ -138,7 +168,11 @@ def unscale_(
     math, rounded back to each tensor's dtype) and sets ``found_inf`` to 1 if
     any element was inf or NaN, like
     ``torch._amp_foreach_non_finite_check_and_unscale_``, for float32, float16
-    and bfloat16 tensors (mixed dtypes allowed in one list).
+    and bfloat16 tensors (mixed dtypes allowed in one list). Any strides are
+    taken, as torch takes them (a non-dense gradient such as ``g[:, :5]``
+    runs on a dense copy in its own dtype, written back: the same bits); a
+    gradient listed twice, or one whose elements share memory (expanded),
+    raises, since it would be written twice.
 
     With ``return_norm=True`` also returns ``(per_tensor_norms, total_norm)``
     of the unscaled gradients from the same pass: the L2 norm of each tensor
@@ -162,7 +196,9 @@ def grad_norm(
     (equal bit for bit to what ``unscale_`` would return) and sets
     ``found_inf`` on inf/NaN, but leaves the gradients as they are. Used to
     fold unscaling and clipping into the optimizer step
-    (``GradScaler.clip_grad_norm_(..., fold=True)``)."""
+    (``GradScaler.clip_grad_norm_(..., fold=True)``). The gradients are only
+    read: one may be listed twice (counted twice), as ``torch._foreach_norm``
+    takes it."""
     return torch.ops.mixprec.grad_norm(list(grads), found_inf, inv_scale)
 
 

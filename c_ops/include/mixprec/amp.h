@@ -56,7 +56,9 @@ MIXPREC_API mixprec_status mixprec_unscale(const mixprec_tensor *tensors,
  *  but leaves the tensors as they are. For clipping folded into the
  *  optimizer step: the step divides the (still scaled) grads by
  *  scale / clip_coef, so the grads are read twice and written never.
- *  Arguments and statuses as mixprec_unscale(). */
+ *  Arguments and statuses as mixprec_unscale(), except that the tensors,
+ *  only read, may overlap one another and inv_scale (the same gradient
+ *  twice, as torch._foreach_norm takes it); found_inf must overlap none. */
 MIXPREC_API mixprec_status mixprec_grad_norm(const mixprec_tensor *tensors,
                                              int64_t n_tensors,
                                              const float *inv_scale,
@@ -124,8 +126,9 @@ MIXPREC_API int64_t mixprec_cuda_unscale_workspace_size(
 /*! mixprec_cuda_unscale() :
  *  As mixprec_unscale(); `tensors` is a host array of device pointers;
  *  inv_scale, found_inf, norms (n_tensors floats) and total_norm are
- *  device pointers. The norms equal the CPU's within float rounding (their
- *  summation order differs). All tensors and outputs must be on the current device.
+ *  device pointers. CUDA: written to match the CPU (the unscaled values bit
+ *  for bit, the same element rule; the norms within float rounding, their
+ *  summation order differs); not yet run on a GPU. All tensors and outputs must be on the current device.
  *  `workspace` is device scratch of at least
  *  mixprec_cuda_unscale_workspace_size() bytes (may be NULL when that is 0);
  *  it lets the norms be summed in a fixed order (no atomics: deterministic).
@@ -143,8 +146,9 @@ MIXPREC_API mixprec_status mixprec_cuda_unscale(const mixprec_tensor *tensors,
 
 /*! mixprec_cuda_grad_norm() :
  *  The read-only twin of mixprec_cuda_unscale() (see mixprec_grad_norm()):
- *  same arguments, workspace size and norms (equal to mixprec_cuda_unscale's
- *  bit for bit), the tensors are not written. */
+ *  same arguments, workspace size and norms (written to equal
+ *  mixprec_cuda_unscale's bit for bit: the same kernel without its stores),
+ *  the tensors are not written. */
 MIXPREC_API mixprec_status mixprec_cuda_grad_norm(const mixprec_tensor *tensors,
                                                   int64_t n_tensors,
                                                   const float *inv_scale,
@@ -157,7 +161,8 @@ MIXPREC_API mixprec_status mixprec_cuda_grad_norm(const mixprec_tensor *tensors,
 
 /*! mixprec_cuda_update_scale() :
  *  As mixprec_update_scale(), on device pointers, enqueued on `stream`
- *  (params stays a host pointer). */
+ *  (params stays a host pointer). CUDA: written to match the CPU bit for
+ *  bit (the same mixprec__update_scale_step); not yet run on a GPU. */
 MIXPREC_API mixprec_status mixprec_cuda_update_scale(
     float *scale, int32_t *growth_tracker, int32_t *hysteresis_tracker,
     int64_t *skipped_steps, const float *found_inf,

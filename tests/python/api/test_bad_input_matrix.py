@@ -332,23 +332,26 @@ def scalar_cases(label, key, bad_values, word=None):
 for label in ("unscale_", "unscale_norm_", "grad_norm"):
     for i in range(3):
         tensor_cases(label, ("grads", i), dtypes=(F64, I32, I64, torch.uint8, torch.complex64))
-    case(label, "grads[1]-strided", put(("grads", 1), lambda t, a, g: rnd(g, 7, 6, dtype=BF16)[:, ::2]),
-         "grads[1]", "contiguous")
-    case(label, "grads[2]-expanded", put(("grads", 2), lambda t, a, g: rnd(g, 2, dtype=F16).expand(4, 2)),
-         "grads[2]")
+    # Non-dense grads (g[:, ::2]) are taken, as torch's op takes them
+    # (tests/python/amp/test_unscale_strided.py). grad_norm only reads: like
+    # torch._foreach_norm it takes a grad twice, overlapping or expanded views.
+    if label != "grad_norm":
+        case(label, "grads[2]-expanded", put(("grads", 2), lambda t, a, g: rnd(g, 2, dtype=F16).expand(4, 2)),
+             "grads[2]")
+        case(label, "grads-same-tensor-twice", put(("grads", 2), lambda t, a, g: a["grads"][0]), "grads[0]",
+             "grads[2]", "share memory")
+        case(label, "grads-overlapping-views",
+             lambda a, g: a.update(grads=[a["grads"][0][:30], a["grads"][0][20:]]), "grads[0]", "grads[1]",
+             "share memory")
     case(label, "grads[0]-sparse", put(("grads", 0), lambda t, a, g: t.to_sparse()), "grads[0]", "strided")
     case(label, "grads-empty-list", put("grads", lambda t, a, g: []), "grads", "non-empty")
-    case(label, "grads-same-tensor-twice", put(("grads", 2), lambda t, a, g: a["grads"][0]), "grads[0]",
-         "grads[2]", "share memory")
-    case(label, "grads-overlapping-views",
-         lambda a, g: a.update(grads=[a["grads"][0][:30], a["grads"][0][20:]]), "grads[0]", "grads[1]",
-         "share memory")
     case(label, "found_inf-inside-grad", put("found_inf", lambda t, a, g: a["grads"][0][7:8]), "grads[0]",
          "found_inf", "share memory")
     case(label, "inv_scale-is-found_inf", put("inv_scale", lambda t, a, g: a["found_inf"]), "found_inf",
          "inv_scale", "share memory")
-    case(label, "inv_scale-inside-grad", put("inv_scale", lambda t, a, g: a["grads"][0][3:4]), "grads[0]",
-         "inv_scale", "share memory")
+    if label != "grad_norm":  # grad_norm writes found_inf only: inv_scale may lie in a grad
+        case(label, "inv_scale-inside-grad", put("inv_scale", lambda t, a, g: a["grads"][0][3:4]), "grads[0]",
+             "inv_scale", "share memory")
     for key in ("found_inf", "inv_scale"):
         tensor_cases(label, key, dtypes=(F64, F16, BF16, I32))
         case(label, f"{key}-two-elements", put(key, lambda t, a, g: torch.zeros(2)), key, "exactly one element")
@@ -366,6 +369,9 @@ for label in ("update_scale_", "update_scale_ex_"):
         case(label, f"{key}-zero-size", put(key, lambda t, a, g: t.new_zeros(0)), key, "exactly one element")
     case(label, "found_inf-is-scale", put("found_inf", lambda t, a, g: a["scale"]), "scale", "found_inf",
          "share memory")
+    # torch._amp_update_scale_ refuses it too (a leaf that requires grad written in place).
+    case(label, "scale-requires-grad", put("scale", lambda t, a, g: t.clone().requires_grad_()), "scale",
+         "requires grad")
     if label == "update_scale_ex_":
         case(label, "hysteresis_tracker-is-growth_tracker", put("hysteresis_tracker", lambda t, a, g: a["growth_tracker"]),
              "growth_tracker", "hysteresis_tracker", "share memory")
