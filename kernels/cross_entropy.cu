@@ -18,7 +18,8 @@
  * An out-of-range target cannot be reported without a host sync: its
  * position gets a NaN loss (so a reduced loss is NaN too), NaN stats and a
  * NaN gradient slice. */
-#include "ce_check.h"
+#include "cross_entropy_check.h"
+#include "cross_entropy_rules.h"
 #include "softmax.cuh"
 
 #define MIXPREC__CE_THREADS 256
@@ -47,13 +48,10 @@ __device__ float class_weight_sum(const float *w, int64_t C, int tid, int nt, fl
   return WARP ? warp_sum(s) : block_sum(s, scratch);
 }
 
-/* Loss of one position from its stats, in double like the CPU. */
+/* Loss of one position from its stats: [note: cross-entropy position loss]. */
 __device__ __forceinline__ double position_loss(float xt, float m, float lg, float wt, float wx, float W,
                                                 int64_t C, float eps) {
-  const float nll = -((xt - m) - lg);
-  double v = (1.0 - (double)eps) * (double)wt * (double)nll;
-  if (eps > 0.0f) v += (double)eps / (double)C * ((double)W * (double)lg - (double)wx);
-  return v;
+  return mixprec__ce_position_loss(mixprec__ce_nll(xt, m, lg), wt, (double)eps, (double)W, lg, wx, C);
 }
 
 template <int D, bool WARP>
@@ -212,14 +210,10 @@ __global__ void ce_rows_bwd(const void *logits, void *dx, CeBwdArgs a) {
   const float g = grad_of(a, row);
   const float wt = a.weight ? a.weight[t] : 1.0f;
   const float m = a.stats[row], lg = a.stats[a.positions + row];
-  const float ca = (float)((double)g * ((1.0 - a.eps) * wt + (double)a.eps / C * W));
-  const float cb = (float)((double)g * a.eps / C);
-  const float ct = (float)((double)g * (1.0 - a.eps) * wt);
+  const mixprec__ce_coefs k = mixprec__ce_grad_coefs(g, (double)wt, (double)a.eps, (double)W, C);
   for (int64_t i = tid; i < C; i += nt) {
     const float p = expf((ld<D>(logits, off + i) - m) - lg);
-    float v = ca * p - cb * (a.weight ? a.weight[i] : 1.0f);
-    if (i == t) v -= ct;
-    st<D>(dx, off + i, v);
+    st<D>(dx, off + i, mixprec__ce_grad_elem(k.a, k.b, k.t, p, a.weight ? a.weight[i] : 1.0f, i == t));
   }
 }
 
@@ -242,14 +236,11 @@ __global__ void ce_cols_bwd(const void *logits, void *dx, CeBwdArgs a, int64_t o
   const float g = grad_of(a, pos);
   const float wt = a.weight ? a.weight[t] : 1.0f;
   const float m = a.stats[pos], lg = a.stats[a.positions + pos];
-  const float ca = (float)((double)g * ((1.0 - a.eps) * wt + (double)a.eps / C * W));
-  const float cb = (float)((double)g * a.eps / C);
-  const float ct = (float)((double)g * (1.0 - a.eps) * wt);
+  const mixprec__ce_coefs k = mixprec__ce_grad_coefs(g, (double)wt, (double)a.eps, (double)W, C);
   for (int64_t c = 0; c < C; c++) {
     const int64_t i = base + c * inner;
     const float p = expf((ld<D>(logits, i) - m) - lg);
-    float v = ca * p - cb * (a.weight ? a.weight[c] : 1.0f);
-    if (c == t) v -= ct;
+    const float v = mixprec__ce_grad_elem(k.a, k.b, k.t, p, a.weight ? a.weight[c] : 1.0f, c == t);
     st<D>(dx, i, v);
   }
 }
@@ -409,7 +400,7 @@ __global__ void ces_cols_bwd(const void *logits, void *dx, void *dt, SoftBwdArgs
 
 /* ---- host side ---------------------------------------------------------------- */
 
-/* Host checks: the CPU's (ce_check.h), then alignment instead of the target
+/* Host checks: the CPU's (cross_entropy_check.h), then alignment instead of the target
  * range (which needs the device data). */
 mixprec_status check(const void *logits, mixprec_dtype dtype, const int64_t *target,
                      const mixprec_cross_entropy_params *p, int64_t *positions) {
@@ -487,41 +478,73 @@ extern "C" MIXPREC_API int64_t mixprec_cuda_cross_entropy_workspace_size(
   return units_of(p) * 2 * (int64_t)sizeof(double);
 }
 
-extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy(
-    const void *logits, mixprec_dtype dtype, const int64_t *target, const mixprec_cross_entropy_params *p,
-    float *loss, float *stats, float *weight_sum, void *workspace, int64_t workspace_bytes, void *stream) {
-  int64_t positions;
-  mixprec_status status = check(logits, dtype, target, p, &positions);
-  if (status != MIXPREC_OK) return status;
+namespace {
+
+/* The fields every argument struct of the kernels shares. */
+template <class A>
+void common_args(A &a, const mixprec_cross_entropy_params *p, int64_t positions) {
+  a.weight = p->weight;
+  a.outer = p->outer;
+  a.classes = p->classes;
+  a.inner = p->inner;
+  a.positions = positions;
+}
+
+/* ... and those of the two forward structs. */
+template <class A, class T>
+void forward_args(A &a, const mixprec_cross_entropy_params *p, int64_t positions, T target, float *loss,
+                  float *stats, double *part) {
+  common_args(a, p, positions);
+  a.target = target;
+  a.loss = p->reduction == MIXPREC_REDUCTION_NONE ? loss : nullptr;
+  a.stats = stats;
+  a.part = part;
+}
+
+/* What both forward entry points do around their kernels: the loss and
+ * workspace checks, the empty case (SUM 0, MEAN 0/0 = NaN, weight sum 0,
+ * written by the reduce kernel from zero units), then launch(part) and the
+ * fixed-order reduce of the units' partial sums. weight_sum may be null. */
+template <class Launch>
+mixprec_status forward_reduced(const mixprec_cross_entropy_params *p, int64_t positions, float *loss,
+                               const float *stats, float *weight_sum, void *workspace,
+                               int64_t workspace_bytes, cudaStream_t s, const Launch &launch) {
   if (!loss && (positions > 0 || p->reduction != MIXPREC_REDUCTION_NONE)) return MIXPREC_ERR_NULL_POINTER;
-  cudaStream_t s = (cudaStream_t)stream;
   const int64_t need = mixprec_cuda_cross_entropy_workspace_size(p);
   if (need < 0) return MIXPREC_ERR_BAD_SIZE;
   if (positions == 0) {
-    /* Empty: SUM 0, MEAN 0/0 = NaN, weight sum 0, written by the reduce
-     * kernel from zero units. */
     ce_reduce<<<1, 32, 0, s>>>(nullptr, 0, p->reduction, loss, weight_sum);
     return mixprec__cuda_launch_status();
   }
   if (!stats || !workspace) return MIXPREC_ERR_NULL_POINTER;
   if (workspace_bytes < need) return MIXPREC_ERR_BAD_SIZE;
-  CeArgs a;
-  a.target = target;
-  a.weight = p->weight;
-  a.loss = p->reduction == MIXPREC_REDUCTION_NONE ? loss : nullptr;
-  a.stats = stats;
-  a.part = static_cast<double *>(workspace);
-  a.outer = p->outer;
-  a.classes = p->classes;
-  a.inner = p->inner;
-  a.positions = positions;
-  a.ignore_index = p->ignore_index;
-  a.eps = (float)p->label_smoothing;
-  MIXPREC__DISPATCH(dtype, D, status = launch_fwd<D>(logits, a, s));
-  if (status != MIXPREC_OK) return status;
-  ce_reduce<<<1, 1024, 0, s>>>(a.part, units_of(p), p->reduction,
+  double *part = static_cast<double *>(workspace);
+  const mixprec_status st = launch(part);
+  if (st != MIXPREC_OK) return st;
+  ce_reduce<<<1, 1024, 0, s>>>(part, units_of(p), p->reduction,
                                p->reduction == MIXPREC_REDUCTION_NONE ? nullptr : loss, weight_sum);
   return mixprec__cuda_launch_status();
+}
+
+}  // namespace
+
+extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy(
+    const void *logits, mixprec_dtype dtype, const int64_t *target, const mixprec_cross_entropy_params *p,
+    float *loss, float *stats, float *weight_sum, void *workspace, int64_t workspace_bytes, void *stream) {
+  int64_t positions;
+  const mixprec_status status = check(logits, dtype, target, p, &positions);
+  if (status != MIXPREC_OK) return status;
+  cudaStream_t s = (cudaStream_t)stream;
+  return forward_reduced(p, positions, loss, stats, weight_sum, workspace, workspace_bytes, s,
+                         [&](double *part) {
+                           CeArgs a;
+                           forward_args(a, p, positions, target, loss, stats, part);
+                           a.ignore_index = p->ignore_index;
+                           a.eps = (float)p->label_smoothing;
+                           mixprec_status st;
+                           MIXPREC__DISPATCH(dtype, D, st = launch_fwd<D>(logits, a, s));
+                           return st;
+                         });
 }
 
 extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_backward(
@@ -536,14 +559,10 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_backward(
   if ((uintptr_t)grad_logits % (uintptr_t)mixprec_dtype_size(dtype)) return MIXPREC_ERR_BAD_ARGUMENT;
   CeBwdArgs a;
   a.target = target;
-  a.weight = p->weight;
+  common_args(a, p, positions);
   a.stats = stats;
   a.grad_loss = grad_loss;
   a.weight_sum = weight_sum;
-  a.outer = p->outer;
-  a.classes = p->classes;
-  a.inner = p->inner;
-  a.positions = positions;
   a.ignore_index = p->ignore_index;
   a.eps = (float)p->label_smoothing;
   a.reduction = p->reduction;
@@ -618,35 +637,21 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_soft(
     const mixprec_cross_entropy_params *p, float *loss, float *stats, void *workspace, int64_t workspace_bytes,
     void *stream) {
   int64_t positions;
-  mixprec_status status = soft_check(logits, dtype, target, target_dtype, p, &positions);
+  const mixprec_status status = soft_check(logits, dtype, target, target_dtype, p, &positions);
   if (status != MIXPREC_OK) return status;
-  if (!loss && (positions > 0 || p->reduction != MIXPREC_REDUCTION_NONE)) return MIXPREC_ERR_NULL_POINTER;
   cudaStream_t s = (cudaStream_t)stream;
-  const int64_t need = mixprec_cuda_cross_entropy_workspace_size(p);
-  if (need < 0) return MIXPREC_ERR_BAD_SIZE;
-  if (positions == 0) {
-    ce_reduce<<<1, 32, 0, s>>>(nullptr, 0, p->reduction, loss, nullptr);
-    return mixprec__cuda_launch_status();
-  }
-  if (!stats || !workspace) return MIXPREC_ERR_NULL_POINTER;
-  if (workspace_bytes < need) return MIXPREC_ERR_BAD_SIZE;
-  SoftArgs a;
-  a.target = target;
-  a.weight = p->weight;
-  a.loss = p->reduction == MIXPREC_REDUCTION_NONE ? loss : nullptr;
-  a.stats = stats;
-  a.part = static_cast<double *>(workspace);
-  a.outer = p->outer;
-  a.classes = p->classes;
-  a.inner = p->inner;
-  a.positions = positions;
-  a.keep = (float)(1.0 - p->label_smoothing);
-  a.add = (float)(p->label_smoothing / (double)p->classes);
-  MIXPREC__DISPATCH(dtype, D, MIXPREC__DISPATCH(target_dtype, TD, status = launch_soft_fwd<D, TD>(logits, a, s)));
-  if (status != MIXPREC_OK) return status;
-  ce_reduce<<<1, 1024, 0, s>>>(a.part, units_of(p), p->reduction,
-                               p->reduction == MIXPREC_REDUCTION_NONE ? nullptr : loss, nullptr);
-  return mixprec__cuda_launch_status();
+  return forward_reduced(p, positions, loss, stats, nullptr, workspace, workspace_bytes, s,
+                         [&](double *part) {
+                           SoftArgs a;
+                           forward_args(a, p, positions, target, loss, stats, part);
+                           a.keep = (float)(1.0 - p->label_smoothing);
+                           a.add = (float)(p->label_smoothing / (double)p->classes);
+                           mixprec_status st;
+                           MIXPREC__DISPATCH(dtype, D,
+                                             MIXPREC__DISPATCH(target_dtype, TD,
+                                                               st = launch_soft_fwd<D, TD>(logits, a, s)));
+                           return st;
+                         });
 }
 
 extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_soft_backward(
@@ -662,13 +667,9 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_soft_backward(
     return MIXPREC_ERR_BAD_ARGUMENT;
   SoftBwdArgs a;
   a.target = target;
-  a.weight = p->weight;
+  common_args(a, p, positions);
   a.stats = stats;
   a.grad_loss = grad_loss;
-  a.outer = p->outer;
-  a.classes = p->classes;
-  a.inner = p->inner;
-  a.positions = positions;
   a.keep_d = 1.0 - p->label_smoothing;
   a.keep = (float)a.keep_d;
   a.add = (float)(p->label_smoothing / (double)p->classes);

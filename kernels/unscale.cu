@@ -11,6 +11,7 @@
  * so the norms are the same on every run (no atomics). */
 #include "common.cuh"
 #include "unscale_check.h"
+#include "unscale_rules.h"
 
 /* Elements per chunk (one block's share). Small enough that a list of
  * ResNet/ViT-sized gradients gives several blocks per SM, large enough that
@@ -43,8 +44,7 @@ static_assert(sizeof(mixprec__unscale_args<MIXPREC__UNSCALE_CAP_LARGE>) +
               "unscale kernel arguments exceed the parameter budget");
 
 /* One element, given its storage bits: returns the bits to store. The
- * non-finite test is on the widened input; the product is rounded once to
- * float (__fmul_rn: never contracted) and once to the storage type; the norm
+ * product is [note: unscale element], rounded once more to the storage type; the norm
  * takes the value as stored. A float squared is exact in double, so the
  * accumulation below is the same whether or not it is fused. */
 template <int D, bool NORM>
@@ -57,8 +57,7 @@ static __device__ __forceinline__ uint32_t mixprec__unscale_bits(
     v = mixprec__f16_to_f32((uint16_t)in);
   else
     v = mixprec__bf16_to_f32((uint16_t)in);
-  if (!mixprec__f32_is_finite(v)) *nonfinite = 1;
-  const float o = __fmul_rn(v, inv_scale);
+  const float o = mixprec__unscale_elem(v, inv_scale, nonfinite);
   uint32_t out;
   float stored;
   if constexpr (D == MIXPREC_F32) {

@@ -2,7 +2,7 @@
  * for the C files of c_ops/src, the CUDA files of kernels/ and the headers
  * both share. Internal; not installed.
  *
- *   MIXPREC__FORCE_INLINE        a small helper; the compiler decides.
+ *   MIXPREC__INLINE        a small helper; the compiler decides.
  *   MIXPREC__FORCE_INLINE  a kernel body or element helper that must be
  *                          inlined into its loop (C "templates" stamped per
  *                          dtype or ISA rely on it).

@@ -10,7 +10,8 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "ce_check.h"
+#include "cross_entropy_check.h"
+#include "cross_entropy_rules.h"
 #include "softmax_internal.h"
 
 typedef void (*stats_fn)(const void *, mixprec_dtype, int64_t, int64_t, int64_t,
@@ -30,7 +31,7 @@ mixprec_cross_entropy_params mixprec_cross_entropy_params_default(void) {
 }
 
 /* Argument and target checks shared by forward and backward (the CUDA
- * entry points share the first part, ce_check.h); *positions receives
+ * entry points share the first part, cross_entropy_check.h); *positions receives
  * outer * inner. */
 static mixprec_status check(const void *logits, mixprec_dtype dtype, const int64_t *target,
                             const mixprec_cross_entropy_params *p, int64_t *positions) {
@@ -93,10 +94,8 @@ mixprec_status mixprec_cross_entropy(const void *logits, mixprec_dtype dtype,
         const float wt = weight ? weight[tg] : 1.0f;
         m = mx[j];
         lg = logf(se[j]);
-        /* -log_softmax(x)_t, in torch's order: (x_t - max) - log(sum). */
-        const float nll = -((mixprec__load_f32(x, dtype, tg * inner + j) - mx[j]) - lg);
-        double v = (1.0 - eps) * (double)wt * (double)nll;
-        if (smooth) v += eps / (double)n * (wsum_all * (double)lg - (double)wx[j]);
+        const float nll = mixprec__ce_nll(mixprec__load_f32(x, dtype, tg * inner + j), mx[j], lg);
+        const double v = mixprec__ce_position_loss(nll, wt, eps, wsum_all, lg, smooth ? wx[j] : 0.0f, n);
         l = (float)v;
         sl += v;
         sw += (double)wt;
@@ -176,10 +175,10 @@ mixprec_status mixprec_cross_entropy_backward(const float *grad_loss, const void
       const double wt = weight ? (double)weight[tg] : 1.0;
       m[j] = stats[pos + j];
       l[j] = stats[positions + pos + j];
-      a[j] = (float)((double)g * ((1.0 - eps) * wt + eps / (double)n * wsum_all));
-      b[j] = (float)((double)g * eps / (double)n);
-      /* The target's own term, -g * (1 - eps) * w_t. */
-      bt[j] = (float)((double)g * (1.0 - eps) * wt);
+      const mixprec__ce_coefs k = mixprec__ce_grad_coefs(g, wt, eps, wsum_all, n);
+      a[j] = k.a;
+      b[j] = k.b;
+      bt[j] = k.t;
       tc[j] = (int32_t)tg;
     }
     fn(x, dtype, dx, n, inner, width, m, l, a, b, weight, tc, bt);

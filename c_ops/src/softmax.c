@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "softmax_check.h"
+#include "cross_entropy_rules.h"
 #include "softmax_internal.h"
 
 #ifdef _OPENMP
@@ -103,9 +104,8 @@ void mixprec__ce_grad_scalar(const void *x, mixprec_dtype xd, void *dx,
     const float wc = weight ? weight[c] : 1.0f;
     for (int64_t j = 0; j < width; j++) {
       const int64_t i = c * stride + j;
-      float v = a[j] * expf((mixprec__load_f32(x, xd, i) - mx[j]) - lg[j]) - b[j] * wc;
-      if (c == tc[j]) v -= bt[j];
-      mixprec__store_f32(dx, xd, i, v);
+      const float p = expf((mixprec__load_f32(x, xd, i) - mx[j]) - lg[j]);
+      mixprec__store_f32(dx, xd, i, mixprec__ce_grad_elem(a[j], b[j], bt[j], p, wc, c == tc[j]));
     }
   }
 }

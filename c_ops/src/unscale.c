@@ -4,6 +4,7 @@
 
 #include "internal.h"
 #include "unscale_check.h"
+#include "unscale_rules.h"
 
 /* Work is cut into chunks of at most this many elements of one tensor. The
  * chunking depends only on the list, never on the thread count, so the norm
@@ -11,27 +12,6 @@
 #define CHUNK ((int64_t)1 << 16)
 /* Below this many elements in all, a parallel region costs more than it saves. */
 #define PARALLEL_MIN ((int64_t)1 << 17)
-
-MIXPREC__FORCE_INLINE float load_f32(const void *data, mixprec_dtype dtype,
-                               int64_t i, int *nonfinite) {
-  switch (dtype) {
-    case MIXPREC_F16: {
-      uint16_t h = ((const uint16_t *)data)[i];
-      if (mixprec__f16_bits_nonfinite(h)) *nonfinite = 1;
-      return mixprec__f16_to_f32(h);
-    }
-    case MIXPREC_BF16: {
-      uint16_t h = ((const uint16_t *)data)[i];
-      if (mixprec__bf16_bits_nonfinite(h)) *nonfinite = 1;
-      return mixprec__bf16_to_f32(h);
-    }
-    default: {
-      float f = ((const float *)data)[i];
-      if (mixprec__f32_bits_nonfinite(mixprec__f32_bits(f))) *nonfinite = 1;
-      return f;
-    }
-  }
-}
 
 /* Stores v rounded to dtype and returns the stored value widened back. */
 MIXPREC__FORCE_INLINE float store_f32(void *data, mixprec_dtype dtype, int64_t i,
@@ -91,8 +71,10 @@ void mixprec__norm_flush_scaled(mixprec__norm_acc *acc, const void *data,
     float f = acc->f[l];
     if (mixprec__f32_bits_nonfinite(mixprec__f32_bits(f))) {
       double d = 0.0;
+      int seen = 0; /* the pass itself has set the flag already */
       for (int64_t i = begin + l; i < end; i += MIXPREC__NORM_LANES) {
-        double v = (double)round_f32(dtype, mixprec__load_f32(data, dtype, i) * inv_scale);
+        const float u = mixprec__unscale_elem(mixprec__load_f32(data, dtype, i), inv_scale, &seen);
+        double v = (double)round_f32(dtype, u);
         d += v * v;
       }
       acc->d[l] += d;
@@ -107,7 +89,8 @@ void mixprec__norm_tail(const void *data, mixprec_dtype dtype, int64_t begin,
                         int64_t n, float inv_scale, int *nonfinite,
                         mixprec__norm_acc *acc) {
   for (int64_t i = begin; i < n; i++) {
-    float v = round_f32(dtype, load_f32(data, dtype, i, nonfinite) * inv_scale);
+    float v = round_f32(dtype,
+                        mixprec__unscale_elem(mixprec__load_f32(data, dtype, i), inv_scale, nonfinite));
     float sq = v * v;
     acc->f[i % MIXPREC__NORM_LANES] += sq;
     if (i % MIXPREC__NORM_BLOCK == MIXPREC__NORM_BLOCK - 1)
@@ -128,7 +111,8 @@ void mixprec__unscale_tail(void *data, mixprec_dtype dtype, int64_t begin,
                            int64_t n, float inv_scale, int *nonfinite,
                            mixprec__norm_acc *acc) {
   for (int64_t i = begin; i < n; i++) {
-    float v = store_f32(data, dtype, i, load_f32(data, dtype, i, nonfinite) * inv_scale);
+    float v = store_f32(data, dtype, i,
+                        mixprec__unscale_elem(mixprec__load_f32(data, dtype, i), inv_scale, nonfinite));
     if (acc) {
       float sq = v * v;
       acc->f[i % MIXPREC__NORM_LANES] += sq;

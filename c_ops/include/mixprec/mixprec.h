@@ -9,7 +9,8 @@
  *   mixprec/optim.h          fused master-weight AdamW and SGD steps
  *   mixprec/nms.h            greedy and class-aware NMS
  *   mixprec/efficient_nms.h  batched detection post-processing (EfficientNMS)
- *   mixprec/softmax.h        softmax, log_softmax and cross-entropy
+ *   mixprec/softmax.h        softmax and log_softmax
+ *   mixprec/cross_entropy.h  cross-entropy (class indices or probabilities)
  *   mixprec/roi_align.h      RoIAlign forward and backward
  * None of them needs torch or CUDA. The torch shim is one client of the API,
  * ctypes or another framework can be another.
@@ -183,7 +184,8 @@ typedef struct mixprec_tensor {
 #include "mixprec/optim.h"   /* fused optimizer steps */
 #include "mixprec/nms.h"     /* greedy and class-aware NMS */
 #include "mixprec/efficient_nms.h"  /* batched detection post-processing */
-#include "mixprec/softmax.h" /* softmax, log_softmax, cross-entropy */
+#include "mixprec/softmax.h" /* softmax, log_softmax */
+#include "mixprec/cross_entropy.h" /* cross-entropy */
 #include "mixprec/roi_align.h" /* RoIAlign forward and backward */
 
 #endif /* MIXPREC_MIXPREC_H */

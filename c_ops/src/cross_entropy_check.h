@@ -2,8 +2,8 @@
  * CPU (cross_entropy.c) and the CUDA host code (kernels/cross_entropy.cu), so
  * both return the same status for the same arguments. The CPU then checks
  * the targets' range, the GPU the pointers' alignment. */
-#ifndef MIXPREC_CE_CHECK_H
-#define MIXPREC_CE_CHECK_H
+#ifndef MIXPREC_CROSS_ENTROPY_CHECK_H
+#define MIXPREC_CROSS_ENTROPY_CHECK_H
 
 #include <stdint.h>
 
@@ -44,4 +44,4 @@ MIXPREC__INLINE mixprec_status mixprec__ce_soft_check(const void *logits, mixpre
   return mixprec__ce_check(logits, dtype, (const int64_t *)target, p, positions);
 }
 
-#endif /* MIXPREC_CE_CHECK_H */
+#endif /* MIXPREC_CROSS_ENTROPY_CHECK_H */

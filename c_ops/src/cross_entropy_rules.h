@@ -1,0 +1,60 @@
+/* The per-position rules of cross-entropy with class-index targets, one
+ * MIXPREC__HD function each, called by the CPU (cross_entropy.c) and the
+ * CUDA kernels (kernels/cross_entropy.cu) alike (the scalar gradient kernel
+ * in softmax.c too), so the CPU tests run the formula the GPU runs. Internal; depends only on compiler.h. */
+#ifndef MIXPREC_CROSS_ENTROPY_RULES_H
+#define MIXPREC_CROSS_ENTROPY_RULES_H
+
+#include <stdint.h>
+
+#include "compiler.h"
+
+/* -log_softmax(x)_t from the target's logit xt, the position's max m and
+ * lg = log(sum_c exp(x_c - m)), in float and in torch's order:
+ * (x_t - max) - log(sum). */
+MIXPREC__HD float mixprec__ce_nll(float xt, float m, float lg) { return -((xt - m) - lg); }
+
+/* [note: cross-entropy position loss] The loss of one non-ignored position,
+ * in double (the reductions add these in double):
+ *   (1 - eps) * w_t * nll + eps / C * (W * lg - wx)
+ * with W = sum_c w_c (C without weight) and wx = sum_c w_c * (x_c - m): the
+ * smoothing term is eps / C * sum_c w_c * (lse - x_c) without forming lse.
+ * Each side passes its own eps and W (the CPU's in double, the GPU's from
+ * float), so each keeps its bits; the smoothing term is skipped for eps = 0. */
+MIXPREC__HD double mixprec__ce_position_loss(float nll, float wt, double eps, double W, float lg,
+                                             float wx, int64_t C) {
+  double v = (1.0 - eps) * (double)wt * (double)nll;
+  if (eps > 0.0) v += eps / (double)C * (W * (double)lg - (double)wx);
+  return v;
+}
+
+/* [note: cross-entropy gradient] The gradient of the position's loss with
+ * respect to logit c, from p_c = exp((x_c - m) - lg):
+ *   g * ((1 - eps) * w_t + eps / C * W) * p_c - g * eps / C * w_c
+ *     - [c == t] * g * (1 - eps) * w_t
+ * where g is the incoming gradient of the position's loss (already divided
+ * by the weight sum for MEAN). The three coefficients are computed once per
+ * position in double and rounded to float; each side passes its own eps and
+ * W as for the loss. */
+typedef struct mixprec__ce_coefs {
+  float a; /* multiplies p_c */
+  float b; /* multiplies w_c */
+  float t; /* subtracted at the target class */
+} mixprec__ce_coefs;
+
+MIXPREC__HD mixprec__ce_coefs mixprec__ce_grad_coefs(float g, double wt, double eps, double W, int64_t C) {
+  mixprec__ce_coefs k;
+  k.a = (float)((double)g * ((1.0 - eps) * wt + eps / (double)C * W));
+  k.b = (float)((double)g * eps / (double)C);
+  k.t = (float)((double)g * (1.0 - eps) * wt);
+  return k;
+}
+
+/* One element of [note: cross-entropy gradient], in float. */
+MIXPREC__HD float mixprec__ce_grad_elem(float a, float b, float t, float p, float wc, int is_target) {
+  float v = a * p - b * wc;
+  if (is_target) v -= t;
+  return v;
+}
+
+#endif /* MIXPREC_CROSS_ENTROPY_RULES_H */
