@@ -26,8 +26,7 @@ class _WeightsEma:
             return {}
         for p, st in zip(params, states):
             if "ema" not in st:
-                src = st["master"] if "master" in st else p
-                st["ema"] = src.detach().to(dtype=torch.float32, copy=True)
+                st["ema"] = self._fp32_weights(p, st)
         return dict(
             emas=self._op_state(states, "ema", op_params), ema_decay=float(group["ema_decay"]),
             ema_min_decay=float(group["ema_min_decay"]), ema_use_warmup=bool(group["ema_use_warmup"]),

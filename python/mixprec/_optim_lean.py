@@ -20,33 +20,34 @@ Per param group (Transformer Engine's names):
   the map is the kernel's, see [note: 8-bit moments]). ``max_exp_avg_sq``
   (amsgrad) stays FP32.
 
-[note: remainder encoding] The FP32 master's bits are split as Transformer
-Engine's ``store_param_remainders`` splits them: the param is the upper 16
-bits rounded half away from zero in bit space (``hi + (lo >= 0x8000)``, lo
-read as unsigned) and the remainder is the lower 16 bits (as int16; negative
-exactly when the upper half was rounded up). Joining: ``hi = param - (rem <
-0)``. This is a bijection between FP32 bit patterns and (param, remainder)
-pairs that a split produced, so the master round-trips exactly; the param
-differs from round-to-nearest-even of the master only at exact ties (lo ==
-0x8000 with an even upper half), by one BF16 ulp. A pair no split produced
+[note: remainder encoding] The kernel's (mixprec/optim.h [note:
+remainders], mirrored here by ``split_master`` / ``join_master``): the
+remainder is the master's low 16 bits; the param its high 16 bits rounded up
+in magnitude when the low half is >= 0x8000 (as Transformer Engine's
+``store_param_remainders``; the NaN and inf patterns kept in range), so the
+param is the master rounded to nearest, ties away from zero: it differs
+from round-to-nearest-even only at exact ties with an even high half, by
+one BF16 ulp. A bijection, so the master round-trips exactly. A pair no split produced
 (a param written from outside with a stale remainder) can join to NaN (param
 +-0 with a negative remainder), so an outside write resets the param's
 remainders to zero (the master becomes the written BF16 values exactly; the
 elements the write left alone lose their sub-BF16 bits, < 1/2 BF16 ulp).
 
 [note: 8-bit moments] The 8-bit moments are handed to the kernel as they
-are (codes + scales); Python only dequantises them for :meth:`fp32_state`
-and quantises FP32 moments on load (torch's checkpoints, or a format change)
-with the same map and rounding as the kernel (``dequantize`` /
-``quantize`` below), so a load of a dequantised state gives back the same
-codes. Blocks are per tensor the op sees: under FSDP2 / tensor parallel the
-local shard, starting at its first element. A distributed checkpoint
-(``torch.distributed.checkpoint``) of a sharded param therefore saves its
-8-bit moments dequantised to FP32 DTensors (which DCP reshards element by
-element) and a load re-blocks them on the new shards: a 2 -> 1 or 1 -> 2
-reshard gives the same moments within the 8-bit error (the requantisation
-of a block is exact when the blocks did not move). Plain ``state_dict()`` of
-unsharded params saves codes and scales as they are.
+are (codes + scales, blocks of 256 in the order the kernel walks the tensor:
+memory order, per tensor the op sees, so under FSDP2 / tensor parallel per
+local shard, starting at its first element). Python only dequantises them
+(``dequantize``: ``map[code] * scale``, the kernel's map) and quantises FP32
+moments on load (``quantize``: the nearest code, per block the absmax
+scale). In ``state_dict()`` they are dequantised to FP32 (DTensors for
+DTensor params), the one form that does not depend on where the blocks fell:
+torch.distributed.checkpoint reshards it element by element (2 -> 1, 1 -> 2
+ranks) and torch's optimizers load it; a load re-blocks it on the new
+layout. Checkpoints of an 8-bit mode so hold 8 bytes per param of moments
+(not 2): the price of reshardable checkpoints; in memory the state stays
+8-bit. A load on the same layout gives back the same codes and scales (the
+quantiser recovers each block's scale exactly, ``quantize(exact=True)``), so
+a resumed run is bit-identical to an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -141,26 +142,50 @@ def uses_stochastic_rounding(group: dict[str, Any], moment_options) -> bool:
 
 
 def split_master(master: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(BF16 param, int16 remainder) of an FP32 master."""
-    bits = master.contiguous().view(torch.int32)
-    lo = bits & 0xFFFF
-    hi = (bits >> 16) + (lo >= 0x8000).to(torch.int32)
-    # int32 -> int16 keeps the low 16 bits (two's complement wrap).
-    param = hi.to(torch.int16).view(torch.bfloat16).reshape(master.shape)
-    rem = (lo - ((lo >= 0x8000).to(torch.int32) << 16)).to(torch.int16).reshape(master.shape)
-    return param, rem
+    """(BF16 param, int16 remainder) of an FP32 master: the kernel's
+    ``mixprec__rem_split``."""
+    bits = master.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    hi, lo = bits >> 16, bits & 0xFFFF
+    mag = hi & 0x7FFF
+    up = lo >= 0x8000
+    p = torch.where(up & (mag < 0x7F80), hi + 1, hi)
+    p = torch.where(up & (mag == 0x7F80), hi & 0x8000, p)
+    return _as16(p, torch.bfloat16, master.shape), _as16(lo, torch.int16, master.shape)
 
 
 def join_master(param: torch.Tensor, remainder: torch.Tensor) -> torch.Tensor:
-    """The FP32 master of a BF16 param and its remainder (a new tensor)."""
-    hi = param.contiguous().view(torch.int16).to(torch.int32)
-    rem = remainder.contiguous().to(torch.int32)
-    hi = hi - (rem < 0).to(torch.int32)
-    bits = (hi << 16) | (rem & 0xFFFF)
-    return bits.view(torch.float32).reshape(param.shape)
+    """The FP32 master of a BF16 param and its remainder (a new tensor):
+    the kernel's ``mixprec__rem_join``."""
+    hi = param.contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
+    lo = remainder.contiguous().to(torch.int64) & 0xFFFF
+    mag = hi & 0x7FFF
+    up = lo >= 0x8000
+    hi = torch.where(up & (mag == 0), hi | 0x7F80, torch.where(up & (mag <= 0x7F80), hi - 1, hi))
+    bits = (hi << 16) | lo
+    return (bits - ((bits >> 31) << 32)).to(torch.int32).view(torch.float32).reshape(param.shape)
 
 
-# ---- [note: 8-bit moments] -------------------------------------------------------
+def _as16(words: torch.Tensor, dtype: torch.dtype, shape) -> torch.Tensor:
+    """16-bit words (0..65535 in int64) as a 16-bit tensor of ``dtype``."""
+    return (words - ((words >> 15) << 16)).to(torch.int16).view(dtype).reshape(shape)
+
+
+def _memory_flat(t: torch.Tensor) -> torch.Tensor:
+    """A dense tensor's elements in memory order (what the kernel walks, and
+    so what the 8-bit blocks follow), as a 1-D view."""
+    if t.is_contiguous():
+        return t.view(-1)
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+    return t.permute(order).contiguous().view(-1)
+
+
+def _memory_flat_assign(dst: torch.Tensor, flat: torch.Tensor) -> None:
+    """Writes ``flat`` (memory order) into the dense tensor ``dst``."""
+    if dst.is_contiguous():
+        dst.view(-1).copy_(flat)
+        return
+    order = sorted(range(dst.dim()), key=lambda d: -dst.stride(d))
+    dst.permute(order).copy_(flat.view([dst.shape[d] for d in order]))
 
 
 def num_blocks(numel: int) -> int:
@@ -171,8 +196,9 @@ _MAPS: dict[tuple[bool, torch.device], torch.Tensor] = {}
 
 
 def code_map(signed: bool, device=None) -> torch.Tensor:
-    """The 256 FP32 values the codes stand for (times the block's scale),
-    increasing: the kernel's map (``mixprec_optim_qmap`` in optim.h)."""
+    """The FP32 value (times the block's scale) of each of the 256 codes,
+    by code: the kernel's map (c_ops/src/optim_math.h ``mixprec__q8_decode``,
+    [note: q8 map] in mixprec/optim.h)."""
     device = torch.device("cpu") if device is None else torch.device(device)
     key = (signed, device)
     if key not in _MAPS:
@@ -181,48 +207,81 @@ def code_map(signed: bool, device=None) -> torch.Tensor:
 
 
 def _kernel_map(signed: bool) -> torch.Tensor:
-    """bitsandbytes' dynamic tree map (torchao's ``create_dynamic_map``):
-    a sign, a run of zero bits giving a decimal exponent 10**-k (k = 0..6),
-    and a linear fraction in (0.1, 1] filling the remaining bits; plus 0
-    and 1. Computed in float64, rounded once to FP32."""
-    data = []
-    non_sign_bits = 7
-    for i in range(7):
-        items = 2 ** (i + non_sign_bits - 7 + (0 if signed else 1)) + 1
-        bounds = torch.linspace(0.1, 1, items, dtype=torch.float64)
-        means = (bounds[:-1] + bounds[1:]) / 2.0
-        data += (10.0 ** (-6 + i) * means).tolist()
-        if signed:
-            data += (-(10.0 ** (-6 + i)) * means).tolist()
-    data += [0.0, 1.0]
-    return torch.tensor(sorted(data), dtype=torch.float64).to(torch.float32)
+    """bitsandbytes' dynamic tree map (torchao's ``create_dynamic_map``) in
+    the kernel's code order: per decade d = 0..6 ([10^(d-7), 10^(d-6))) 2^L
+    intervals (L = d signed, d + 1 unsigned), code 2^L + j standing for
+    ``fma(j, step, first)`` with step = 9 * 10^(d-7) / 2^L and first =
+    10^(d-7) + step / 2 each rounded to FP32 once (the double sum below is
+    exact, so rounding it once is the kernel's fmaf); the signed map's
+    bit 7 is the sign, code 0x80 is +1 and code 0 zero; the unsigned map's
+    code 1 is 1."""
+    def f32(x: float) -> float:
+        return torch.tensor(x, dtype=torch.float64).float().item()
+
+    out = torch.zeros(256, dtype=torch.float64)
+    for q in range(1, 128) if signed else range(2, 256):
+        L = q.bit_length() - 1
+        d = L if signed else L - 1
+        lower = (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)[d]  # the C's double literals
+        step = lower * 9.0 / (1 << L)
+        out[q] = f32((q - (1 << L)) * f32(step) + f32(lower + step * 0.5))
+    if signed:
+        out[0x81:] = -out[1:0x80]
+        out[0x80] = 1.0
+    else:
+        out[1] = 1.0
+    return out.to(torch.float32)
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, signed: bool) -> torch.Tensor:
-    """FP32 values of 8-bit codes: ``map[code] * scale[block]``."""
-    flat = codes.reshape(-1).long()
+    """FP32 values of 8-bit codes, ``map[code] * scale[block]``, laid out
+    like ``codes`` (blocks of 256 in memory order, as the kernel walks
+    them)."""
+    flat = _memory_flat(codes).long()
     n = flat.numel()
     qmap = code_map(signed, codes.device)
     s = scales.reshape(-1).float().repeat_interleave(BLOCK)[:n]
-    return (qmap[flat] * s).reshape(codes.shape)
+    out = torch.empty_like(codes, dtype=torch.float32)
+    _memory_flat_assign(out, qmap[flat] * s)
+    return out
 
 
 def quantize(values: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(uint8 codes shaped like ``values``, FP32 scales): per block of 256
-    the absmax scale, each value divided by it and given the nearest code."""
-    v = values.detach().float().reshape(-1)
+    """(uint8 codes laid out like ``values``, FP32 scales): per block of 256
+    (memory order) the absmax scale, each value divided by it and given the
+    nearest code. A block that is exactly ``map[c] * s`` (a dequantised
+    one) gets back its codes and ``s``, also when its largest magnitude is
+    negative, which the signed map holds only as ``map[0] * s`` (-0.993 s):
+    then ``absmax / -map[0]`` is tried first and kept when it reproduces the
+    block exactly."""
+    v = _memory_flat(values.detach().float())
     n = v.numel()
     nb = num_blocks(n)
     padded = torch.zeros(nb * BLOCK, dtype=torch.float32, device=v.device)
     padded[:n] = v
     blocks = padded.view(nb, BLOCK)
-    scales = blocks.abs().amax(1)
-    # A zero block keeps scale 0 (every code then reads 0).
-    normed = blocks / torch.where(scales > 0, scales, torch.ones_like(scales))[:, None]
+    finite = blocks.abs() <= torch.finfo(torch.float32).max
+    absmax = torch.where(finite, blocks.abs(), 0.0).amax(1)  # the kernel's: finite values only
     qmap = code_map(signed, v.device)
-    mid = (qmap[1:] + qmap[:-1]) * 0.5
-    codes = torch.bucketize(normed.reshape(-1)[:n], mid, right=True)
-    return codes.to(torch.uint8).reshape(values.shape), scales
+    values_sorted, order = qmap.sort()
+    mid = (values_sorted[1:] + values_sorted[:-1]) * 0.5
+
+    def encode(scales):
+        # A zero block keeps scale 0 (every code then reads 0).
+        normed = blocks / torch.where(scales > 0, scales, torch.ones_like(scales))[:, None]
+        return order[torch.bucketize(normed, mid, right=True)]
+
+    codes = encode(absmax)
+    scales = absmax
+    if signed:
+        alt = absmax / -values_sorted[0]
+        alt_codes = encode(alt)
+        exact = (qmap[alt_codes] * alt[:, None] == blocks).all(1) & (absmax > 0)
+        codes = torch.where(exact[:, None], alt_codes, codes)
+        scales = torch.where(exact, alt, absmax)
+    out = torch.empty_like(values, dtype=torch.uint8)
+    _memory_flat_assign(out, codes.reshape(-1)[:n].to(torch.uint8))
+    return out, scales
 
 
 def signed_moment(key: str) -> bool:
@@ -277,9 +336,8 @@ def set_moment(st: dict[str, Any], key: str, p: torch.Tensor, dtype: torch.dtype
     if dtype != torch.uint8:
         st[key] = values.detach().to(dtype, copy=True)
         return
-    lv = local(values).detach().float()
-    codes, scales = quantize(lv.reshape(local(p).shape), signed_moment(key))
-    st[key] = _like(p, codes.reshape(local(p).shape))
+    codes, scales = quantize(local(values), signed_moment(key))
+    st[key] = _like(p, codes)
     st[skey] = scales
 
 
@@ -377,3 +435,203 @@ def memory_report(opt) -> MemoryReport:
                 kind = _STATE_KINDS.get(key, "moments")
                 setattr(rep, kind, getattr(rep, kind) + _nbytes(t))
     return rep
+
+
+# ---- the optimizer side ----------------------------------------------------------
+
+
+class LeanState:
+    """Mixed into ``mixprec.optim``'s base class (before its state and
+    checkpoint mixin, whose ``state_dict`` / ``load_state_dict`` these
+    extend). ``_MOMENTS``: the class's moment keys and the options naming
+    their dtypes."""
+
+    _MOMENTS: dict[str, str] = {}
+
+    # -- configuration
+
+    def _check_lean_group(self, group: dict[str, Any]) -> None:
+        check_group(type(self).__name__, group, self._MOMENTS.values())
+
+    def _keeps_master(self, group: dict[str, Any]) -> bool:
+        """Whether the group's BF16/FP16 params hold an FP32 master tensor."""
+        return group.get("master_weights", True) and not group.get("param_remainders", False)
+
+    def _rounds_stochastically(self, group: dict[str, Any]) -> bool:
+        return uses_stochastic_rounding(group, self._MOMENTS.values())
+
+    # -- state in the group's formats
+
+    def _lean_prepare(self, group: dict[str, Any], params) -> None:
+        """Before a step: every param of a remainder group holds its master
+        as a remainder (a master from a checkpoint or an earlier mode is
+        split), and existing moments are in the group's dtypes (a changed
+        option or a loaded state converts them once)."""
+        for p in params:
+            st = self.state[p]
+            self._check_remainder_param(group, p)
+            if uses_remainder(group, p):
+                set_remainder(st, p)
+            elif "remainder" in st:
+                rem = st.pop("remainder")
+                if self._keeps_master(group) or p.dtype != torch.bfloat16:
+                    st["master"] = _like(p, join_master(local(p).detach(), local(rem)))
+            for key, option in self._MOMENTS.items():
+                if isinstance(st.get(key), torch.Tensor):
+                    set_moment(st, key, p, group.get(option, torch.float32))
+
+    def _check_remainder_param(self, group: dict[str, Any], p: torch.Tensor) -> None:
+        if group.get("param_remainders", False) and p.dtype == torch.float16:
+            raise ValueError(
+                f"{type(self).__name__}: param_remainders=True is for bfloat16 parameters; a float16 parameter "
+                f"(shape {tuple(p.shape)}) is in its group (it was converted after the optimizer was built?)"
+            )
+
+    def _new_moment(self, st: dict[str, Any], key: str, p: torch.Tensor, group: dict[str, Any]) -> None:
+        dtype = group.get(self._MOMENTS.get(key, ""), torch.float32) if key in self._MOMENTS else torch.float32
+        st[key], scales = new_moment(p, dtype)
+        if scales is not None:
+            st[scale_key(key)] = scales
+
+    def _lean_state(self, states, key: str, op_params) -> list[torch.Tensor]:
+        """The op's list for state ``key``: as ``_op_state``, except that an
+        8-bit state whose layout no longer matches the param's is
+        re-quantised in the new layout (its blocks follow memory order)."""
+        out = []
+        for st, w in zip(states, op_params):
+            t = st[key]
+            lt = local(t)
+            if lt.dtype == torch.uint8 and lt.stride() != w.stride() and not is_dtensor(t) and lt.shape == w.shape:
+                fresh = torch.empty_like(w, dtype=torch.float32).copy_(
+                    dequantize(lt, st[scale_key(key)], signed_moment(key)))
+                st[key], st[scale_key(key)] = quantize(fresh, signed_moment(key))
+            out.append(self._fitted(st, key, w))
+        return out
+
+    def _lean_kwargs(self, group: dict[str, Any], states, op_params) -> dict[str, Any]:
+        """The op's lean keywords for one (group, device) list: remainders
+        (an empty int16 tensor where a param has none) and each 8-bit
+        moment's scales (an empty FP32 tensor where it is not 8-bit); {}
+        when the list has neither (the op's default path)."""
+        kw: dict[str, Any] = {}
+        if any("remainder" in st for st in states):
+            kw["remainders"] = [
+                self._fitted(st, "remainder", w) if "remainder" in st else w.new_empty(0, dtype=torch.int16)
+                for st, w in zip(states, op_params)
+            ]
+        for key, arg in self._SCALE_ARGS.items():
+            if any(scale_key(key) in st for st in states):
+                kw[arg] = [
+                    st[scale_key(key)] if scale_key(key) in st else w.new_empty(0, dtype=torch.float32)
+                    for st, w in zip(states, op_params)
+                ]
+        return kw
+
+    _SCALE_ARGS: dict[str, str] = {}
+
+    def _fp32_weights(self, p: torch.Tensor, st: dict[str, Any]) -> torch.Tensor:
+        """The FP32 weights of ``p`` as the step sees them (a new tensor)."""
+        return master_fp32(p, st)
+
+    def _forget_remainder(self, st: dict[str, Any]) -> None:
+        """After an outside write (see [note: remainder encoding])."""
+        if "remainder" in st:
+            local(st["remainder"]).zero_()
+
+    # -- what users call
+
+    def memory_report(self) -> MemoryReport:
+        """Bytes of training state on this process by kind (params, grads,
+        masters, remainders, moments with their scales and step counts,
+        EMA), in total and per parameter element: see :class:`MemoryReport`
+        (``print(opt.memory_report())`` for a table)."""
+        return memory_report(self)
+
+    @torch.no_grad()
+    def fp32_state(self, p: torch.Tensor) -> dict[str, Any]:
+        """``p``'s state materialised in FP32, as torch's optimizer of the
+        same kind holds it (``step``, ``exp_avg`` / ``exp_avg_sq`` /
+        ``max_exp_avg_sq`` or ``momentum_buffer``), plus ``master`` (the
+        FP32 master, joined from the remainder in remainder mode; for
+        master-free and FP32 params the param widened) and ``ema`` when
+        kept. New tensors (DTensors for DTensor params): writing them
+        changes nothing here."""
+        st = self.state.get(p, {})
+        out: dict[str, Any] = {}
+        for key, v in st.items():
+            if key in LEAN_STATE_KEYS or key == "master":
+                continue
+            if key in ("exp_avg", "exp_avg_sq", "momentum_buffer"):
+                out[key] = moment_fp32(st, key)
+            elif isinstance(v, torch.Tensor):
+                out[key] = v.detach().clone() if key == "step" else v.detach().to(torch.float32, copy=True)
+            else:
+                out[key] = v
+        out["master"] = master_fp32(p, st)
+        return out
+
+    def fp32_state_dict(self) -> dict[str, Any]:
+        """``state_dict()`` with every param's state as :meth:`fp32_state`
+        gives it: the form torch's optimizers load (torch's AdamW / SGD keep
+        the extra ``master`` key and ignore it). Back to torch's optimizer
+        (FP32 training), dequantised::
+
+            sd = opt.fp32_state_dict()
+            model.float()
+            params = [p for g in opt.param_groups for p in g["params"]]
+            with torch.no_grad():
+                for i, p in enumerate(params):
+                    if i in sd["state"]:
+                        p.copy_(sd["state"][i]["master"])
+            torch_opt = torch.optim.AdamW(model.parameters(), lr=...)
+            torch_opt.load_state_dict(sd)
+        """
+        sd = torch.optim.Optimizer.state_dict(self)
+        params = [p for g in self.param_groups for p in g["params"]]
+        sd["state"] = {i: self.fp32_state(params[i]) for i in sd["state"]}
+        for g in sd["param_groups"]:
+            for k in ("param_remainders", *self._MOMENTS.values()):
+                g.pop(k, None)
+        return sd
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's, with remainders and BF16 moments as they are (compact)
+        and 8-bit moments dequantised to FP32 (see [note: 8-bit moments]:
+        the form that reshards and that torch's optimizers load)."""
+        sd = super().state_dict()
+        for i, st in sd["state"].items():
+            for key in self._MOMENTS:
+                if isinstance(st.get(key), torch.Tensor) and st[key].dtype == torch.uint8:
+                    st = sd["state"][i] = dict(st)
+                    st[key] = moment_fp32(st, key)
+                    st.pop(scale_key(key))
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The base class's load (which keeps FP32 state FP32 where torch
+        would cast it), keeping the compact state as saved (remainders,
+        BF16 / 8-bit moments, FP32 scales); each param's state is then
+        converted to its group's options at its next step (torch's FP32
+        moments quantised, a saved master split into a remainder, ...)."""
+        saved_groups = state_dict.get("param_groups", [])
+        id_map = dict(zip((k for g in saved_groups for k in g["params"]),
+                          (p for g in self.param_groups for p in g["params"])))
+        keep = (*LEAN_STATE_KEYS, *self._MOMENTS)
+        compact = {}
+        for key, st in state_dict.get("state", {}).items():
+            if isinstance(st, dict):
+                compact[key] = {
+                    k: v for k, v in st.items()
+                    if k in keep and isinstance(v, torch.Tensor) and (k in LEAN_STATE_KEYS or v.dtype != torch.float32)
+                }
+        super().load_state_dict(state_dict)
+        for key, saved in compact.items():
+            p = id_map.get(key)
+            if p is None:
+                continue
+            st = self.state[p]
+            for k, v in saved.items():
+                st[k] = v.to(device=local(p).device if not is_dtensor(v) else p.device, copy=True)
+        for group in self.param_groups:
+            self._lean_prepare(group, [p for p in group["params"] if p in self.state])
+        self._record_param_versions([p for g in self.param_groups for p in g["params"]])
