@@ -31,30 +31,32 @@ MODES = {
     "sr": dict(master_weights=False),
     "sr+bf16": dict(master_weights=False, exp_avg_dtype=BF16, exp_avg_sq_dtype=BF16),
 }
-# mode -> (weights: |w - w64| / |w64 - w0|, exp_avg and exp_avg_sq: |m - m64| / |m64|)
+# mode -> bounds on (weights: |w - w64| / |w64 - w0|, exp_avg and exp_avg_sq:
+# |m - m64| / |m64|, norms over all tensors), measured in brackets
+# (2026-12-02): about 2-3x the measured error.
 BOUNDS = {
-    "master": (1e-4, 1e-4, 1e-4),
-    "rem": (1e-4, 1e-4, 1e-4),
-    "rem+bf16": (2e-2, 1e-2, 1e-2),
-    "rem+8bit": (6e-2, 6e-2, 6e-2),
-    "sr": (3e-2, 1e-2, 1e-2),
-    "sr+bf16": (4e-2, 2e-2, 2e-2),
+    "master": (1e-5, 1e-6, 5e-6),  # [3.6e-6, 6.0e-8, 1.9e-6]
+    "rem": (1e-5, 1e-6, 5e-6),  # the master mode's bits
+    "rem+bf16": (1.5e-2, 1.5e-2, 5e-2),  # [5.2e-3, 5.5e-3, 2.0e-2]
+    "rem+8bit": (0.15, 0.07, 0.09),  # [6.8e-2, 3.0e-2, 3.8e-2]
+    "sr": (0.1, 1e-6, 5e-6),  # [3.6e-2, 6.0e-8, 1.9e-6]
+    "sr+bf16": (0.1, 1.5e-2, 5e-2),  # [3.6e-2, 5.5e-3, 2.0e-2]
 }
 
 SHAPES = [(64, 256), (4096,), (8192,)]
 
 
-def _sequence(seed, shapes=SHAPES, steps=STEPS):
+def _sequence(seed, shapes=SHAPES, steps=STEPS, decades=2):
     """BF16 gradients with a persistent per-element direction plus noise,
     per tensor at a different scale, and within each tensor a spread of
-    magnitudes over 4 decades (so every 8-bit block holds small values next
-    to its absmax)."""
+    magnitudes over ``decades`` (so every 8-bit block holds small values
+    next to its absmax: 2 decades of gradient are 4 of exp_avg_sq)."""
     g = torch.Generator().manual_seed(seed)
     out = [[] for _ in range(steps)]
     for k, s in enumerate(shapes):
         n = torch.Size(s).numel()
         mean = torch.randn(s, generator=g)
-        spread = torch.logspace(-4, 0, n).reshape(s)[torch.randperm(n, generator=g).reshape(s)]
+        spread = torch.logspace(-decades, 0, n)[torch.randperm(n, generator=g)].reshape(s)
         scale = (1e-1, 1e-3, 1e-5)[k % 3]
         for t in range(steps):
             out[t].append((scale * spread * (0.3 * mean + torch.randn(s, generator=g))).bfloat16())
@@ -131,14 +133,21 @@ def eager_torch_compile(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn=None, **kw: fn if fn is not None else (lambda f: f))
 
 
-def test_8bit_moments_no_worse_than_torchao_adamw8bit(problem, eager_torch_compile):
+@pytest.mark.parametrize("decades", [2, 4])
+def test_8bit_moments_no_worse_than_torchao_adamw8bit(eager_torch_compile, decades):
     """The same gradients through torchao's AdamW8bit (FP32 params, so the
     weights' format plays no part) and through ours (BF16 params with
     remainders: an exact FP32 master): our weights' and moments' errors
-    against float64 are no larger than torchao's (within 5% of them: the
-    same map, different rounding of the normalisation)."""
+    against float64 are within 1% of torchao's (the same map and block
+    size; measured: equal to 3 digits, weights 6.79e-2 vs 6.77e-2). With
+    gradients spread over 4 decades within a block (8 of exp_avg_sq, more
+    than the map's 7) both go wrong alike (weights error ~13 times the
+    distance travelled: small exp_avg_sq values quantise to 0 and their
+    updates to m / eps): the 8-bit format's limit, not ours."""
     ao = pytest.importorskip("torchao.optim")
-    init, seq, (ref_ps, ref_opt) = problem
+    # 100 steps: torchao's eager step (its tensor subclass, op by op) is slow.
+    init, seq = _init(7), _sequence(7, decades=decades, steps=100)
+    ref_ps, ref_opt = _reference(init, seq)
     ps = [torch.nn.Parameter(w.float()) for w in init]
     opt = ao.AdamW8bit(ps, **HP)
     for grads in seq:
@@ -150,52 +159,54 @@ def test_8bit_moments_no_worse_than_torchao_adamw8bit(problem, eager_torch_compi
     weights, states = _ours("rem+8bit", init, seq)
     ours = _errors(weights, states, init, ref_ps, ref_opt)
     for what, a, b in zip(("weights", "exp_avg", "exp_avg_sq"), ours, theirs):
-        assert a <= 1.05 * b, f"{what}: ours {a:.4g}, torchao AdamW8bit {b:.4g}"
+        assert a <= 1.01 * b, f"{what}: ours {a:.4g}, torchao AdamW8bit {b:.4g}"
 
 
 # ---- a small model's own gradients ---------------------------------------------------------
 
 
-def _model(seed):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.GELU(), torch.nn.Linear(256, 256),
-                               torch.nn.GELU(), torch.nn.Linear(256, 10))
+def _train_small_model(mode, steps=200):
+    """A BF16 MLP trained on a fixed classification task; each step's
+    gradients (of our BF16 model) also drive torch's AdamW on a float64 copy
+    of the weights, which so sees what our optimizer sees. Returns (final
+    loss, the weights' error against the float64 copy)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(256, 16, generator=g)
+    y = (x[:, :8] + 0.3 * torch.randn(256, 8, generator=g)).argmax(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8)).bfloat16()
+    ref = [torch.nn.Parameter(p.detach().double()) for p in model.parameters()]
+    init = [p.detach().clone() for p in model.parameters()]
+    hp = {**HP, "lr": 3e-3}
+    opt = AdamW(model.parameters(), **hp, seed=5, **MODES[mode])
+    ropt = torch.optim.AdamW(ref, **hp, foreach=False)
+    for t in range(steps):
+        idx = torch.arange(t * 32, t * 32 + 32) % 256
+        torch.nn.functional.cross_entropy(model(x[idx].bfloat16()).float(), y[idx]).backward()
+        for r, p in zip(ref, model.parameters()):
+            r.grad = p.grad.double()
+        opt.step()
+        ropt.step()
+        opt.zero_grad()
+    with torch.no_grad():
+        loss = float(torch.nn.functional.cross_entropy(model(x.bfloat16()).float(), y))
+    states = [opt.fp32_state(p) for p in model.parameters()]
+    return loss, _errors([s["master"] for s in states], states, init, ref, ropt)[0]
+
+
+@pytest.fixture(scope="module")
+def small_model_master():
+    return _train_small_model("master")
 
 
 @pytest.mark.parametrize("mode", ["rem", "rem+bf16", "rem+8bit", "sr+bf16"])
-def test_small_model_trains_as_float64_adamw_on_the_same_gradients(mode):
-    """A BF16 MLP trained 300 steps on a fixed classification task: each
-    step's gradients (of our BF16 model) also drive torch's AdamW on a
-    float64 copy, which so sees what our optimizer sees. The weights stay
-    within the mode's bound of it, and the final loss within 0.05 of the
-    FP32-master mode's."""
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(512, 32, generator=g)
-    y = (x[:, :10] + 0.3 * torch.randn(512, 10, generator=g)).argmax(1)
-    losses = {}
-    for m in ("master", mode):
-        model = _model(0).bfloat16()
-        ref = [torch.nn.Parameter(p.detach().double()) for p in model.parameters()]
-        init = [p.detach().clone() for p in model.parameters()]
-        opt = AdamW(model.parameters(), **{**HP, "lr": 3e-3}, seed=5, **MODES[m])
-        ropt = torch.optim.AdamW(ref, **{**HP, "lr": 3e-3}, foreach=False)
-        for t in range(STEPS):
-            idx = torch.arange(t * 64, t * 64 + 64) % 512
-            loss = torch.nn.functional.cross_entropy(model(x[idx].bfloat16()).float(), y[idx])
-            loss.backward()
-            for r, p in zip(ref, model.parameters()):
-                r.grad = p.grad.double()
-            opt.step()
-            ropt.step()
-            opt.zero_grad()
-        with torch.no_grad():
-            losses[m] = float(torch.nn.functional.cross_entropy(model(x.bfloat16()).float(), y))
-        if m == mode:
-            params = list(model.parameters())
-            states = [opt.fp32_state(p) for p in params]
-            err = _errors([s["master"] for s in states], states, init, ref, ropt)
-            assert err[0] <= BOUNDS[mode][0], f"weights error {err[0]:.3g}"
-    assert losses[mode] <= losses["master"] + 0.05, losses
+def test_small_model_trains_as_float64_adamw_on_the_same_gradients(small_model_master, mode):
+    """200 steps of a small model: the weights within the mode's bound of
+    float64 AdamW driven by the same gradients, and the final loss within
+    0.05 of the FP32-master mode's."""
+    loss, err = _train_small_model(mode)
+    assert err <= BOUNDS[mode][0], f"weights error {err:.3g}"
+    assert loss <= small_model_master[0] + 0.05, (loss, small_model_master[0])
 
 
 def test_sgd_bf16_and_8bit_momentum_track_float64(problem):
