@@ -10,6 +10,7 @@
 #include "internal.h"
 #include "optim_check.h"
 #include "optim_consts.h"
+#include "optim_math.h"
 #include "stochastic_round.h"
 
 /* Work is cut into chunks of at most this many elements of one tensor. The
@@ -61,6 +62,62 @@ MIXPREC__FORCE_INLINE void mixprec__opt_store_grad(const void *grad, mixprec_dty
 /* Stores a master-free BF16 param element, stochastically rounded. */
 MIXPREC__FORCE_INLINE void mixprec__opt_store_bf16_sr(void *data, int64_t i, uint32_t key, float v) {
   ((uint16_t *)data)[i] = mixprec__f32_to_bf16_sr(v, mixprec__sr_bits(key, i));
+}
+
+/* ---- the lean state element by element (the scalar paths; mixprec/optim.h,
+ * mixprec_state_dtype) -------------------------------------------------- */
+
+/* Element i of a moment buffer in FP32 (Q8: at its block's scale). */
+MIXPREC__FORCE_INLINE float mixprec__opt_state_get(const void *buf, mixprec_state_dtype d,
+                                                  const float *scale, int64_t i, int is_signed) {
+  if (d == MIXPREC_STATE_BF16) return mixprec__opt_bf16_f32(((const uint16_t *)buf)[i]);
+  if (d == MIXPREC_STATE_Q8)
+    return mixprec__q8_load(((const uint8_t *)buf)[i], scale[i / MIXPREC__Q8_BLOCK], is_signed);
+  return ((const float *)buf)[i];
+}
+
+/* Stores element i of an F32 or BF16 moment buffer (BF16: stochastically,
+ * with the buffer's key); a Q8 value goes to the block buffer q instead, at
+ * i's place in its block. */
+MIXPREC__FORCE_INLINE void mixprec__opt_state_put(void *buf, mixprec_state_dtype d, int64_t i,
+                                                 float x, uint32_t key, float *q) {
+  if (d == MIXPREC_STATE_BF16)
+    ((uint16_t *)buf)[i] = mixprec__f32_to_bf16_sr(x, mixprec__sr_bits(key, i));
+  else if (d == MIXPREC_STATE_Q8)
+    q[i % MIXPREC__Q8_BLOCK] = x;
+  else
+    ((float *)buf)[i] = x;
+}
+
+/* After the elements [b0, b1) of one block (b0 a multiple of the block):
+ * a Q8 buffer's codes and scale from the new values in q. */
+MIXPREC__FORCE_INLINE void mixprec__opt_state_flush(void *buf, mixprec_state_dtype d, float *scale,
+                                                   int64_t b0, int64_t b1, const float *q,
+                                                   int is_signed) {
+  if (d == MIXPREC_STATE_Q8)
+    mixprec__q8_store_block(q, (int)(b1 - b0), (uint8_t *)buf + b0, &scale[b0 / MIXPREC__Q8_BLOCK],
+                            is_signed);
+}
+
+/* The FP32 value of a lean tensor's param element (remainder: the master it
+ * holds; master-free BF16; else the master or the F32 param P). */
+MIXPREC__FORCE_INLINE float mixprec__opt_lean_param_get(const mixprec_opt_tensor *t, const float *P,
+                                                       int64_t i, int sr) {
+  if (t->remainder) return mixprec__rem_join(((const uint16_t *)t->param)[i], t->remainder[i]);
+  if (sr) return mixprec__opt_bf16_f32(((const uint16_t *)t->param)[i]);
+  return P[i];
+}
+
+MIXPREC__FORCE_INLINE void mixprec__opt_lean_param_put(const mixprec_opt_tensor *t, float *P, int64_t i,
+                                                      int sr, uint32_t sr_key, float p) {
+  if (t->remainder) {
+    mixprec__rem_split(p, (uint16_t *)t->param + i, t->remainder + i);
+  } else if (sr) {
+    mixprec__opt_store_bf16_sr(t->param, i, sr_key, p);
+  } else {
+    P[i] = p;
+    if (t->param_dtype != MIXPREC_F32) mixprec__opt_store_half(t->param, t->param_dtype, i, p);
+  }
 }
 
 /* The flattened chunk list: first[t] is tensor t's first chunk, first[n] the

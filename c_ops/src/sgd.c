@@ -43,24 +43,14 @@ MIXPREC__FORCE_INLINE void sgd_range(const mixprec_opt_tensor *t, int64_t begin,
   float *B = t->momentum_buffer;
   float *E = ema->buf;
   for (int64_t i = begin; i < end; i++) {
-    float g = mixprec__load_f32(t->grad, t->grad_dtype, i);
-    if (k->has_scale) g = g / k->scale;
+    float g = mixprec__opt_unscale(mixprec__load_f32(t->grad, t->grad_dtype, i), k->has_scale,
+                                   k->scale);
     if (k->unscale) mixprec__opt_store_grad(t->grad, t->grad_dtype, i, g);
     if (k->h.maximize) g = -g;
-    float p = sr ? mixprec__load_f32(t->param, MIXPREC_BF16, i) : P[i];
-    if (k->h.wd_on) g = fmaf(p, k->h.wd, g);
-    if (k->h.momentum_on) {
-      float buf;
-      if (first)
-        buf = g;
-      else if (tail)
-        buf = fmaf(B[i], k->h.momentum, g * k->h.damp1);
-      else
-        buf = fmaf(k->h.damp1, g, B[i] * k->h.momentum);
-      B[i] = buf;
-      g = k->h.nesterov ? fmaf(buf, k->h.momentum, g) : buf;
-    }
-    p = fmaf(-g, k->h.lr, p);
+    const float p0 = sr ? mixprec__load_f32(t->param, MIXPREC_BF16, i) : P[i];
+    float buf = k->h.momentum_on && !first ? B[i] : 0.0f;
+    const float p = mixprec__sgd_math(g, p0, &buf, &k->h, first, tail);
+    if (k->h.momentum_on) B[i] = buf;
     if (E) E[i] = mixprec__ema_lerp(E[i], p, ema->w);
     if (sr) {
       mixprec__opt_store_bf16_sr(t->param, i, sr_key, p);
@@ -91,9 +81,45 @@ static mixprec__sgd_body_fn sgd_body_kernel(void) {
   }
 }
 
+/* Elements [begin, end) of a tensor with lean state, the scalar reference
+ * (as adamw_lean_range: block by block, Q8 buffers encoded per block). */
+static void sgd_lean_range(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
+                           uint32_t sr_key, const mixprec__ema_scalars *ema, const sgd_consts *k) {
+  const int sr = mixprec__opt_is_sr(t);
+  float *P = t->param_dtype != MIXPREC_F32 ? t->master : (float *)t->param;
+  const mixprec_state_dtype db = t->exp_avg_dtype;
+  const uint32_t kb = mixprec__sr_stream_key(sr_key, 1);
+  const int64_t tail_from = mixprec__opt_tail_start(t->numel);
+  float *E = ema->buf;
+  float qb[MIXPREC__Q8_BLOCK];
+  for (int64_t b0 = begin; b0 < end; b0 += MIXPREC__Q8_BLOCK) {
+    const int64_t b1 = end - b0 < MIXPREC__Q8_BLOCK ? end : b0 + MIXPREC__Q8_BLOCK;
+    for (int64_t i = b0; i < b1; i++) {
+      float g = mixprec__opt_unscale(mixprec__load_f32(t->grad, t->grad_dtype, i), k->has_scale,
+                                     k->scale);
+      if (k->unscale) mixprec__opt_store_grad(t->grad, t->grad_dtype, i, g);
+      if (k->h.maximize) g = -g;
+      float buf = k->h.momentum_on && !first
+                      ? mixprec__opt_state_get(t->exp_avg_data, db, t->exp_avg_scale, i, 1)
+                      : 0.0f;
+      const float p = mixprec__sgd_math(g, mixprec__opt_lean_param_get(t, P, i, sr), &buf, &k->h,
+                                        first, i >= tail_from);
+      if (k->h.momentum_on) mixprec__opt_state_put(t->exp_avg_data, db, i, buf, kb, qb);
+      if (E) E[i] = mixprec__ema_lerp(E[i], p, ema->w);
+      mixprec__opt_lean_param_put(t, P, i, sr, sr_key, p);
+    }
+    if (k->h.momentum_on)
+      mixprec__opt_state_flush(t->exp_avg_data, db, t->exp_avg_scale, b0, b1, qb, 1);
+  }
+}
+
 static void sgd_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
                       uint32_t sr_key, const mixprec__ema_scalars *ema, const sgd_consts *k,
                       mixprec__sgd_body_fn body) {
+  if (mixprec__opt_is_lean(t, 0)) {
+    sgd_lean_range(t, begin, end, first, sr_key, ema, k);
+    return;
+  }
   const int64_t tail = mixprec__opt_tail_start(t->numel);
   const int64_t mid = end < tail ? end : (begin > tail ? begin : tail);
   const int64_t done = body(t, begin, mid, first, sr_key, ema, k);
