@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ._amp import _refuse_sparse, _same_device
+from ._registration import _refuse_sparse, _same_device
 from ._softmax import _check_float, _no_double_backward
 
 __all__ = ["cross_entropy"]

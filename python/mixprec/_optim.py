@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from ._amp import _bump_versions_on_mutation, _refuse_sparse, _same_device
+from ._registration import _bump_versions_on_mutation, _refuse_sparse, _same_device
 from ._library import FLOAT_DTYPES as _FLOAT
 
 
