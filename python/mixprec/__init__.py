@@ -23,6 +23,7 @@ load()
 # ops defined, so after load()).
 from . import _amp, _cross_entropy, _detect, _nms, _optim, _softmax  # noqa: E402,F401
 from . import _roi_align  # noqa: E402,F401
+from . import _overflow  # noqa: E402,F401
 from . import _distributed  # noqa: E402
 
 _distributed.register_dtensor_handlers()
