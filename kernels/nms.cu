@@ -9,8 +9,7 @@
  *    storage dtype), with their class ids.
  * 4. Bitmask tiles: block (row, col) of 64 threads sets, for row box i and
  *    the 64 boxes j of the column block (j > i, same class), bit j when
- *    IoU(i, j) > threshold, with the CPU's operations (correctly rounded,
- *    never contracted), so decisions are bit-identical to the CPU's.
+ *    IoU(i, j) > threshold, by nms_rules.h's test, the one the CPU runs.
  * 5. One block walks the mask on the device: per 64-box block, warp 0
  *    resolves the block's own boxes serially from the diagonal tile (in
  *    registers, via shuffles), then every thread ORs the rows of the boxes
@@ -94,7 +93,7 @@ __global__ void nms_gather(const void *boxes, mixprec_dtype dt, const void *clas
   b.z = mixprec__nms_load_any(boxes, dt, 4 * i + 2);
   b.w = mixprec__nms_load_any(boxes, dt, 4 * i + 3);
   sboxes[p] = b;
-  sarea[p] = __fmul_rn(__fsub_rn(b.z, b.x), __fsub_rn(b.w, b.y));
+  sarea[p] = mixprec__nms_area(b.x, b.y, b.z, b.w);
   if (classes)
     scls[p] = classes_i32 ? (int64_t)((const int32_t *)classes)[i] : ((const int64_t *)classes)[i];
 }
@@ -129,7 +128,7 @@ __global__ void nms_fill(int64_t *keep, int64_t cap, int64_t *n_keep) {
 }  // namespace
 
 /* The largest float f with f <= t: `float > t` <=> `float > f` (as nms.c);
- * also used by detect.cu. */
+ * also used by efficient_nms.cu. */
 float mixprec__cuda_nms_float_floor(double t) {
   float f = (float)t;
   if ((double)f > t) f = nextafterf(f, -INFINITY);

@@ -1,12 +1,13 @@
 /* Device code of the NMS family shared by kernels/nms.cu (one box list) and
- * kernels/detect.cu (a batch of images): loads, the score key, torchvision's
- * IoU decision, one 64x64 tile of the IoU bitmask and the one-block greedy
- * walk over the mask. One implementation, so the batched op's decisions are
- * mixprec_cuda_nms's (and the CPU's) bit for bit. */
+ * kernels/efficient_nms.cu (a batch of images): loads, one 64x64 tile of the
+ * IoU bitmask and the one-block greedy walk over the mask. The IoU test, the
+ * area and the score key are c_ops/src/nms_rules.h's, the very functions the
+ * CPU paths call. */
 #ifndef MIXPREC_KERNELS_NMS_CUH
 #define MIXPREC_KERNELS_NMS_CUH
 
 #include "common.cuh"
+#include "nms_rules.h"
 
 #define MIXPREC__NMS_TILE 64
 
@@ -32,31 +33,10 @@ MIXPREC__DEVICE float mixprec__nms_load_any(const void *data, mixprec_dtype dt, 
   }
 }
 
-/* Larger key = earlier; NaN highest, -0 == +0 (as c_ops/src/nms_internal.h).
- * Every real key is >= 0x007fffff, so 0 can mark "no candidate". */
-MIXPREC__DEVICE uint32_t mixprec__nms_score_key(float s) {
-  uint32_t u = __float_as_uint(s);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0xffffffffu;
-  if ((u & 0x7fffffffu) == 0) u = 0;
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-/* std::max / std::min of torchvision's CPU kernel (and of nms.c). */
-MIXPREC__DEVICE float mixprec__tv_max(float a, float b) { return a < b ? b : a; }
-MIXPREC__DEVICE float mixprec__tv_min(float a, float b) { return b < a ? b : a; }
-
-MIXPREC__DEVICE bool mixprec__nms_suppresses(float4 a, float area_a, float4 b, float area_b,
-                                             float thr) {
-  const float xx1 = mixprec__tv_max(a.x, b.x), yy1 = mixprec__tv_max(a.y, b.y);
-  const float xx2 = mixprec__tv_min(a.z, b.z), yy2 = mixprec__tv_min(a.w, b.w);
-  const float w = mixprec__tv_max(0.0f, __fsub_rn(xx2, xx1));
-  const float h = mixprec__tv_max(0.0f, __fsub_rn(yy2, yy1));
-  const float inter = __fmul_rn(w, h);
-  /* inter == 0 (or NaN) gives IoU +-0 or NaN, never > thr >= 0: skip the
-   * division, the costly part, for the many pairs that do not intersect. */
-  if (!(inter > 0.0f)) return false;
-  const float ovr = __fdiv_rn(inter, __fsub_rn(__fadd_rn(area_a, area_b), inter));
-  return ovr > thr;
+/* nms_rules.h's test on float4 boxes (x1, y1, x2, y2): kept box a, candidate b. */
+MIXPREC__DEVICE bool mixprec__nms_suppresses4(float4 a, float area_a, float4 b, float area_b,
+                                              float thr) {
+  return mixprec__nms_suppresses(a.x, a.y, a.z, a.w, area_a, b.x, b.y, b.z, b.w, area_b, thr);
 }
 
 /* Tile (row, col) of the IoU bitmask of m boxes in score order, computed by
@@ -87,7 +67,7 @@ MIXPREC__DEVICE void mixprec__nms_mask_tile(const float4 *sboxes, const float *s
   const int64_t ci = use_cls ? scls[i] : 0;
   unsigned long long bits = 0;
   for (int k = (row == col ? t + 1 : 0); k < ncol; k++) {
-    if (cc[k] == ci && mixprec__nms_suppresses(bi, ai, cb[k], ca[k], thr)) bits |= 1ull << k;
+    if (cc[k] == ci && mixprec__nms_suppresses4(bi, ai, cb[k], ca[k], thr)) bits |= 1ull << k;
   }
   mask[i * col_blocks + col] = bits;
 }

@@ -49,23 +49,8 @@ __global__ void __launch_bounds__(ROI_THREADS)
       for (int64_t ix = 0; ix < r.grid_w; ix++) {
         const mixprec__roi_axis ax =
             mixprec__roi_axis_at(mixprec__roi_coord(r.start_w, pw, r.bin_w, ix, r.grid_w), W);
-        float w1 = 0.0f, w2 = 0.0f, w3 = 0.0f, w4 = 0.0f;
-        int64_t p1 = 0, p2 = 0, p3 = 0, p4 = 0;
-        if (ay.ok && ax.ok) {
-          w1 = __fmul_rn(ay.h, ax.h);
-          w2 = __fmul_rn(ay.h, ax.l);
-          w3 = __fmul_rn(ay.l, ax.h);
-          w4 = __fmul_rn(ay.l, ax.l);
-          p1 = ay.lo * W + ax.lo;
-          p2 = ay.lo * W + ax.hi;
-          p3 = ay.hi * W + ax.lo;
-          p4 = ay.hi * W + ax.hi;
-        }
-        float s = __fmul_rn(w1, mixprec__roi_load(input, dt, base + p1));
-        s = __fadd_rn(s, __fmul_rn(w2, mixprec__roi_load(input, dt, base + p2)));
-        s = __fadd_rn(s, __fmul_rn(w3, mixprec__roi_load(input, dt, base + p3)));
-        s = __fadd_rn(s, __fmul_rn(w4, mixprec__roi_load(input, dt, base + p4)));
-        val = __fadd_rn(val, s);
+        const mixprec__roi_pc e = mixprec__roi_pc_at(ay, ax, W);
+        val = __fadd_rn(val, mixprec__roi_sample(&e, input, dt, base));
       }
     }
     roi_store(out, od, i, __fdiv_rn(val, r.count));

@@ -48,7 +48,7 @@ step pytest_cuda 150 "$PY" -m pytest tests/python -q -p no:cacheprovider -m cuda
 step bench_unscale 60 "$PY" bench/bench_unscale.py --device cuda --out "$OUT/bench_unscale_cuda.md"
 step bench_optim 90 "$PY" bench/bench_optim.py --device cuda --no-phased --out "$OUT/bench_optim_cuda.md"
 step bench_nms 60 "$PY" bench/bench_nms.py --device cuda --out "$OUT/bench_nms_cuda.md"
-step bench_detect 60 "$PY" bench/bench_detect.py --device cuda --reps 5 --out "$OUT/bench_detect_cuda.md"
+step bench_efficient_nms 60 "$PY" bench/bench_efficient_nms.py --device cuda --reps 5 --out "$OUT/bench_efficient_nms_cuda.md"
 step bench_roi_align 90 "$PY" bench/bench_roi_align.py --device cuda --reps 5 --out "$OUT/bench_roi_align_cuda.md"
 step bench_softmax 90 "$PY" bench/bench_softmax.py --device cuda --kinds sm,ce --out "$OUT/bench_softmax_cuda.md"
 step bench_ce_soft 60 "$PY" bench/bench_softmax.py --device cuda --kinds ces --out "$OUT/bench_ce_soft_cuda.md"

@@ -15,12 +15,9 @@
  * per-rank flag array, which is read out in rank order (= global decreasing
  * score, stable) at the end, so the result does not depend on threads.
  * Everything after the score sort is mixprec__nms_sorted (nms_internal.h),
- * which the batched post-processing of detect.c calls as well.
+ * which the batched post-processing of efficient_nms.c calls as well.
  *
- * Bit-exactness with torchvision: the IoU is computed with its exact
- * operations and order in float (max/min as std::max/std::min, no FMA: this
- * file is built with -ffp-contract=off), and its `float_iou > double_thr` is
- * reproduced by comparing with the largest float not above the threshold. */
+ * Bit-exactness with torchvision: nms_rules.h, [note: torchvision's IoU]. */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -48,25 +45,14 @@ int64_t mixprec__nms_sweep_avx2(const float *x1, const float *y1, const float *x
                                 int64_t begin, int64_t end, const float b[5], float thr);
 #endif
 
-/* std::max(a, b) and std::min(a, b) of torchvision's kernel, NaN cases included. */
-MIXPREC__FORCE_INLINE float tv_max(float a, float b) { return a < b ? b : a; }
-MIXPREC__FORCE_INLINE float tv_min(float a, float b) { return b < a ? b : a; }
-
 static int64_t sweep_scalar(const float *x1, const float *y1, const float *x2,
                             const float *y2, const float *area, int32_t *dead,
                             int64_t begin, int64_t end, const float b[5], float thr) {
   int64_t killed = 0;
   for (int64_t j = begin; j < end; j++) {
     if (dead[j]) continue;
-    float xx1 = tv_max(b[0], x1[j]);
-    float yy1 = tv_max(b[1], y1[j]);
-    float xx2 = tv_min(b[2], x2[j]);
-    float yy2 = tv_min(b[3], y2[j]);
-    float w = tv_max(0.0f, xx2 - xx1);
-    float h = tv_max(0.0f, yy2 - yy1);
-    float inter = w * h;
-    float ovr = inter / (b[4] + area[j] - inter);
-    if (ovr > thr) {
+    if (mixprec__nms_suppresses(b[0], b[1], b[2], b[3], b[4], x1[j], y1[j], x2[j], y2[j],
+                                area[j], thr)) {
       dead[j] = -1;
       killed++;
     }
@@ -389,7 +375,7 @@ mixprec_status mixprec__nms_sorted(const void *boxes, mixprec_dtype boxes_dtype,
     y1[k] = mixprec__load_f32(boxes, boxes_dtype, 4 * i + 1);
     x2[k] = mixprec__load_f32(boxes, boxes_dtype, 4 * i + 2);
     y2[k] = mixprec__load_f32(boxes, boxes_dtype, 4 * i + 3);
-    area[k] = (x2[k] - x1[k]) * (y2[k] - y1[k]);
+    area[k] = mixprec__nms_area(x1[k], y1[k], x2[k], y2[k]);
     rank[k] = r;
     dead[k] = 0;
   }

@@ -9,13 +9,11 @@
 #include <immintrin.h>
 
 #include "internal.h"
+#include "nms_rules.h"
 
 int64_t mixprec__nms_sweep_avx2(const float *x1, const float *y1, const float *x2,
                                 const float *y2, const float *area, int32_t *dead,
                                 int64_t begin, int64_t end, const float b[5], float thr);
-
-MIXPREC__FORCE_INLINE float tv_max(float a, float b) { return a < b ? b : a; }
-MIXPREC__FORCE_INLINE float tv_min(float a, float b) { return b < a ? b : a; }
 
 int64_t mixprec__nms_sweep_avx2(const float *x1, const float *y1, const float *x2,
                                 const float *y2, const float *area, int32_t *dead,
@@ -51,15 +49,8 @@ int64_t mixprec__nms_sweep_avx2(const float *x1, const float *y1, const float *x
   }
   for (; j < end; j++) {
     if (dead[j]) continue;
-    float xx1 = tv_max(b[0], x1[j]);
-    float yy1 = tv_max(b[1], y1[j]);
-    float xx2 = tv_min(b[2], x2[j]);
-    float yy2 = tv_min(b[3], y2[j]);
-    float w = tv_max(0.0f, xx2 - xx1);
-    float h = tv_max(0.0f, yy2 - yy1);
-    float inter = w * h;
-    float ovr = inter / (b[4] + area[j] - inter);
-    if (ovr > thr) {
+    if (mixprec__nms_suppresses(b[0], b[1], b[2], b[3], b[4], x1[j], y1[j], x2[j], y2[j],
+                                area[j], thr)) {
       dead[j] = -1;
       killed++;
     }

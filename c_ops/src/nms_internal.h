@@ -1,4 +1,4 @@
-/* What nms.c shares with the batched detection post-processing (detect.c):
+/* What nms.c shares with the batched detection post-processing (efficient_nms.c):
  * the score order, the radix sort, the threshold rounding, and the greedy
  * NMS core over candidates already in output order, so both run one
  * implementation of the sweep (nms_avx2.c) and of torchvision's IoU rules. */
@@ -6,16 +6,7 @@
 #define MIXPREC_NMS_INTERNAL_H
 
 #include "internal.h"
-
-/* Sort key of a score: larger key = earlier in the output. NaN above +inf
- * (torch.sort's order), -0 equal to +0. Sorting ~key ascending gives the
- * decreasing-score order. */
-MIXPREC__FORCE_INLINE uint32_t mixprec__nms_score_key(float s) {
-  uint32_t u = mixprec__f32_bits(s);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0xffffffffu;
-  if ((u & 0x7fffffffu) == 0) u = 0;
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
+#include "nms_rules.h"
 
 /* Stable LSD radix sort of m (key, value) pairs by ascending key. Result in
  * keys/vals; tk/tv are scratch of the same size. */

@@ -91,21 +91,8 @@ static void fill_pc(const mixprec__roi *r, const mixprec_roi_align_params *p, in
     for (int64_t pw = 0; pw < p->pooled_width; pw++)
       for (int64_t iy = 0; iy < r->grid_h; iy++) {
         const mixprec__roi_axis ay = ty[ph * r->grid_h + iy];
-        for (int64_t ix = 0; ix < r->grid_w; ix++, i++) {
-          const mixprec__roi_axis ax = tx[pw * r->grid_w + ix];
-          mixprec__roi_pc e = {0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f};
-          if (ay.ok && ax.ok) {
-            e.w1 = ay.h * ax.h;
-            e.w2 = ay.h * ax.l;
-            e.w3 = ay.l * ax.h;
-            e.w4 = ay.l * ax.l;
-            e.p1 = ay.lo * W + ax.lo;
-            e.p2 = ay.lo * W + ax.hi;
-            e.p3 = ay.hi * W + ax.lo;
-            e.p4 = ay.hi * W + ax.hi;
-          }
-          pc[i] = e;
-        }
+        for (int64_t ix = 0; ix < r->grid_w; ix++, i++)
+          pc[i] = mixprec__roi_pc_at(ay, tx[pw * r->grid_w + ix], W);
       }
 }
 
@@ -119,11 +106,7 @@ MIXPREC__FORCE_INLINE void fwd_channels(const void *in, mixprec_dtype dt, int64_
     const mixprec__roi_pc *e = pc;
     for (int64_t b = 0; b < bins; b++) {
       float val = 0.0f;
-      for (int64_t s = 0; s < samples; s++, e++)
-        val += e->w1 * mixprec__roi_load(in, dt, base + e->p1) +
-               e->w2 * mixprec__roi_load(in, dt, base + e->p2) +
-               e->w3 * mixprec__roi_load(in, dt, base + e->p3) +
-               e->w4 * mixprec__roi_load(in, dt, base + e->p4);
+      for (int64_t s = 0; s < samples; s++, e++) val += mixprec__roi_sample(e, in, dt, base);
       val /= r->count;
       mixprec__store_f32(out, od, obase + b, val);
     }
@@ -271,10 +254,10 @@ MIXPREC__FORCE_INLINE void bwd_roi(const void *grad, mixprec_dtype gd, const int
         const float g = mixprec__roi_load(grad, gd, goff + ph * gs[2] + pw * gs[3]);
         for (int64_t s = 0; s < samples; s++, e++) {
           if (e->w1 == 0.0f && e->w2 == 0.0f && e->w3 == 0.0f && e->w4 == 0.0f) continue;
-          dst[e->p1] += g * e->w1 / count;
-          dst[e->p2] += g * e->w2 / count;
-          dst[e->p3] += g * e->w3 / count;
-          dst[e->p4] += g * e->w4 / count;
+          dst[e->p1] += mixprec__roi_grad_share(g, e->w1, count);
+          dst[e->p2] += mixprec__roi_grad_share(g, e->w2, count);
+          dst[e->p3] += mixprec__roi_grad_share(g, e->w3, count);
+          dst[e->p4] += mixprec__roi_grad_share(g, e->w4, count);
         }
       }
     }
@@ -375,49 +358,5 @@ mixprec_status mixprec_roi_align_backward(const void *grad_output, mixprec_dtype
   free(scratch);
   free(start);
   free(order);
-  return MIXPREC_OK;
-}
-
-/* The CUDA backward's gather (mixprec__roi_gather, one pixel at a time) run
- * on the CPU, for the tests that check it equals the scatter above bit for
- * bit: same arguments as mixprec_roi_align_backward, one thread, no checks
- * beyond it. Not part of the public API. */
-MIXPREC_API mixprec_status mixprec__roi_align_backward_gather(
-    const void *grad_output, mixprec_dtype grad_dtype, const int64_t *grad_strides,
-    const void *rois, mixprec_dtype rois_dtype, int64_t n_rois, int64_t batch,
-    int64_t channels, int64_t height, int64_t width, const mixprec_roi_align_params *p,
-    void *grad_input, mixprec_dtype grad_input_dtype);
-
-mixprec_status mixprec__roi_align_backward_gather(
-    const void *grad_output, mixprec_dtype grad_dtype, const int64_t *grad_strides,
-    const void *rois, mixprec_dtype rois_dtype, int64_t n_rois, int64_t batch,
-    int64_t channels, int64_t height, int64_t width, const mixprec_roi_align_params *p,
-    void *grad_input, mixprec_dtype grad_input_dtype) {
-  int64_t in_numel, out_numel;
-  mixprec_status st = mixprec__roi_align_check(grad_input_dtype, batch, channels, height, width,
-                                               rois_dtype, n_rois, p, grad_dtype, &in_numel,
-                                               &out_numel);
-  if (st != MIXPREC_OK) return st;
-  if (out_numel == 0) n_rois = 0;
-  const float scale = (float)p->spatial_scale;
-  const int nc = MIXPREC__ROI_GATHER_C;
-  for (int64_t b = 0; b < batch; b++)
-    for (int64_t c0 = 0; c0 < channels; c0 += nc)
-      for (int64_t y = 0; y < height; y++)
-        for (int64_t x = 0; x < width; x++) {
-          float acc[MIXPREC__ROI_GATHER_C] = {0};
-          const int n = channels - c0 < nc ? (int)(channels - c0) : nc;
-          for (int64_t k = 0; k < n_rois; k++) {
-            const mixprec__roi r = mixprec__roi_make(rois, rois_dtype, k, batch, p, scale);
-            if (r.batch != b || !r.finite) continue;
-            mixprec__roi_gather(&r, grad_output, grad_dtype,
-                                k * grad_strides[0] + c0 * grad_strides[1], grad_strides[1], n,
-                                grad_strides[2], grad_strides[3], p->pooled_height,
-                                p->pooled_width, height, width, y, x, acc);
-          }
-          for (int cc = 0; cc < n; cc++)
-            mixprec__store_f32(grad_input, grad_input_dtype,
-                               ((b * channels + c0 + cc) * height + y) * width + x, acc[cc]);
-        }
   return MIXPREC_OK;
 }

@@ -138,29 +138,51 @@ MIXPREC__ROI_FN mixprec__roi_axis mixprec__roi_axis_at(float y, int64_t size) {
   return a;
 }
 
+/* One sample of a roi: the four pixel offsets in the channel plane and the
+ * four weights (w1 = hy * hx, ...), exactly torchvision's PreCalc entry; a
+ * sample outside the map has offsets 0 and weights 0. The CPU builds a table
+ * of them per roi ((ph, pw, iy, ix) order, shared by the roi's channels), the
+ * CUDA forward one at a time. */
+typedef struct mixprec__roi_pc {
+  int64_t p1, p2, p3, p4;
+  float w1, w2, w3, w4;
+} mixprec__roi_pc;
+
+MIXPREC__ROI_FN mixprec__roi_pc mixprec__roi_pc_at(mixprec__roi_axis ay, mixprec__roi_axis ax,
+                                                   int64_t W) {
+  mixprec__roi_pc e = {0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f};
+  if (ay.ok && ax.ok) {
+    e.w1 = MIXPREC__RM(ay.h, ax.h);
+    e.w2 = MIXPREC__RM(ay.h, ax.l);
+    e.w3 = MIXPREC__RM(ay.l, ax.h);
+    e.w4 = MIXPREC__RM(ay.l, ax.l);
+    e.p1 = ay.lo * W + ax.lo;
+    e.p2 = ay.lo * W + ax.hi;
+    e.p3 = ay.hi * W + ax.lo;
+    e.p4 = ay.hi * W + ax.hi;
+  }
+  return e;
+}
+
+/* The bilinear value of one sample of the plane at element offset `base`:
+ * w1 * v1 + w2 * v2 + w3 * v3 + w4 * v4, left to right, as torchvision. */
+MIXPREC__ROI_FN float mixprec__roi_sample(const mixprec__roi_pc *e, const void *in,
+                                          mixprec_dtype dt, int64_t base) {
+  float s = MIXPREC__RM(e->w1, mixprec__roi_load(in, dt, base + e->p1));
+  s = MIXPREC__RA(s, MIXPREC__RM(e->w2, mixprec__roi_load(in, dt, base + e->p2)));
+  s = MIXPREC__RA(s, MIXPREC__RM(e->w3, mixprec__roi_load(in, dt, base + e->p3)));
+  return MIXPREC__RA(s, MIXPREC__RM(e->w4, mixprec__roi_load(in, dt, base + e->p4)));
+}
+
+/* One corner's share of a bin's gradient g: g * w / count, as torchvision's
+ * backward (the CPU scatter and the CUDA gather both add exactly this). */
+MIXPREC__ROI_FN float mixprec__roi_grad_share(float g, float w, float count) {
+  return MIXPREC__RD(MIXPREC__RM(g, w), count);
+}
+
 /* The raw coordinate where bin ph starts. */
 MIXPREC__ROI_FN float mixprec__roi_bin_lo(float start, int64_t ph, float bin) {
   return MIXPREC__RA(start, MIXPREC__RM((float)ph, bin));
-}
-
-/* Could a sample with raw coordinate in [a, b] (either order) touch pixel q
- * of an axis of `size` pixels? A conservative test (never says no when the
- * exact one says yes): clamped samples lie in the clamped interval, and a
- * sample at y touches floor(y) and floor(y) + 1. */
-MIXPREC__ROI_FN int mixprec__roi_may_touch(double a, double b, int64_t q, int64_t size) {
-  if (a > b) {
-    const double t = a;
-    a = b;
-    b = t;
-  }
-  const double m = 1e-4 * (1.0 + (a < 0 ? -a : a) + (b < 0 ? -b : b));
-  a -= m;
-  b += m;
-  if (b < -1.0 || a > (double)size) return 0;
-  if (a < 0.0) a = 0.0;
-  if (b > (double)(size - 1)) b = (double)(size - 1);
-  if (a > b) a = b;
-  return (double)q >= a - 1.0 && (double)q <= b + 1.0;
 }
 
 /* The contribution of one roi to grad_input pixel (py, px) of nc channels
@@ -173,11 +195,13 @@ MIXPREC__ROI_FN int mixprec__roi_may_touch(double a, double b, int64_t q, int64_
 
 MIXPREC__ROI_FN void mixprec__roi_add(float *acc, int nc, const float *g, float w, float count) {
   for (int cc = 0; cc < MIXPREC__ROI_GATHER_C; cc++)
-    if (cc < nc) acc[cc] = MIXPREC__RA(acc[cc], MIXPREC__RD(MIXPREC__RM(g[cc], w), count));
+    if (cc < nc) acc[cc] = MIXPREC__RA(acc[cc], mixprec__roi_grad_share(g[cc], w, count));
 }
 
-/* The rois a tile of pixels [q0, q1] may receive from: mixprec__roi_may_touch
- * for a range of pixels. */
+/* Could a sample with raw coordinate in [a, b] (either order) touch a pixel
+ * of [q0, q1] on an axis of `size` pixels? A conservative test (never says
+ * no when the exact one says yes): clamped samples lie in the clamped
+ * interval, and a sample at y touches floor(y) and floor(y) + 1. */
 MIXPREC__ROI_FN int mixprec__roi_may_touch_range(double a, double b, int64_t q0, int64_t q1,
                                                  int64_t size) {
   if (a > b) {
@@ -193,6 +217,11 @@ MIXPREC__ROI_FN int mixprec__roi_may_touch_range(double a, double b, int64_t q0,
   if (b > (double)(size - 1)) b = (double)(size - 1);
   if (a > b) a = b;
   return (double)q1 >= a - 1.0 && (double)q0 <= b + 1.0;
+}
+
+/* The same for the one pixel q. */
+MIXPREC__ROI_FN int mixprec__roi_may_touch(double a, double b, int64_t q, int64_t size) {
+  return mixprec__roi_may_touch_range(a, b, q, q, size);
 }
 
 MIXPREC__ROI_FN void mixprec__roi_gather(const mixprec__roi *r, const void *grad,
@@ -238,16 +267,7 @@ MIXPREC__ROI_FN void mixprec__roi_gather(const mixprec__roi *r, const void *grad
 }
 
 #ifndef __CUDACC__
-/* ---- CPU forward: torchvision's pre-computed samples ------------------------
- *
- * One entry per sample of a roi, in (ph, pw, iy, ix) order: the four pixel
- * offsets in the channel plane and the four weights, exactly torchvision's
- * PreCalc (an empty sample has offsets 0 and weights 0). Built once per roi
- * and shared by its channels. */
-typedef struct mixprec__roi_pc {
-  int64_t p1, p2, p3, p4;
-  float w1, w2, w3, w4;
-} mixprec__roi_pc;
+/* ---- CPU forward ---------------------------------------------------------- */
 
 /* The forward of channels [c0, c1) of roi k (r->batch valid) from its
  * table, output values rounded to od. The AVX2 path (roi_align_avx2.c)

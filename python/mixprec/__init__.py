@@ -21,7 +21,7 @@ load()
 
 # Each family module registers its ops' fake kernels and autograd (needs the
 # ops defined, so after load()).
-from . import _amp, _cross_entropy, _detect, _nms, _optim, _softmax  # noqa: E402,F401
+from . import _amp, _cross_entropy, _efficient_nms, _nms, _optim, _softmax  # noqa: E402,F401
 from . import _roi_align  # noqa: E402,F401
 from . import _overflow  # noqa: E402,F401
 from . import _distributed  # noqa: E402

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ._amp import grad_norm, unscale_, update_scale_  # noqa: F401
 from ._cross_entropy import cross_entropy  # noqa: F401
-from ._detect import Detections, efficient_nms  # noqa: F401
+from ._efficient_nms import Detections, efficient_nms  # noqa: F401
 from ._nms import TorchvisionPatch, batched_nms, nms, nms_padded, patch_torchvision  # noqa: F401
 from ._roi_align import RoIAlign, roi_align  # noqa: F401
 from ._softmax import log_softmax, softmax  # noqa: F401

@@ -5,12 +5,12 @@
  * what every op family shares (status codes, dtypes, the 16-bit storage
  * types, CPU dispatch and threads, the multi-tensor descriptor) and includes
  * the header of each family, so that it alone declares every entry point:
- *   mixprec/amp.h      loss scaling: unscale, grad_norm, update_scale
- *   mixprec/optim.h    fused master-weight AdamW and SGD steps
- *   mixprec/nms.h      greedy and class-aware NMS
- *   mixprec/detect.h   batched detection post-processing (EfficientNMS)
- *   mixprec/softmax.h  softmax, log_softmax and cross-entropy
- *   mixprec/roi_align.h RoIAlign forward and backward
+ *   mixprec/amp.h            loss scaling: unscale, grad_norm, update_scale
+ *   mixprec/optim.h          fused master-weight AdamW and SGD steps
+ *   mixprec/nms.h            greedy and class-aware NMS
+ *   mixprec/efficient_nms.h  batched detection post-processing (EfficientNMS)
+ *   mixprec/softmax.h        softmax, log_softmax and cross-entropy
+ *   mixprec/roi_align.h      RoIAlign forward and backward
  * None of them needs torch or CUDA. The torch shim is one client of the API,
  * ctypes or another framework can be another.
  *
@@ -182,7 +182,7 @@ typedef struct mixprec_tensor {
 #include "mixprec/amp.h"     /* loss scaling */
 #include "mixprec/optim.h"   /* fused optimizer steps */
 #include "mixprec/nms.h"     /* greedy and class-aware NMS */
-#include "mixprec/detect.h"  /* batched detection post-processing */
+#include "mixprec/efficient_nms.h"  /* batched detection post-processing */
 #include "mixprec/softmax.h" /* softmax, log_softmax, cross-entropy */
 #include "mixprec/roi_align.h" /* RoIAlign forward and backward */
 #include "mixprec/overflow.h" /* forward-overflow check (mixprec.guard) */

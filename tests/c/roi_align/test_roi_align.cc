@@ -8,16 +8,52 @@
 #include <cmath>
 #include <limits>
 
+#include "internal.h"
 #include "mixprec/roi_align.h"
+#include "roi_align_check.h"
+#include "roi_align_internal.h"
 #include "test_util.h"
 
-extern "C" mixprec_status mixprec__roi_align_backward_gather(
-    const void *grad_output, mixprec_dtype grad_dtype, const int64_t *grad_strides,
-    const void *rois, mixprec_dtype rois_dtype, int64_t n_rois, int64_t batch,
-    int64_t channels, int64_t height, int64_t width, const mixprec_roi_align_params *p,
-    void *grad_input, mixprec_dtype grad_input_dtype);
-
 namespace {
+
+// The CUDA backward's gather (mixprec__roi_gather, one pixel at a time) run
+// on the CPU, compiled here rather than shipped in the library: same
+// arguments as mixprec_roi_align_backward, one thread, its size checks only.
+mixprec_status roi_align_backward_gather(const void *grad_output, mixprec_dtype grad_dtype,
+                                         const int64_t *grad_strides, const void *rois,
+                                         mixprec_dtype rois_dtype, int64_t n_rois, int64_t batch,
+                                         int64_t channels, int64_t height, int64_t width,
+                                         const mixprec_roi_align_params *p, void *grad_input,
+                                         mixprec_dtype grad_input_dtype) {
+  int64_t in_numel, out_numel;
+  mixprec_status st = mixprec__roi_align_check(grad_input_dtype, batch, channels, height, width,
+                                               rois_dtype, n_rois, p, grad_dtype, &in_numel,
+                                               &out_numel);
+  if (st != MIXPREC_OK) return st;
+  if (out_numel == 0) n_rois = 0;
+  const float scale = (float)p->spatial_scale;
+  const int nc = MIXPREC__ROI_GATHER_C;
+  for (int64_t b = 0; b < batch; b++)
+    for (int64_t c0 = 0; c0 < channels; c0 += nc)
+      for (int64_t y = 0; y < height; y++)
+        for (int64_t x = 0; x < width; x++) {
+          float acc[MIXPREC__ROI_GATHER_C] = {0};
+          const int n = channels - c0 < nc ? (int)(channels - c0) : nc;
+          for (int64_t k = 0; k < n_rois; k++) {
+            const mixprec__roi r = mixprec__roi_make(rois, rois_dtype, k, batch, p, scale);
+            if (r.batch != b || !r.finite) continue;
+            mixprec__roi_gather(&r, grad_output, grad_dtype,
+                                k * grad_strides[0] + c0 * grad_strides[1], grad_strides[1], n,
+                                grad_strides[2], grad_strides[3], p->pooled_height,
+                                p->pooled_width, height, width, y, x, acc);
+          }
+          for (int cc = 0; cc < n; cc++)
+            mixprec__store_f32(grad_input, grad_input_dtype,
+                               ((b * channels + c0 + cc) * height + y) * width + x, acc[cc]);
+        }
+  return MIXPREC_OK;
+}
+
 
 using mpt::Buf;
 
@@ -201,7 +237,7 @@ TEST(RoiAlign, GatherEqualsScatter) {
         ASSERT_EQ(mixprec_roi_align_backward(gh.data(), dt, st, rois.data(), dt, pr.k, pr.n, pr.c,
                                              pr.h, pr.w, &p, a.data(), dt),
                   MIXPREC_OK);
-        ASSERT_EQ(mixprec__roi_align_backward_gather(gh.data(), dt, st, rois.data(), dt, pr.k, pr.n,
+        ASSERT_EQ(roi_align_backward_gather(gh.data(), dt, st, rois.data(), dt, pr.k, pr.n,
                                                      pr.c, pr.h, pr.w, &p, b.data(), dt),
                   MIXPREC_OK);
         int64_t nonzero = 0;

@@ -20,19 +20,22 @@ def randn(shape, dtype, gen, scale=4.0):
     return (torch.randn(shape, generator=gen) * scale).to(dtype)
 
 
-def check_close(out, ref64, dtype_out, *, rtol=2e-5, atol=2e-6):
+def check_close(out, ref64, dtype_out, *, rtol=2e-5, atol=2e-6, mag=None):
     """FP32 outputs: within FP32 rounding of the float64 reference.
-    FP16/BF16 outputs: within 1 ulp of that dtype (+ the FP32 error)."""
+    FP16/BF16 outputs: within 1 ulp of that dtype (+ the FP32 error).
+    ``mag``: a magnitude the FP32 computation rounds at besides the
+    result's (see lse_magnitude): a few FP32 ulps of it are allowed too."""
     assert out.dtype == dtype_out
     ref = ref64.to(torch.float64)
+    extra = 0.0 if mag is None else 4 * 2.0**-23 * mag.to(torch.float64)
     o = out.to(torch.float64)
     fin = torch.isfinite(ref)
     assert torch.equal(torch.isnan(o), torch.isnan(ref)), "NaN pattern differs"
     assert torch.equal(o[~fin & ~torch.isnan(ref)], ref[~fin & ~torch.isnan(ref)]), "inf differs"
     if dtype_out == torch.float32:
-        tol = atol + rtol * ref.abs()
+        tol = atol + rtol * ref.abs() + extra
     else:
-        tol = (EPS[dtype_out] + rtol) * ref.abs() + TINY[dtype_out] + atol
+        tol = (EPS[dtype_out] + rtol) * ref.abs() + extra + TINY[dtype_out] + atol
     err = (o - ref).abs()
     # A finite value beyond the half dtype's range rounds to inf, as the
     # reference rounded to that dtype does.
@@ -46,6 +49,18 @@ def assert_within(err, tol):
     ratio = err / tol
     worst = ratio.argmax()
     assert ratio.max() <= 1, f"err {err.view(-1)[worst].item():.3g} > tol {tol.view(-1)[worst].item():.3g}"
+
+
+def lse_magnitude(name, x, ref64, dim):
+    """|x - log_softmax(x)| = |max + log(sum(exp(x - max)))|: the strided
+    path (torch's and mixprec's alike) computes x - lse in FP32, rounding at
+    lse's magnitude, which dwarfs a result near 0 when the row sits far from
+    0 (FP16 rows at 3e4: torch's own FP32 log_softmax is 2.8e-5 off, as
+    mixprec is). None for softmax, whose rounding is relative to the
+    result."""
+    if name != "log_softmax":
+        return None
+    return torch.nan_to_num((x.to(torch.float64) - ref64).abs(), nan=0.0, posinf=0.0)
 
 
 def reference(name, x, dim):
@@ -99,13 +114,15 @@ def test_special_rows(isa, gen, name, dtype, n):
         return  # the scalar path's long rows are covered by the forward test (time budget)
     x = special_rows(dtype, n, gen)
     ref = reference(name, x, -1)
-    check_close(OPS[name][0](x, -1, torch.float32), ref, torch.float32)
-    check_close(OPS[name][0](x, -1), ref, dtype)
+    mag = lse_magnitude(name, x, ref, -1)
+    check_close(OPS[name][0](x, -1, torch.float32), ref, torch.float32, mag=mag)
+    check_close(OPS[name][0](x, -1), ref, dtype, mag=mag)
     if n > 1000:
         return
     # The same rows as columns (strided path, inner = 5).
     xt = x.t().contiguous()
-    check_close(OPS[name][0](xt, 0, torch.float32), reference(name, xt, 0), torch.float32)
+    ref_t = reference(name, xt, 0)
+    check_close(OPS[name][0](xt, 0, torch.float32), ref_t, torch.float32, mag=lse_magnitude(name, xt, ref_t, 0))
 
 
 @pytest.mark.parametrize("name", list(OPS))

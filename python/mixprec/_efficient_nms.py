@@ -72,7 +72,7 @@ class Detections(NamedTuple):
 
 
 def _check(boxes, scores, iou_threshold, score_threshold, max_detections, pre_nms_top_k):
-    """The checks of the real kernels (shim/detect_op.h), so traced and meta
+    """The checks of the real kernels (shim/efficient_nms_op.h), so traced and meta
     calls fail the same way; the public function runs them before
     ``.contiguous()``. The messages' lambdas close over plain values only
     (dynamo refuses tensors there)."""

@@ -14,7 +14,7 @@ inputs, interleaved, median of several runs:
 with whether the loop's and the op's detections (box indices and classes)
 are identical.
 
-Usage: python bench/bench_detect.py [--device cpu|cuda] [--quick] [--out FILE]
+Usage: python bench/bench_efficient_nms.py [--device cpu|cuda] [--quick] [--out FILE]
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def main():
                 f"C = {C}, score threshold {THR}, pre-NMS top-k {TOP_K}, IoU {IOU}, {K} detections per image; "
                 "float32 inputs (bf16: the same values cast to bfloat16).\n"
             )
-            f.write(f"Command: `python bench/bench_detect.py --device {args.device}{' --quick' if args.quick else ''}"
+            f.write(f"Command: `python bench/bench_efficient_nms.py --device {args.device}{' --quick' if args.quick else ''}"
                     f"{f' --threads {args.threads}' if args.threads else ''} --reps {reps}`\n\n")
             f.write("\n".join(rows) + "\n")
 

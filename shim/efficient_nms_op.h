@@ -1,5 +1,5 @@
 // mixprec::efficient_nms, validated once for both devices: a template over
-// a backend B (detect.cpp: CPU, detect_cuda.cpp: CUDA) that only says how
+// a backend B (efficient_nms.cpp: CPU, efficient_nms_cuda.cpp: CUDA) that only says how
 // to run the C entry point:
 //   B::check_device(op, where)      the tensors are B's
 //   B::run(op, args, outputs)       fills the five preallocated outputs
@@ -12,12 +12,12 @@
 #include "common.h"
 
 namespace mixprec_shim {
-namespace detect {
+namespace efficient_nms {
 
 // The C arguments after every check. boxes: (B, N, 4) or (B, N, C, 4)
 // contiguous float32/float16/bfloat16; scores: (B, N, C) contiguous, one of
 // those dtypes; one device.
-struct DetectArgs {
+struct EfficientNmsArgs {
   const void* boxes;
   mixprec_dtype boxes_dtype;
   int class_boxes;
@@ -28,11 +28,11 @@ struct DetectArgs {
   Where device;
 };
 
-struct DetectOut {
+struct EfficientNmsOut {
   Tensor boxes, scores, classes, indices, counts;
 };
 
-inline mixprec_dtype detect_float_dtype(const char* op, const char* arg, const Tensor& t) {
+inline mixprec_dtype efficient_nms_float_dtype(const char* op, const char* arg, const Tensor& t) {
   mixprec_dtype d;
   MIXPREC_CHECK(to_mixprec_dtype(t.scalar_type(), &d), "mixprec::", op, ": ", arg,
                 " must be float32, float16 or bfloat16, got ", dtype_name(t.scalar_type()),
@@ -42,7 +42,7 @@ inline mixprec_dtype detect_float_dtype(const char* op, const char* arg, const T
   return d;
 }
 
-inline void detect_check_tensor(const char* op, const char* arg, const Tensor& t,
+inline void efficient_nms_check_tensor(const char* op, const char* arg, const Tensor& t,
                                 const Where& dev) {
   MIXPREC_CHECK(t.defined() && t.layout() == Layout::Strided, "mixprec::", op, ": ", arg,
                 " must be a defined strided tensor");
@@ -52,16 +52,16 @@ inline void detect_check_tensor(const char* op, const char* arg, const Tensor& t
                 " must be contiguous; call .contiguous() on it");
 }
 
-inline DetectArgs detect_args(const char* op, const Tensor& boxes, const Tensor& scores,
+inline EfficientNmsArgs efficient_nms_args(const char* op, const Tensor& boxes, const Tensor& scores,
                               double iou_threshold, std::optional<double> score_threshold,
                               int64_t max_detections, int64_t pre_nms_top_k,
                               bool class_agnostic) {
-  DetectArgs a;
+  EfficientNmsArgs a;
   a.device = where(boxes);
-  detect_check_tensor(op, "boxes", boxes, a.device);
-  a.boxes_dtype = detect_float_dtype(op, "boxes", boxes);
-  detect_check_tensor(op, "scores", scores, a.device);
-  a.scores_dtype = detect_float_dtype(op, "scores", scores);
+  efficient_nms_check_tensor(op, "boxes", boxes, a.device);
+  a.boxes_dtype = efficient_nms_float_dtype(op, "boxes", boxes);
+  efficient_nms_check_tensor(op, "scores", scores, a.device);
+  a.scores_dtype = efficient_nms_float_dtype(op, "scores", scores);
   MIXPREC_CHECK(scores.dim() == 3, "mixprec::", op,
                 ": scores must have shape (B, N, C), got ", scores.dim(), " dimensions");
   a.batch = scores.size(0);
@@ -104,9 +104,9 @@ inline DetectArgs detect_args(const char* op, const Tensor& boxes, const Tensor&
   return a;
 }
 
-inline DetectOut detect_outputs(const DetectArgs& a, const Tensor& boxes, const Tensor& scores) {
+inline EfficientNmsOut efficient_nms_outputs(const EfficientNmsArgs& a, const Tensor& boxes, const Tensor& scores) {
   const int64_t k = a.params.max_detections;
-  DetectOut o;
+  EfficientNmsOut o;
   o.boxes = torch::stable::new_empty(boxes, {a.batch, k, 4});
   o.scores = torch::stable::new_empty(scores, {a.batch, k});
   o.classes = torch::stable::new_empty(boxes, {a.batch, k}, ScalarType::Long);
@@ -120,13 +120,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> efficient_nms_op(
     Tensor boxes, Tensor scores, double iou_threshold, std::optional<double> score_threshold,
     int64_t max_detections, int64_t pre_nms_top_k, bool class_agnostic) {
   const char* op = "efficient_nms";
-  DetectArgs a = detect_args(op, boxes, scores, iou_threshold, score_threshold, max_detections,
+  EfficientNmsArgs a = efficient_nms_args(op, boxes, scores, iou_threshold, score_threshold, max_detections,
                              pre_nms_top_k, class_agnostic);
   B::check_device(op, a.device);
-  DetectOut o = detect_outputs(a, boxes, scores);
+  EfficientNmsOut o = efficient_nms_outputs(a, boxes, scores);
   B::run(op, a, o);
   return {o.boxes, o.scores, o.classes, o.indices, o.counts};
 }
 
-}  // namespace detect
+}  // namespace efficient_nms
 }  // namespace mixprec_shim

@@ -1,15 +1,15 @@
-// The detect family (batched detection post-processing): its schema and its
-// CPU backend. The validation is detect_op.h's, shared with detect_cuda.cpp.
-#include "detect_op.h"
+// The efficient_nms family (batched detection post-processing): its schema and its
+// CPU backend. The validation is efficient_nms_op.h's, shared with efficient_nms_cuda.cpp.
+#include "efficient_nms_op.h"
 
 namespace mixprec_shim {
-namespace detect {
+namespace efficient_nms {
 namespace {
 
 struct CpuBackend {
   static void check_device(const char* op, const Where& w) { check_cpu_device(op, w); }
 
-  static void run(const char* op, const DetectArgs& a, DetectOut& o) {
+  static void run(const char* op, const EfficientNmsArgs& a, EfficientNmsOut& o) {
     const bool any = a.batch > 0;
     check_status(
         mixprec_efficient_nms(a.boxes, a.boxes_dtype, a.class_boxes, a.scores, a.scores_dtype,
@@ -24,7 +24,7 @@ struct CpuBackend {
 };
 
 }  // namespace
-}  // namespace detect
+}  // namespace efficient_nms
 }  // namespace mixprec_shim
 
 STABLE_TORCH_LIBRARY_FRAGMENT(mixprec, m) {
@@ -42,6 +42,6 @@ STABLE_TORCH_LIBRARY_FRAGMENT(mixprec, m) {
 }
 
 STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
-  namespace detect = mixprec_shim::detect;
-  m.impl("efficient_nms", TORCH_BOX(&detect::efficient_nms_op<detect::CpuBackend>));
+  namespace efficient_nms = mixprec_shim::efficient_nms;
+  m.impl("efficient_nms", TORCH_BOX(&efficient_nms::efficient_nms_op<efficient_nms::CpuBackend>));
 }

@@ -1,15 +1,15 @@
 /* Argument checks of mixprec_efficient_nms, shared verbatim by the CPU
- * (detect.c) and the CUDA host code (kernels/detect.cu), so both return the
+ * (efficient_nms.c) and the CUDA host code (kernels/efficient_nms.cu), so both return the
  * same status for the same arguments. Depends only on the public header. */
-#ifndef MIXPREC_DETECT_CHECK_H
-#define MIXPREC_DETECT_CHECK_H
+#ifndef MIXPREC_EFFICIENT_NMS_CHECK_H
+#define MIXPREC_EFFICIENT_NMS_CHECK_H
 
 #include <stdint.h>
 
 #include "compiler.h"
-#include "mixprec/detect.h"
+#include "mixprec/efficient_nms.h"
 
-MIXPREC__INLINE mixprec_status mixprec__detect_check(
+MIXPREC__INLINE mixprec_status mixprec__efficient_nms_check(
     const void *boxes, mixprec_dtype boxes_dtype, const void *scores, mixprec_dtype scores_dtype,
     int64_t batch, int64_t n, int64_t classes, const mixprec_detect_params *p,
     const void *out_boxes, const void *out_scores, const int64_t *out_classes,
@@ -31,10 +31,10 @@ MIXPREC__INLINE mixprec_status mixprec__detect_check(
 }
 
 /* Candidates per image that can reach the NMS: min(n * classes, top-k). */
-MIXPREC__INLINE int64_t mixprec__detect_cap(int64_t n, int64_t classes,
+MIXPREC__INLINE int64_t mixprec__efficient_nms_cap(int64_t n, int64_t classes,
                                             const mixprec_detect_params *p) {
   const int64_t all = n * classes;
   return p->pre_nms_top_k > 0 && p->pre_nms_top_k < all ? p->pre_nms_top_k : all;
 }
 
-#endif /* MIXPREC_DETECT_CHECK_H */
+#endif /* MIXPREC_EFFICIENT_NMS_CHECK_H */

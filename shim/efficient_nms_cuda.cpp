@@ -1,20 +1,20 @@
-// The CUDA backend of the detect family: after detect_op.h's validation,
+// The CUDA backend of the efficient_nms family: after efficient_nms_op.h's validation,
 // enqueue mixprec_cuda_efficient_nms on torch's current stream with scratch
 // from torch's caching allocator. Never synchronises with the host, so the
 // op is capturable in a CUDA graph.
 #include <torch/csrc/stable/accelerator.h>
 
 #include "cuda_common.h"
-#include "detect_op.h"
+#include "efficient_nms_op.h"
 
 namespace mixprec_shim {
-namespace detect {
+namespace efficient_nms {
 namespace {
 
 struct CudaBackend {
   static void check_device(const char* op, const Where& w) { check_cuda_device(op, w); }
 
-  static void run(const char* op, const DetectArgs& a, DetectOut& o) {
+  static void run(const char* op, const EfficientNmsArgs& a, EfficientNmsOut& o) {
     torch::stable::accelerator::DeviceGuard guard(a.device.index);
     void* stream = current_cuda_stream(op, a.device.index);
     const int64_t cap = a.params.pre_nms_top_k > 0 && a.params.pre_nms_top_k < a.n * a.classes
@@ -45,10 +45,10 @@ struct CudaBackend {
 };
 
 }  // namespace
-}  // namespace detect
+}  // namespace efficient_nms
 }  // namespace mixprec_shim
 
 STABLE_TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
-  namespace detect = mixprec_shim::detect;
-  m.impl("efficient_nms", TORCH_BOX(&detect::efficient_nms_op<detect::CudaBackend>));
+  namespace efficient_nms = mixprec_shim::efficient_nms;
+  m.impl("efficient_nms", TORCH_BOX(&efficient_nms::efficient_nms_op<efficient_nms::CudaBackend>));
 }

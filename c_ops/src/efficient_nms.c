@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "detect_check.h"
+#include "efficient_nms_check.h"
 #include "nms_internal.h"
 
 #ifdef _OPENMP
@@ -71,10 +71,10 @@ static int64_t select_smallest(uint32_t *keys, int32_t *idx, int64_t m, int64_t 
  * only for a candidate, then appended, so only the candidates' entries of
  * keys/idx are ever touched (they are fresh pages of a large allocation).
  * The histogram is a pass over the candidates only. */
-#define DETECT_BLOCK 1024
-#define DETECT_SCORE_LOOP(LOAD)                                              \
-  for (int64_t j0 = 0; j0 < nc; j0 += DETECT_BLOCK) {                        \
-    const int64_t j1 = j0 + DETECT_BLOCK < nc ? j0 + DETECT_BLOCK : nc;      \
+#define EFFICIENT_NMS_BLOCK 1024
+#define EFFICIENT_NMS_SCORE_LOOP(LOAD)                                              \
+  for (int64_t j0 = 0; j0 < nc; j0 += EFFICIENT_NMS_BLOCK) {                        \
+    const int64_t j1 = j0 + EFFICIENT_NMS_BLOCK < nc ? j0 + EFFICIENT_NMS_BLOCK : nc;      \
     int64_t q = 0;                                                           \
     for (int64_t j = j0; j < j1; j++) {                                      \
       const float s = LOAD;                                                  \
@@ -89,19 +89,19 @@ static int64_t select_smallest(uint32_t *keys, int32_t *idx, int64_t m, int64_t 
   }
 
 #if defined(MIXPREC_X86)
-int64_t mixprec__detect_score_avx2(const void *scores, mixprec_dtype dt, int64_t nc, int use_thr,
+int64_t mixprec__efficient_nms_score_avx2(const void *scores, mixprec_dtype dt, int64_t nc, int use_thr,
                                    float thr, uint32_t *keys, int32_t *idx);
 #endif
 
 static int64_t score_candidates(const void *scores, mixprec_dtype dt, int64_t nc, int use_thr,
                                 float thr, uint32_t *keys, int32_t *idx, int64_t hist[256]) {
-  uint32_t lk[DETECT_BLOCK];
-  int32_t li[DETECT_BLOCK];
+  uint32_t lk[EFFICIENT_NMS_BLOCK];
+  int32_t li[EFFICIENT_NMS_BLOCK];
   int64_t m = 0;
 #if defined(MIXPREC_X86)
   const mixprec_cpu_isa isa = mixprec__active_isa();
   if (isa == MIXPREC_ISA_AVX2 || isa == MIXPREC_ISA_AVX512) {
-    m = mixprec__detect_score_avx2(scores, dt, nc, use_thr, thr, keys, idx);
+    m = mixprec__efficient_nms_score_avx2(scores, dt, nc, use_thr, thr, keys, idx);
     for (int64_t i = 0; i < m; i++) hist[keys[i] >> 24]++;
     return m;
   }
@@ -109,25 +109,25 @@ static int64_t score_candidates(const void *scores, mixprec_dtype dt, int64_t nc
   switch (dt) {
     case MIXPREC_F16: {
       const uint16_t *v = (const uint16_t *)scores;
-      DETECT_SCORE_LOOP(mixprec__f16_to_f32(v[j]))
+      EFFICIENT_NMS_SCORE_LOOP(mixprec__f16_to_f32(v[j]))
       break;
     }
     case MIXPREC_BF16: {
       const uint16_t *v = (const uint16_t *)scores;
-      DETECT_SCORE_LOOP(mixprec__bf16_to_f32(v[j]))
+      EFFICIENT_NMS_SCORE_LOOP(mixprec__bf16_to_f32(v[j]))
       break;
     }
     default: {
       const float *v = (const float *)scores;
-      DETECT_SCORE_LOOP(v[j])
+      EFFICIENT_NMS_SCORE_LOOP(v[j])
       break;
     }
   }
   for (int64_t i = 0; i < m; i++) hist[keys[i] >> 24]++;
   return m;
 }
-#undef DETECT_SCORE_LOOP
-#undef DETECT_BLOCK
+#undef EFFICIENT_NMS_SCORE_LOOP
+#undef EFFICIENT_NMS_BLOCK
 
 /* Keeps in place, in index order, the k (< m) candidates with the smallest
  * keys (equal keys by position), given the histogram of their top bytes:
@@ -162,7 +162,7 @@ static int64_t select_top(uint32_t *keys, int32_t *idx, int64_t m, int64_t k,
   return w + side;
 }
 
-typedef struct detect_args {
+typedef struct efficient_nms_args {
   const uint8_t *boxes;
   size_t box_es; /* bytes of one box coordinate */
   mixprec_dtype boxes_dtype;
@@ -175,9 +175,9 @@ typedef struct detect_args {
   float iou_thr, score_thr;
   uint8_t *out_boxes, *out_scores;
   int64_t *out_classes, *out_indices, *counts;
-} detect_args;
+} efficient_nms_args;
 
-static mixprec_status detect_image(const detect_args *a, int64_t b, int threads) {
+static mixprec_status efficient_nms_image(const efficient_nms_args *a, int64_t b, int threads) {
   const int64_t nc = a->n * a->classes, k = a->k;
   uint8_t *ob = a->out_boxes + (size_t)(b * k * 4) * a->box_es;
   uint8_t *os = a->out_scores + (size_t)(b * k) * a->score_es;
@@ -254,11 +254,11 @@ mixprec_status mixprec_efficient_nms(const void *boxes, mixprec_dtype boxes_dtyp
                                      void *out_boxes, void *out_scores, int64_t *out_classes,
                                      int64_t *out_indices, int64_t *counts) {
   const mixprec_status st =
-      mixprec__detect_check(boxes, boxes_dtype, scores, scores_dtype, batch, n, classes, p,
+      mixprec__efficient_nms_check(boxes, boxes_dtype, scores, scores_dtype, batch, n, classes, p,
                             out_boxes, out_scores, out_classes, out_indices, counts);
   if (st != MIXPREC_OK) return st;
   if (batch == 0) return MIXPREC_OK;
-  detect_args a;
+  efficient_nms_args a;
   a.boxes = (const uint8_t *)boxes;
   a.box_es = (size_t)mixprec_dtype_size(boxes_dtype);
   a.boxes_dtype = boxes_dtype;
@@ -279,7 +279,7 @@ mixprec_status mixprec_efficient_nms(const void *boxes, mixprec_dtype boxes_dtyp
   int failed = 0;
   if (batch == 1 || threads <= 1) {
     for (int64_t b = 0; b < batch; b++)
-      if (detect_image(&a, b, threads) != MIXPREC_OK) failed = 1;
+      if (efficient_nms_image(&a, b, threads) != MIXPREC_OK) failed = 1;
   } else {
     const int t = batch < threads ? (int)batch : threads;
     (void)t;
@@ -287,7 +287,7 @@ mixprec_status mixprec_efficient_nms(const void *boxes, mixprec_dtype boxes_dtyp
 #pragma omp parallel for schedule(dynamic, 1) num_threads(t) reduction(| : failed)
 #endif
     for (int64_t b = 0; b < batch; b++)
-      if (detect_image(&a, b, 1) != MIXPREC_OK) failed |= 1;
+      if (efficient_nms_image(&a, b, 1) != MIXPREC_OK) failed |= 1;
   }
   return failed ? MIXPREC_ERR_OUT_OF_MEMORY : MIXPREC_OK;
 }

@@ -1,4 +1,4 @@
-/* AVX2 path of the scoring pass of mixprec_efficient_nms (detect.c): 8
+/* AVX2 path of the scoring pass of mixprec_efficient_nms (efficient_nms.c): 8
  * scores per step widened to float (F16C for float16, a shift for
  * bfloat16), compared with the threshold in one vector compare (ordered, so
  * a NaN never passes), and only the lanes that pass are turned into keys;
@@ -9,7 +9,7 @@
 
 #include "nms_internal.h"
 
-int64_t mixprec__detect_score_avx2(const void *scores, mixprec_dtype dt, int64_t nc, int use_thr,
+int64_t mixprec__efficient_nms_score_avx2(const void *scores, mixprec_dtype dt, int64_t nc, int use_thr,
                                    float thr, uint32_t *keys, int32_t *idx);
 
 MIXPREC__FORCE_INLINE __m256 load8(const void *scores, mixprec_dtype dt, int64_t j) {
@@ -56,7 +56,7 @@ MIXPREC__FORCE_INLINE int64_t score_loop(const void *scores, mixprec_dtype dt, i
   return m;
 }
 
-int64_t mixprec__detect_score_avx2(const void *scores, mixprec_dtype dt, int64_t nc, int use_thr,
+int64_t mixprec__efficient_nms_score_avx2(const void *scores, mixprec_dtype dt, int64_t nc, int use_thr,
                                    float thr, uint32_t *keys, int32_t *idx) {
   switch (dt) {
     case MIXPREC_F16: return score_loop(scores, MIXPREC_F16, nc, use_thr, thr, keys, idx);

@@ -10,7 +10,7 @@ from torch.library import opcheck
 from mixprec.ops import efficient_nms
 
 from _reference import DTYPES, bits, requires_cuda
-from test_detect import make
+from test_efficient_nms import make
 
 pytestmark = [pytest.mark.cuda, requires_cuda]
 

@@ -1,5 +1,5 @@
 /* Batched detection post-processing on CUDA: the GPU twin of
- * c_ops/src/detect.c, the whole batch in one fixed set of launches.
+ * c_ops/src/efficient_nms.c, the whole batch in one fixed set of launches.
  *
  * 1. keys: every (b, n, c) score becomes mixprec_nms's 32-bit key (0 for a
  *    non-candidate: NaN or not above the threshold); warps count each image's
@@ -19,22 +19,22 @@
  * Scratch comes from the caller; nothing is copied to the host. */
 #include <cub/device/device_radix_sort.cuh>
 
-#include "detect_check.h"
+#include "efficient_nms_check.h"
 #include "nms.cuh"
 
-#define MIXPREC__DETECT_ALIGN 256
-#define MIXPREC__DETECT_REDUCE_THREADS 1024
+#define MIXPREC__EFFICIENT_NMS_ALIGN 256
+#define MIXPREC__EFFICIENT_NMS_REDUCE_THREADS 1024
 
 namespace {
 
-struct detect_layout {
+struct efficient_nms_layout {
   size_t keys_in, keys_out, vals_in, vals_out, temp, valid, boxes, area, cls, src, mask;
   size_t temp_bytes;
   size_t total;
 };
 
 size_t align_up(size_t x) {
-  return (x + MIXPREC__DETECT_ALIGN - 1) / MIXPREC__DETECT_ALIGN * MIXPREC__DETECT_ALIGN;
+  return (x + MIXPREC__EFFICIENT_NMS_ALIGN - 1) / MIXPREC__EFFICIENT_NMS_ALIGN * MIXPREC__EFFICIENT_NMS_ALIGN;
 }
 
 int id_bits(int64_t batch) {
@@ -43,7 +43,7 @@ int id_bits(int64_t batch) {
   return bits;
 }
 
-bool detect_plan(int64_t batch, int64_t nc, int64_t cap, detect_layout *L) {
+bool efficient_nms_plan(int64_t batch, int64_t nc, int64_t cap, efficient_nms_layout *L) {
   const size_t total = (size_t)(batch * nc);
   size_t t1 = 0, t2 = 0;
   if (total > 0) {
@@ -77,7 +77,7 @@ bool detect_plan(int64_t batch, int64_t nc, int64_t cap, detect_layout *L) {
   return true;
 }
 
-__global__ void detect_keys(const void *scores, mixprec_dtype dt, int total, int nc, int use_thr,
+__global__ void efficient_nms_keys(const void *scores, mixprec_dtype dt, int total, int nc, int use_thr,
                             float thr, uint32_t *keys, int32_t *vals, int *valid) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= total) return;
@@ -93,7 +93,7 @@ __global__ void detect_keys(const void *scores, mixprec_dtype dt, int total, int
   if ((int)(threadIdx.x & 31) == __ffs(group) - 1 && hits) atomicAdd(&valid[b], __popc(hits));
 }
 
-__global__ void detect_image_ids(const int32_t *vals, int total, int nc, uint32_t *ids) {
+__global__ void efficient_nms_image_ids(const int32_t *vals, int total, int nc, uint32_t *ids) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < total) ids[i] = (uint32_t)(vals[i] / nc);
 }
@@ -102,7 +102,7 @@ __device__ __forceinline__ int candidates(const int *valid, int64_t b, int64_t c
   return (int)min((int64_t)valid[b], cap);
 }
 
-__global__ void detect_gather(const void *boxes, mixprec_dtype dt, int class_boxes,
+__global__ void efficient_nms_gather(const void *boxes, mixprec_dtype dt, int class_boxes,
                               const int32_t *order, const int *valid, int64_t n, int64_t classes,
                               int64_t cap, int agnostic, float4 *sboxes, float *sarea,
                               int64_t *scls, int32_t *src) {
@@ -119,13 +119,13 @@ __global__ void detect_gather(const void *boxes, mixprec_dtype dt, int class_box
   q.w = mixprec__nms_load_any(boxes, dt, 4 * row + 3);
   const int64_t at = b * cap + p;
   sboxes[at] = q;
-  sarea[at] = __fmul_rn(__fsub_rn(q.z, q.x), __fsub_rn(q.w, q.y));
+  sarea[at] = mixprec__nms_area(q.x, q.y, q.z, q.w);
   scls[at] = agnostic ? 0 : j % classes;
   src[at] = (int32_t)j;
 }
 
 __global__ void __launch_bounds__(MIXPREC__NMS_TILE)
-    detect_mask(const float4 *sboxes, const float *sarea, const int64_t *scls, const int *valid,
+    efficient_nms_mask(const float4 *sboxes, const float *sarea, const int64_t *scls, const int *valid,
                 int64_t cap, int64_t col_blocks, float thr, unsigned long long *mask) {
   const int64_t b = blockIdx.z;
   mixprec__nms_mask_tile(sboxes + b * cap, sarea + b * cap, scls + b * cap, 1,
@@ -149,8 +149,8 @@ __device__ __forceinline__ void zero_value(void *to, int64_t ti, int es) {
     ((uint16_t *)to)[ti] = 0u;
 }
 
-__global__ void __launch_bounds__(MIXPREC__DETECT_REDUCE_THREADS)
-    detect_reduce(const unsigned long long *mask, const int32_t *src, const int *valid,
+__global__ void __launch_bounds__(MIXPREC__EFFICIENT_NMS_REDUCE_THREADS)
+    efficient_nms_reduce(const unsigned long long *mask, const int32_t *src, const int *valid,
                   int64_t cap, int64_t col_blocks, const void *boxes, int box_es,
                   int class_boxes, const void *scores, int score_es, int64_t n, int64_t classes,
                   int64_t k, void *out_boxes, void *out_scores, int64_t *out_classes,
@@ -189,10 +189,10 @@ int64_t mixprec_cuda_efficient_nms_workspace_size(int64_t batch, int64_t n, int6
   if (classes > 0 && n > INT32_MAX / classes) return -1;
   const int64_t nc = n * classes;
   if (nc > 0 && batch > INT32_MAX / nc) return -1;
-  const int64_t cap = mixprec__detect_cap(n, classes, p);
+  const int64_t cap = mixprec__efficient_nms_cap(n, classes, p);
   if (cap > MIXPREC_CUDA_DETECT_MAX_CANDIDATES) return -1;
-  detect_layout L;
-  if (!detect_plan(batch, nc, cap, &L)) return -1;
+  efficient_nms_layout L;
+  if (!efficient_nms_plan(batch, nc, cap, &L)) return -1;
   return (int64_t)L.total;
 }
 
@@ -203,11 +203,11 @@ mixprec_status mixprec_cuda_efficient_nms(
     int64_t *out_indices, int64_t *counts, void *workspace, int64_t workspace_bytes,
     void *stream) {
   mixprec_status st =
-      mixprec__detect_check(boxes, boxes_dtype, scores, scores_dtype, batch, n, classes, p,
+      mixprec__efficient_nms_check(boxes, boxes_dtype, scores, scores_dtype, batch, n, classes, p,
                             out_boxes, out_scores, out_classes, out_indices, counts);
   if (st != MIXPREC_OK) return st;
   if (batch == 0) return MIXPREC_OK;
-  const int64_t nc = n * classes, cap = mixprec__detect_cap(n, classes, p);
+  const int64_t nc = n * classes, cap = mixprec__efficient_nms_cap(n, classes, p);
   if (nc > 0 && batch > INT32_MAX / nc) return MIXPREC_ERR_BAD_SIZE;
   if (cap > MIXPREC_CUDA_DETECT_MAX_CANDIDATES || batch > 65535) return MIXPREC_ERR_BAD_SIZE;
   const int box_es = mixprec_dtype_size(boxes_dtype), score_es = mixprec_dtype_size(scores_dtype);
@@ -215,10 +215,10 @@ mixprec_status mixprec_cuda_efficient_nms(
       (uintptr_t)out_boxes % box_es || (uintptr_t)out_scores % score_es ||
       (uintptr_t)out_classes % 8 || (uintptr_t)out_indices % 8 || (uintptr_t)counts % 8)
     return MIXPREC_ERR_BAD_ARGUMENT;
-  detect_layout L;
-  if (!detect_plan(batch, nc, cap, &L)) return MIXPREC_ERR_CUDA;
+  efficient_nms_layout L;
+  if (!efficient_nms_plan(batch, nc, cap, &L)) return MIXPREC_ERR_CUDA;
   if (!workspace || workspace_bytes < (int64_t)L.total ||
-      (uintptr_t)workspace % MIXPREC__DETECT_ALIGN != 0)
+      (uintptr_t)workspace % MIXPREC__EFFICIENT_NMS_ALIGN != 0)
     return MIXPREC_ERR_BAD_ARGUMENT;
   cudaStream_t s = (cudaStream_t)stream;
   uint8_t *ws = (uint8_t *)workspace;
@@ -238,7 +238,7 @@ mixprec_status mixprec_cuda_efficient_nms(
     return MIXPREC_ERR_CUDA;
   if (total > 0) {
     const unsigned grid = (unsigned)((total + 255) / 256);
-    detect_keys<<<grid, 256, 0, s>>>(
+    efficient_nms_keys<<<grid, 256, 0, s>>>(
         scores, scores_dtype, total, (int)nc, p->use_score_threshold,
         p->use_score_threshold ? mixprec__cuda_nms_float_floor(p->score_threshold) : 0.0f,
         keys_in, vals_in, valid);
@@ -248,23 +248,23 @@ mixprec_status mixprec_cuda_efficient_nms(
                                                   vals_in, vals_out, total, 0, 32,
                                                   s) != cudaSuccess)
       return MIXPREC_ERR_CUDA;
-    detect_image_ids<<<grid, 256, 0, s>>>(vals_out, total, (int)nc, keys_in);
+    efficient_nms_image_ids<<<grid, 256, 0, s>>>(vals_out, total, (int)nc, keys_in);
     if (mixprec__cuda_launch_status() != MIXPREC_OK) return MIXPREC_ERR_CUDA;
     temp_bytes = L.temp_bytes;
     /* Stable: each image keeps the score order of the first sort. */
     if (cub::DeviceRadixSort::SortPairs(ws + L.temp, temp_bytes, keys_in, keys_out, vals_out,
                                         vals_in, total, 0, id_bits(batch), s) != cudaSuccess)
       return MIXPREC_ERR_CUDA;
-    detect_gather<<<dim3((unsigned)((cap + 255) / 256), (unsigned)batch), 256, 0, s>>>(
+    efficient_nms_gather<<<dim3((unsigned)((cap + 255) / 256), (unsigned)batch), 256, 0, s>>>(
         boxes, boxes_dtype, class_boxes != 0, vals_in, valid, n, classes, cap,
         p->class_agnostic != 0, sboxes, sarea, scls, src);
     if (mixprec__cuda_launch_status() != MIXPREC_OK) return MIXPREC_ERR_CUDA;
-    detect_mask<<<dim3((unsigned)cb, (unsigned)cb, (unsigned)batch), MIXPREC__NMS_TILE, 0, s>>>(
+    efficient_nms_mask<<<dim3((unsigned)cb, (unsigned)cb, (unsigned)batch), MIXPREC__NMS_TILE, 0, s>>>(
         sboxes, sarea, scls, valid, cap, cb, mixprec__cuda_nms_float_floor(p->iou_threshold),
         mask);
     if (mixprec__cuda_launch_status() != MIXPREC_OK) return MIXPREC_ERR_CUDA;
   }
-  detect_reduce<<<(unsigned)batch, MIXPREC__DETECT_REDUCE_THREADS, (size_t)(cb > 0 ? cb : 1) * 8,
+  efficient_nms_reduce<<<(unsigned)batch, MIXPREC__EFFICIENT_NMS_REDUCE_THREADS, (size_t)(cb > 0 ? cb : 1) * 8,
                   s>>>(mask, src, valid, cap, cb, boxes, box_es, class_boxes != 0, scores,
                        score_es, n, classes, k, out_boxes, out_scores, out_classes, out_indices,
                        counts);
