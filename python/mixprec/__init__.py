@@ -31,12 +31,14 @@ from . import amp  # noqa: E402
 from . import ops  # noqa: E402
 from . import optim  # noqa: E402
 from . import nn  # noqa: E402
+from . import guard  # noqa: E402
 
 __all__ = [
     "amp",
     "ops",
     "optim",
     "nn",
+    "guard",
     "library_path",
     "cuda_library_path",
     "capi_library_path",
