@@ -2,8 +2,33 @@
  * module's outputs, the inputs read only when an output is not finite. */
 #include "internal.h"
 
-#define MIXPREC__OVERFLOW_SCAN mixprec__overflow_scan_scalar
-#include "overflow_body.h"
+#include "overflow_internal.h"
+
+/* The portable scan; also the AVX2 path's tail. Two running maxima: of the
+ * finite magnitudes, and of all of them (>= +inf: a non-finite element). */
+void mixprec__overflow_scan_scalar(const void *data, mixprec_dtype dtype, int64_t n,
+                                   uint32_t *max_bits, int *nonfinite) {
+  const uint32_t mask = mixprec__overflow_abs_mask(dtype);
+  const uint32_t inf = mixprec__overflow_inf_bits(dtype);
+  uint32_t m = 0, all = 0;
+  if (dtype == MIXPREC_F32) {
+    const uint32_t *p = (const uint32_t *)data;
+    for (int64_t i = 0; i < n; i++) {
+      const uint32_t a = p[i] & mask;
+      m = a < inf && a > m ? a : m;
+      all = a > all ? a : all;
+    }
+  } else {
+    const uint16_t *p = (const uint16_t *)data;
+    for (int64_t i = 0; i < n; i++) {
+      const uint32_t a = p[i] & mask;
+      m = a < inf && a > m ? a : m;
+      all = a > all ? a : all;
+    }
+  }
+  if (m > *max_bits) *max_bits = m;
+  if (all >= inf) *nonfinite = 1;
+}
 
 /* Fixed chunks of one tensor each, as in unscale.c: the chunking depends
  * only on the list. (The result is a max and an or, so it would not depend
@@ -11,9 +36,6 @@
 #define CHUNK ((int64_t)1 << 16)
 /* Below this many elements a parallel region costs more than the scan. */
 #define PARALLEL_MIN ((int64_t)1 << 18)
-
-void mixprec__overflow_scan_avx2(const void *data, mixprec_dtype dtype, int64_t n,
-                                 uint32_t *max_bits, int *nonfinite);
 
 /* The float whose magnitude bits a scan found (exact widening). */
 static float bits_value(mixprec_dtype dtype, uint32_t bits) {

@@ -26,8 +26,10 @@ first::
 Without a mixprec scaler call ``guard.step(found_inf=...)`` (or
 ``guard.step(loss=loss)``) once per iteration, after the optimizer step.
 
-[note: guard cost] The healthy path: one op call per module forward (and one
-per module output gradient with ``backward=True``), one ``zero_()`` of the
+[note: guard cost] The healthy path: one op call per module forward (one
+read of its outputs; activations and max-pools are skipped, see [note:
+range-safe modules]; and one per module output gradient with
+``backward=True``), one ``zero_()`` of the
 record per step, and the read of the step's found_inf flag (free on the CPU;
 one 4-byte device-to-host copy on CUDA, the same read torch's GradScaler
 makes in ``step()``). No collective: see [note: guard ranks].
@@ -62,6 +64,7 @@ when their saved values are copied in).
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -76,6 +79,24 @@ from ._library import FLOAT_DTYPES as _FLOAT
 __all__ = ["ForwardGuard", "OverflowReport", "FallbackEvent"]
 
 _LOW = (torch.float16, torch.bfloat16)
+
+# [note: range-safe modules] Modules whose output elements are each bounded
+# by an input element's magnitude (or a constant): a finite input cannot give
+# a non-finite output, so they are never to blame and are not hooked (exact
+# types only: a subclass may override forward). This skips about a quarter
+# of the bytes a ViT's checks read (its GELU outputs) and every ReLU of a
+# ResNet.
+_RANGE_SAFE = (
+    nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh,
+    nn.Identity, nn.Flatten, nn.Unflatten, nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d,
+    nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
+)
+
+
+def _range_safe(m: nn.Module) -> bool:
+    if type(m) is nn.LeakyReLU:
+        return abs(m.negative_slope) <= 1.0
+    return type(m) in _RANGE_SAFE
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _MAX = {torch.float16: 65504.0, torch.bfloat16: 3.3895313892515355e38, torch.float32: 3.4028234663852886e38}
 
@@ -117,6 +138,15 @@ class OverflowReport:
             )
             if self.in_fallback:
                 head += "; it already runs in its fallback dtype"
+        elif self.module is None:
+            head = (
+                f"step {self.step}: no forward overflow; gradient overflow (or an overflow in code outside "
+                "modules, e.g. the loss); the loss scale backs off for this"
+            )
+            if self.also:
+                head += "; parameters whose gradients overflowed: " + ", ".join(self.also[:5]) + (
+                    " ..." if len(self.also) > 5 else "")
+            return head
         else:
             head = (
                 f"step {self.step}: no forward overflow; gradient overflow: the gradient w.r.t. the output of "
@@ -160,9 +190,14 @@ class ForwardGuard:
         optimizer: the optimizer(s) over the model's parameters, to keep their
             state consistent when a ``.half()`` model's parameters move.
         backward: also check the gradient w.r.t. each module's first floating
-            output, so a gradient overflow is told apart from a forward one
+            output, to name the module where a gradient overflow appeared
             (eager only: under torch.compile the forward checks are traced
-            into the graph, with no graph break, and the backward ones skipped).
+            into the graph, with no graph break, and the backward ones
+            skipped). Off by default: it costs a read of every output
+            gradient (see bench/results/guard_cpu.md), and without it a
+            skipped step with no forward overflow is still reported as a
+            gradient overflow, with the parameters the attached scaler's
+            diagnostics name.
         process_group: for the cross-rank agreement (default: the world group
             when torch.distributed is initialised).
     """
@@ -175,7 +210,7 @@ class ForwardGuard:
         after: int = 1,
         fallback_dtype: torch.dtype = torch.float32,
         optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None,
-        backward: bool = True,
+        backward: bool = False,
         process_group=None,
     ) -> None:
         if after < 1:
@@ -221,10 +256,14 @@ class ForwardGuard:
         self.fallback_set: dict[str, torch.dtype] = {}
         self.events: list[FallbackEvent] = []
         self._last: OverflowReport | None = None
+        self._scaler = None
+        self._from_scaler = False
         self._reports: list[OverflowReport] = []
         self._half_model = any(p.dtype in _LOW for p in model.parameters())
         self._originals: dict[int, Any] = {}
-        self._handles = [m.register_forward_hook(self._make_hook(i)) for i, m in enumerate(self._modules)]
+        self._handles = [
+            m.register_forward_hook(self._make_hook(i)) for i, m in enumerate(self._modules) if not _range_safe(m)
+        ]
 
     # ---- the hot path ------------------------------------------------------------
     def _record(self, dev: torch.device) -> torch.Tensor:
@@ -281,6 +320,7 @@ class ForwardGuard:
                 "(or named_parameters=...); with any other scaler call guard.step(found_inf=...) after each step"
             )
         recorder.add_listener(self)
+        self._scaler = weakref.ref(scaler)
         return self
 
     def on_scaler_step(self, found_inf: torch.Tensor) -> None:  # the GradScaler hook (_amp_health)
@@ -320,6 +360,7 @@ class ForwardGuard:
             bad = bool(bad_t)
         else:
             raise TypeError("mixprec.guard.ForwardGuard.step: pass found_inf (from the scaler) or loss")
+        self._from_scaler = found_inf is not None
         report = self._diagnose(group) if bad else None
         for rec in self._records.values():
             rec.zero_()
@@ -376,6 +417,14 @@ class ForwardGuard:
                     _DTYPE_NAMES.get(self._dtypes.get(first), None), amax[n + first],
                     [self._names[i] for i in bad_b[1:]], self._names[first] in self.fallback_set,
                 )
+            elif self._from_scaler:
+                # Skipped by the scaler, nothing flagged in the forward: the
+                # gradients overflowed (or code outside modules did).
+                params = []
+                scaler = self._scaler() if self._scaler is not None else None
+                if scaler is not None:
+                    params = [o.name for o in scaler.last_overflow()]
+                report = OverflowReport(step, "gradient", None, None, None, math.nan, params, False)
             else:
                 report = OverflowReport(step, "unknown", None, None, None, math.nan, [], False)
         self._last = report

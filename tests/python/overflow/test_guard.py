@@ -19,14 +19,6 @@ from _models import batches, blow_up_attention, vit
 STEPS = 10
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one thread is faster than two on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _train_fp32(model, data, lr=1e-3):
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -181,15 +173,22 @@ def test_healthy_run_is_bit_identical_and_reports_nothing():
     assert guard.steps == 6 and "forward guard" not in str(scaler.health())
 
 
-def test_gradient_overflow_is_told_apart():
+@pytest.mark.parametrize("backward", [False, True])
+def test_gradient_overflow_is_told_apart(backward):
     model, data = vit(overflow=False), batches(1)
-    guard = ForwardGuard(model)
-    scaler = mixprec.amp.GradScaler("cpu", init_scale=2.0**60, diagnostics=True)  # the grads overflow FP16
+    guard = ForwardGuard(model, backward=backward, fallback=True)
+    scaler = mixprec.amp.GradScaler("cpu", init_scale=2.0**60, diagnostics=True,
+                                    named_parameters=model.named_parameters())  # the grads overflow FP16
     _, skipped, _ = _train_amp(model, data, guard, scaler=scaler)
     assert skipped == [True]
     rep = guard.report()
     assert rep.kind == "gradient" and "no forward overflow; gradient overflow" in str(rep)
-    assert rep.module is not None and guard.fallback_set == {}
+    assert guard.fallback_set == {}
+    if backward:  # the module whose output gradient went non-finite first
+        assert rep.module == "head" and rep.dtype == "float16"
+    else:  # the parameters, from the scaler's diagnostics
+        assert rep.module is None and "head.weight" in rep.also
+        assert "parameters whose gradients overflowed: embed.weight" in str(rep)
 
 
 def test_step_with_loss_and_unknown_origin():

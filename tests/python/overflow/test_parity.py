@@ -13,13 +13,6 @@ from mixprec.parity import main, parity
 from _models import batches, vit
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def test_overflowing_model_with_and_without_the_guard(tmp_path):
     data = batches(8)
