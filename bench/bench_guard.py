@@ -7,9 +7,10 @@ ResNet-18 step is ~25x the BF16 one here), and a slower step would only
 hide the guard's cost, which does not depend on the dtype (one read of each
 module's output, per-module Python hooks).
 
-Two copies of the model from the same weights, one guarded; rounds
-alternate between them (off, on, off, on, ...) in one process; the figure is
-the median over rounds of (on / off) of each round's median step time.
+Three copies of the model from the same weights, one guarded; rounds
+alternate between them (off, off again, on, ...) in one process; the figure
+is the median over rounds of (on / off) of each round's median step time,
+next to (off again / off): the noise floor of the machine at that time.
 
     PYTHONPATH=python:bench python bench/bench_guard.py [--rounds 9] [--steps 5]
 """
@@ -90,30 +91,28 @@ def _step(model, opt, scaler, x, y):
 def bench(name, make, x, y, rounds, steps):
     torch.manual_seed(0)
     off = make()
-    on = copy.deepcopy(off)
-    guard = ForwardGuard(on)
-    (o_opt, o_sc), (n_opt, n_sc) = _setup(off), _setup(on)
-    guard.attach(n_sc)
+    copies = {"off": off, "off again": copy.deepcopy(off), "on": copy.deepcopy(off)}
+    runs = {k: (m, *_setup(m)) for k, m in copies.items()}
+    guard = ForwardGuard(copies["on"]).attach(runs["on"][2])
     for _ in range(2):  # warm-up
-        _step(off, o_opt, o_sc, x, y)
-        _step(on, n_opt, n_sc, x, y)
-    t_off, t_on, ratios = [], [], []
+        for m, opt, sc in runs.values():
+            _step(m, opt, sc, x, y)
+    t = {k: [] for k in runs}
     for _ in range(rounds):
-        per = {}
-        for label, (m, opt, sc) in (("off", (off, o_opt, o_sc)), ("on", (on, n_opt, n_sc))):
+        for k, (m, opt, sc) in runs.items():
             ts = []
             for _ in range(steps):
                 t0 = time.perf_counter()
                 _step(m, opt, sc, x, y)
                 ts.append(time.perf_counter() - t0)
-            per[label] = statistics.median(ts)
-        t_off.append(per["off"])
-        t_on.append(per["on"])
-        ratios.append(per["on"] / per["off"])
+            t[k].append(statistics.median(ts))
     assert guard.report() is None  # healthy run: nothing to report
-    n_mod = len(list(on.modules()))
-    return (name, n_mod, statistics.median(t_off) * 1e3, statistics.median(t_on) * 1e3,
-            statistics.median(ratios), min(ratios), max(ratios))
+    ratios = [b / a for a, b in zip(t["off"], t["on"])]
+    floor = [b / a for a, b in zip(t["off"], t["off again"])]
+    hooked = len(guard._handles)
+    return (name, f"{hooked} of {len(list(off.modules()))}", statistics.median(t["off"]) * 1e3,
+            statistics.median(t["on"]) * 1e3, statistics.median(ratios), min(ratios), max(ratios),
+            statistics.median(floor))
 
 
 def main():
@@ -137,19 +136,20 @@ def main():
         "# mixprec.guard.ForwardGuard: cost per training step (CPU)",
         "",
         "`PYTHONPATH=python:bench python bench/bench_guard.py` — one BF16-autocast training step (forward, "
-        "backward, mixprec GradScaler with diagnostics, mixprec AdamW), guard on (every module hooked, "
-        "forward and output-gradient checks, attached to the scaler) vs off, two copies of one model, "
+        "backward, mixprec GradScaler with diagnostics, mixprec AdamW), guard on (defaults: every module but "
+        "the range-safe ones hooked, forward checks, attached to the scaler) vs off, three copies of one model "
+        "(off, off again, on), "
         f"interleaved rounds in one process, medians of {a.rounds} rounds x {a.steps} steps, "
         f"{a.threads} thread(s). BF16 because the CPU has no fast FP16 kernels (see the script's docstring).",
         "",
         f"{machine(torch.device('cpu'))}; started {started}, load average at start "
         f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min).",
         "",
-        "| model | modules | off (ms/step) | on (ms/step) | on / off (median) | min | max |",
-        "|---|---|---|---|---|---|---|",
+        "| model | modules hooked | off (ms/step) | on (ms/step) | on / off (median) | min | max | off again / off |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for name, n, toff, ton, r, lo, hi in rows:
-        lines.append(f"| {name} | {n} | {toff:.1f} | {ton:.1f} | {r:.3f} | {lo:.3f} | {hi:.3f} |")
+    for name, n, toff, ton, r, lo, hi, fl in rows:
+        lines.append(f"| {name} | {n} | {toff:.1f} | {ton:.1f} | {r:.3f} | {lo:.3f} | {hi:.3f} | {fl:.3f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:
