@@ -34,8 +34,22 @@ struct mixprec__overflow_args {
 static_assert(sizeof(mixprec__overflow_args) + 2 * sizeof(void *) <= MIXPREC__MTA_PARAM_BUDGET,
               "overflow kernel arguments exceed the parameter budget");
 
-/* The chunk scan: the CPU's rule (overflow_body.h) per thread, then a block
- * max and or. */
+/* One thread's share of a chunk of dtype D: the CPU's two maxima
+ * (overflow.c scan_body). */
+template <int D>
+static __device__ __forceinline__ void mixprec__overflow_span(const void *data, int n,
+                                                             uint32_t *m, int *bad) {
+  const uint32_t mask = mixprec__overflow_abs_mask((mixprec_dtype)D);
+  const uint32_t inf = mixprec__overflow_inf_bits((mixprec_dtype)D);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const uint32_t v = (D == MIXPREC_F32 ? ((const uint32_t *)data)[i]
+                                         : (uint32_t)((const uint16_t *)data)[i]) & mask;
+    if (v >= inf) *bad = 1; else if (v > *m) *m = v;
+  }
+}
+
+/* The chunk scan: mixprec__overflow_span per thread, then a block max and
+ * or. */
 static __global__ void __launch_bounds__(MIXPREC__OVERFLOW_THREADS)
     mixprec__overflow_kernel(const __grid_constant__ mixprec__overflow_args a, float *slot) {
   __shared__ uint32_t warp_max[MIXPREC__OVERFLOW_THREADS / MIXPREC__WARP];
@@ -46,23 +60,10 @@ static __global__ void __launch_bounds__(MIXPREC__OVERFLOW_THREADS)
     const int64_t begin = (c - a.chunk_start[t]) * MIXPREC__OVERFLOW_CHUNK;
     const int64_t left = a.numel[t] - begin;
     const int n = left < MIXPREC__OVERFLOW_CHUNK ? (int)left : MIXPREC__OVERFLOW_CHUNK;
-    const uint32_t mask = mixprec__overflow_abs_mask(dt);
-    const uint32_t inf = mixprec__overflow_inf_bits(dt);
     uint32_t m = 0;
     int bad = 0;
-    if (dt == MIXPREC_F32) {
-      const uint32_t *p = (const uint32_t *)a.data[t] + begin;
-      for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const uint32_t v = p[i] & mask;
-        if (v >= inf) bad = 1; else if (v > m) m = v;
-      }
-    } else {
-      const uint16_t *p = (const uint16_t *)a.data[t] + begin;
-      for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const uint32_t v = p[i] & mask;
-        if (v >= inf) bad = 1; else if (v > m) m = v;
-      }
-    }
+    MIXPREC__DISPATCH(dt, D, mixprec__overflow_span<D>(
+        (const char *)a.data[t] + begin * (D == MIXPREC_F32 ? 4 : 2), n, &m, &bad));
     for (int off = MIXPREC__WARP / 2; off > 0; off /= 2) {
       const uint32_t o = __shfl_down_sync(0xffffffffu, m, off);
       m = o > m ? o : m;
@@ -73,9 +74,11 @@ static __global__ void __launch_bounds__(MIXPREC__OVERFLOW_THREADS)
       for (int w = 1; w < MIXPREC__OVERFLOW_THREADS / MIXPREC__WARP; w++)
         m = warp_max[w] > m ? warp_max[w] : m;
       if (t < a.n_outputs) {
-        const float v = dt == MIXPREC_F32 ? __uint_as_float(m)
-                        : dt == MIXPREC_F16 ? mixprec__f16_to_f32((uint16_t)m)
-                                            : mixprec__bf16_to_f32((uint16_t)m);
+        float v = 0.0f;
+        MIXPREC__DISPATCH(dt, D,
+                          v = D == MIXPREC_F32   ? __uint_as_float(m)
+                              : D == MIXPREC_F16 ? mixprec__f16_to_f32((uint16_t)m)
+                                                 : mixprec__bf16_to_f32((uint16_t)m));
         /* Non-negative floats order as their bits. */
         if (v > 0.0f) atomicMax((unsigned int *)&slot[MIXPREC_OVERFLOW_AMAX], __float_as_uint(v));
         if (bad) slot[MIXPREC__OVERFLOW_OUT_BAD] = 1.0f; /* racy; same value */

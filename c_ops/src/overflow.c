@@ -4,30 +4,27 @@
 
 #include "overflow_internal.h"
 
-/* The portable scan; also the AVX2 path's tail. Two running maxima: of the
- * finite magnitudes, and of all of them (>= +inf: a non-finite element). */
-void mixprec__overflow_scan_scalar(const void *data, mixprec_dtype dtype, int64_t n,
-                                   uint32_t *max_bits, int *nonfinite) {
-  const uint32_t mask = mixprec__overflow_abs_mask(dtype);
-  const uint32_t inf = mixprec__overflow_inf_bits(dtype);
+/* The portable scan of one dtype D (a constant once dispatched); also the
+ * AVX2 path's tail. Two running maxima: of the finite magnitudes, and of all
+ * of them (>= +inf: a non-finite element). */
+MIXPREC__FORCE_INLINE void scan_body(const void *data, mixprec_dtype D, int64_t n,
+                                     uint32_t *max_bits, int *nonfinite) {
+  const uint32_t mask = mixprec__overflow_abs_mask(D);
+  const uint32_t inf = mixprec__overflow_inf_bits(D);
   uint32_t m = 0, all = 0;
-  if (dtype == MIXPREC_F32) {
-    const uint32_t *p = (const uint32_t *)data;
-    for (int64_t i = 0; i < n; i++) {
-      const uint32_t a = p[i] & mask;
-      m = a < inf && a > m ? a : m;
-      all = a > all ? a : all;
-    }
-  } else {
-    const uint16_t *p = (const uint16_t *)data;
-    for (int64_t i = 0; i < n; i++) {
-      const uint32_t a = p[i] & mask;
-      m = a < inf && a > m ? a : m;
-      all = a > all ? a : all;
-    }
+  for (int64_t i = 0; i < n; i++) {
+    const uint32_t a = (D == MIXPREC_F32 ? ((const uint32_t *)data)[i]
+                                         : (uint32_t)((const uint16_t *)data)[i]) & mask;
+    m = a < inf && a > m ? a : m;
+    all = a > all ? a : all;
   }
   if (m > *max_bits) *max_bits = m;
   if (all >= inf) *nonfinite = 1;
+}
+
+void mixprec__overflow_scan_scalar(const void *data, mixprec_dtype dtype, int64_t n,
+                                   uint32_t *max_bits, int *nonfinite) {
+  MIXPREC__DISPATCH(dtype, D, scan_body(data, D, n, max_bits, nonfinite));
 }
 
 /* Fixed chunks of one tensor each, as in unscale.c: the chunking depends
@@ -39,9 +36,8 @@ void mixprec__overflow_scan_scalar(const void *data, mixprec_dtype dtype, int64_
 
 /* The float whose magnitude bits a scan found (exact widening). */
 static float bits_value(mixprec_dtype dtype, uint32_t bits) {
-  if (dtype == MIXPREC_F32) return mixprec__f32_from_bits(bits);
-  return dtype == MIXPREC_F16 ? mixprec__f16_to_f32((uint16_t)bits)
-                              : mixprec__bf16_to_f32((uint16_t)bits);
+  const uint16_t h = (uint16_t)bits;
+  return dtype == MIXPREC_F32 ? mixprec__f32_from_bits(bits) : mixprec__load_f32(&h, dtype, 0);
 }
 
 typedef void (*scan_fn)(const void *, mixprec_dtype, int64_t, uint32_t *, int *);

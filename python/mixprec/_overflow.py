@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._amp import _refuse_sparse, _same_device
+from ._registration import _refuse_sparse, _same_device
 from ._library import FLOAT_DTYPES as _FLOAT
 
 __all__ = ["overflow_check_", "new_record", "RECORD_WIDTH", "NONFINITE", "AMAX", "INPUT_NONFINITE", "FROM_FINITE"]
