@@ -42,13 +42,14 @@ evaluation; :func:`ema_model` builds a separate EMA module.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from ._amp_grads import is_dense
 from ._distributed import local
-from ._optim_args import _ParamChecks, _check_lr, _ema_defaults, _scalar, _torch_flags
+from ._optim_args import _own_group_keys, _ParamChecks, _check_lr, _check_scalars, _real, _scalar, _torch_flags
 from ._optim_ema import _WeightsEma, ema_model
 from ._optim_seeds import _RoundingSeeds
 from ._optim_state import _StateAndCheckpoints
@@ -76,7 +77,7 @@ class _FusedMasterWeightOptimizer(_StateAndCheckpoints, _RoundingSeeds, _Outside
         reproducible)."""
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        self._check_group_mode(group)
+        self._check_group_args(group)
         self._draw_seed(group)
 
     @staticmethod
@@ -139,6 +140,7 @@ class _FusedMasterWeightOptimizer(_StateAndCheckpoints, _RoundingSeeds, _Outside
     def step(self, closure=None):
         """One fused step per param group and device (grads, masters and
         state of the group's params on that device in one op call)."""
+        self._refuse_step_in_swap()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -236,8 +238,13 @@ class AdamW(_FusedMasterWeightOptimizer):
         fused: bool | None = None,
     ) -> None:
         _check_lr(lr)
-        ema = _ema_defaults(ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma, ema_warmup_power,
-                            ema_update_after_step, ema_update_every)
+        own = _own_group_keys(dict(
+            ema_decay=ema_decay, ema_min_decay=ema_min_decay, ema_use_warmup=ema_use_warmup,
+            ema_warmup_gamma=ema_warmup_gamma, ema_warmup_power=ema_warmup_power,
+            ema_update_after_step=ema_update_after_step, ema_update_every=ema_update_every,
+            master_weights=master_weights, seed=seed,
+        ))
+        _check_scalars(eps=eps, weight_decay=weight_decay)
         betas = (_scalar(betas[0], "betas[0]"), _scalar(betas[1], "betas[1]"))
         if not 0.0 <= eps:
             raise ValueError(f"Invalid epsilon value: {eps}")
@@ -248,8 +255,7 @@ class AdamW(_FusedMasterWeightOptimizer):
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         defaults = dict(
-            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
-            master_weights=bool(master_weights), seed=seed, **ema,
+            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize, **own,
             **_torch_flags(foreach, capturable, differentiable, fused),
         )
         super().__init__(params, defaults)
@@ -309,17 +315,26 @@ class SGD(_FusedMasterWeightOptimizer):
         fused: bool | None = None,
     ) -> None:
         _check_lr(lr)
-        ema = _ema_defaults(ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma, ema_warmup_power,
-                            ema_update_after_step, ema_update_every)
+        own = _own_group_keys(dict(
+            ema_decay=ema_decay, ema_min_decay=ema_min_decay, ema_use_warmup=ema_use_warmup,
+            ema_warmup_gamma=ema_warmup_gamma, ema_warmup_power=ema_warmup_power,
+            ema_update_after_step=ema_update_after_step, ema_update_every=ema_update_every,
+            master_weights=master_weights, seed=seed,
+        ))
+        _check_scalars(momentum=momentum, dampening=dampening, weight_decay=weight_decay)
         if not 0.0 <= momentum:
             raise ValueError(f"Invalid momentum value: {momentum}")
+        if not math.isfinite(_real("dampening", dampening, bools=True)):
+            # torch checks nothing here: a NaN or inf turns the weights NaN
+            # at the second step.
+            raise ValueError(f"Invalid dampening value: {dampening}")
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         defaults = dict(
             lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-            nesterov=nesterov, maximize=maximize, master_weights=bool(master_weights), seed=seed, **ema,
+            nesterov=nesterov, maximize=maximize, **own,
             **_torch_flags(foreach, capturable, differentiable, fused),
         )
         super().__init__(params, defaults)
@@ -328,6 +343,8 @@ class SGD(_FusedMasterWeightOptimizer):
         # torch's SGD keeps no step count: a loaded momentum buffer means the
         # first step is behind us.
         for st in self.state.values():
+            if not isinstance(st, dict):
+                continue  # an entry a load_state_dict hook added (torch's own tests add some)
             buf = st.get("momentum_buffer")
             if isinstance(buf, torch.Tensor) and "step" not in st:
                 st["step"] = torch.ones((), dtype=torch.float32, device=buf.device)
