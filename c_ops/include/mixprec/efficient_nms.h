@@ -124,8 +124,9 @@ MIXPREC_API mixprec_detect_layout mixprec_detect_layout_contiguous(int64_t n, in
  *  mixprec_efficient_nms() on boxes and scores laid out as `layout` says,
  *  read in place (no copy of either). With MIXPREC_BOX_CENTER the NMS and
  *  out_boxes use the decoded corners (out_boxes: those float32 corners
- *  rounded to boxes_dtype); with MIXPREC_BOX_CORNER out_boxes holds the
- *  input values bit for bit. Results equal mixprec_efficient_nms() on the
+ *  rounded to boxes_dtype; a NaN coordinate gives NaN corners, their
+ *  payload unspecified); with MIXPREC_BOX_CORNER out_boxes holds the input
+ *  values bit for bit. Results equal mixprec_efficient_nms() on the
  *  same values stored contiguously (corner coded: after decoding).
  *  @return : as mixprec_efficient_nms(); MIXPREC_ERR_NULL_POINTER for a NULL
  *            layout; MIXPREC_ERR_BAD_ARGUMENT for a negative stride or an

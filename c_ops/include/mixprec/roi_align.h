@@ -48,7 +48,8 @@
  * block of 16 channels) backward, each output element written by one thread
  * in the fixed order above: results never depend on the thread count. The
  * forward's AVX2 + F16C path (8 channels per vector, chosen at run time)
- * gives the scalar path's bits.
+ * gives the scalar path's bits, a NaN's sign and payload aside (when NaN
+ * inputs of both signs meet in one sum either may be kept).
  */
 #ifndef MIXPREC_ROI_ALIGN_H
 #define MIXPREC_ROI_ALIGN_H
