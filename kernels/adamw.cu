@@ -12,12 +12,8 @@
  * Every thread reads *found_inf first and returns when the step is skipped,
  * so nothing is written and no host synchronisation is needed.
  *
- * Elementwise math: every float operation is an explicit round-to-nearest
- * intrinsic (__fadd_rn, __fmul_rn, __fdiv_rn, __fsqrt_rn), so nvcc can
- * neither contract nor approximate it, and fmaf is used exactly where the CPU
- * uses it (the lerp, and the second moment, whose fused product differs
- * between torch's vectorised body and its scalar tail: the last numel % 8
- * elements of each tensor, see c_ops/src/adamw.c). */
+ * Elementwise math: the CPU's own function, mixprec__adamw_math in
+ * c_ops/src/optim_math.h ([note: one rounding per operation] there). */
 #include "optim.cuh"
 
 /* Per-call constants: h as adamw.c has it (optim_consts.h), the doubles the
@@ -31,38 +27,20 @@ struct mixprec__adamw_k {
   mixprec__ema_hyper eh; /* the EMA's decay formula (the buffers are packed per group) */
 };
 
-/* One element: the formulas of adamw_range in c_ops/src/adamw.c. s0 is
- * exp_avg, s1 exp_avg_sq, s2 max_exp_avg_sq. */
+/* One element: mixprec__adamw_math (optim_math.h), as adamw_range in
+ * c_ops/src/adamw.c calls it. s0 is exp_avg, s1 exp_avg_sq, s2
+ * max_exp_avg_sq. */
 struct mixprec__adamw_op {
-  float w, w_m1, beta2, c2, eps, scale;
-  float decay, step_size, bc2_sqrt;
-  bool w_small, decay_on, amsgrad, maximize, has_scale;
+  mixprec__adamw_hyper h;
+  mixprec__adamw_tc c;
+  float scale;
+  bool has_scale;
 
   /* gs: the grad in, the unscaled grad out (before maximize). */
   __device__ __forceinline__ void operator()(float &gs, float &p, float &m, float &v,
                                              float &vmax, bool tail) const {
-    if (has_scale) gs = __fdiv_rn(gs, scale);
-    float g = gs;
-    if (maximize) g = -g;
-    if (decay_on) p = __fmul_rn(p, decay);
-    const float diff = __fsub_rn(g, m);
-    m = w_small ? fmaf(w, diff, m) : fmaf(w_m1, diff, g);
-    const float cg = __fmul_rn(c2, g);
-    /* torch's AVX2 build, as GCC contracts it: the body and the tail fuse
-     * different products (adamw.c). */
-    v = tail ? fmaf(v, beta2, __fmul_rn(cg, g)) : fmaf(cg, g, __fmul_rn(v, beta2));
-    float vd = v;
-    if (amsgrad) {
-      const float old = vmax;
-      if (tail) /* std::max(old, v) */
-        vd = old < v ? v : old;
-      else /* _mm256_max_ps or'ed with an unordered compare: all-ones NaN */
-        vd = (old != old || v != v) ? __uint_as_float(0xffffffffu) : (old > v ? old : v);
-      vmax = vd;
-    }
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vd), bc2_sqrt), eps);
-    const float upd = __fmul_rn(step_size, m);
-    p = __fsub_rn(p, __fdiv_rn(upd, denom));
+    gs = mixprec__opt_unscale(gs, has_scale, scale);
+    p = mixprec__adamw_math(h.maximize ? -gs : gs, p, &m, &v, &vmax, &h, &c, tail);
   }
 };
 
@@ -74,15 +52,7 @@ __global__ void __launch_bounds__(MIXPREC__OPT_CU_THREADS)
   __shared__ float scalars[3]; /* decay, step_size, bc2_sqrt */
 
   mixprec__adamw_op op;
-  op.w = k.h.w;
-  op.w_m1 = k.h.w_m1;
-  op.beta2 = k.h.beta2;
-  op.c2 = k.h.c2;
-  op.eps = k.h.eps;
-  op.w_small = k.h.w_small != 0;
-  op.decay_on = k.h.decay_on != 0;
-  op.amsgrad = k.h.amsgrad != 0;
-  op.maximize = k.h.maximize != 0;
+  op.h = k.h;
   op.has_scale = k.grad_scale != NULL;
   op.scale = k.grad_scale ? *k.grad_scale : 1.0f;
 
@@ -101,9 +71,9 @@ __global__ void __launch_bounds__(MIXPREC__OPT_CU_THREADS)
                                    &scalars[2]);
     }
     __syncthreads();
-    op.decay = scalars[0];
-    op.step_size = scalars[1];
-    op.bc2_sqrt = scalars[2];
+    op.c.decay = scalars[0];
+    op.c.step_size = scalars[1];
+    op.c.bc2_sqrt = scalars[2];
     const int64_t begin = (c - a.chunk_start[t]) * MIXPREC__OPT_CU_CHUNK;
     const int64_t left = a.numel[t] - begin;
     const int n = left < MIXPREC__OPT_CU_CHUNK ? (int)left : MIXPREC__OPT_CU_CHUNK;

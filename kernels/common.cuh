@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "compiler.h"
+#include "dispatch.h"
 #include "mixprec/mixprec.h"
 
 /* ---- values ------------------------------------------------------------- */

@@ -517,11 +517,7 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy(
   a.positions = positions;
   a.ignore_index = p->ignore_index;
   a.eps = (float)p->label_smoothing;
-  switch (dtype) {
-    case MIXPREC_F16: status = launch_fwd<MIXPREC_F16>(logits, a, s); break;
-    case MIXPREC_BF16: status = launch_fwd<MIXPREC_BF16>(logits, a, s); break;
-    default: status = launch_fwd<MIXPREC_F32>(logits, a, s); break;
-  }
+  MIXPREC__DISPATCH(dtype, D, status = launch_fwd<D>(logits, a, s));
   if (status != MIXPREC_OK) return status;
   ce_reduce<<<1, 1024, 0, s>>>(a.part, units_of(p), p->reduction,
                                p->reduction == MIXPREC_REDUCTION_NONE ? nullptr : loss, weight_sum);
@@ -552,11 +548,8 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_backward(
   a.eps = (float)p->label_smoothing;
   a.reduction = p->reduction;
   cudaStream_t s = (cudaStream_t)stream;
-  switch (dtype) {
-    case MIXPREC_F16: return launch_bwd<MIXPREC_F16>(logits, grad_logits, a, s);
-    case MIXPREC_BF16: return launch_bwd<MIXPREC_BF16>(logits, grad_logits, a, s);
-    default: return launch_bwd<MIXPREC_F32>(logits, grad_logits, a, s);
-  }
+  MIXPREC__DISPATCH(dtype, D, status = launch_bwd<D>(logits, grad_logits, a, s));
+  return status;
 }
 
 /* ---- soft targets: host side -------------------------------------------------- */
@@ -618,26 +611,6 @@ mixprec_status launch_soft_bwd(const void *logits, void *dx, void *dt, const Sof
   return MIXPREC_OK;
 }
 
-/* The closed set of (logits, target) dtype pairs, chosen by one switch. */
-template <int D>
-mixprec_status soft_fwd_d(const void *logits, mixprec_dtype td, const SoftArgs &a, cudaStream_t s) {
-  switch (td) {
-    case MIXPREC_F16: return launch_soft_fwd<D, MIXPREC_F16>(logits, a, s);
-    case MIXPREC_BF16: return launch_soft_fwd<D, MIXPREC_BF16>(logits, a, s);
-    default: return launch_soft_fwd<D, MIXPREC_F32>(logits, a, s);
-  }
-}
-
-template <int D>
-mixprec_status soft_bwd_d(const void *logits, mixprec_dtype td, void *dx, void *dt, const SoftBwdArgs &a,
-                          cudaStream_t s) {
-  switch (td) {
-    case MIXPREC_F16: return launch_soft_bwd<D, MIXPREC_F16>(logits, dx, dt, a, s);
-    case MIXPREC_BF16: return launch_soft_bwd<D, MIXPREC_BF16>(logits, dx, dt, a, s);
-    default: return launch_soft_bwd<D, MIXPREC_F32>(logits, dx, dt, a, s);
-  }
-}
-
 }  // namespace
 
 extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_soft(
@@ -669,11 +642,7 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_soft(
   a.positions = positions;
   a.keep = (float)(1.0 - p->label_smoothing);
   a.add = (float)(p->label_smoothing / (double)p->classes);
-  switch (dtype) {
-    case MIXPREC_F16: status = soft_fwd_d<MIXPREC_F16>(logits, target_dtype, a, s); break;
-    case MIXPREC_BF16: status = soft_fwd_d<MIXPREC_BF16>(logits, target_dtype, a, s); break;
-    default: status = soft_fwd_d<MIXPREC_F32>(logits, target_dtype, a, s); break;
-  }
+  MIXPREC__DISPATCH(dtype, D, MIXPREC__DISPATCH(target_dtype, TD, status = launch_soft_fwd<D, TD>(logits, a, s)));
   if (status != MIXPREC_OK) return status;
   ce_reduce<<<1, 1024, 0, s>>>(a.part, units_of(p), p->reduction,
                                p->reduction == MIXPREC_REDUCTION_NONE ? nullptr : loss, nullptr);
@@ -705,9 +674,8 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_soft_backward(
   a.add = (float)(p->label_smoothing / (double)p->classes);
   a.reduction = p->reduction;
   cudaStream_t s = (cudaStream_t)stream;
-  switch (dtype) {
-    case MIXPREC_F16: return soft_bwd_d<MIXPREC_F16>(logits, target_dtype, grad_logits, grad_target, a, s);
-    case MIXPREC_BF16: return soft_bwd_d<MIXPREC_BF16>(logits, target_dtype, grad_logits, grad_target, a, s);
-    default: return soft_bwd_d<MIXPREC_F32>(logits, target_dtype, grad_logits, grad_target, a, s);
-  }
+  MIXPREC__DISPATCH(dtype, D,
+                    MIXPREC__DISPATCH(target_dtype, TD,
+                                      status = launch_soft_bwd<D, TD>(logits, grad_logits, grad_target, a, s)));
+  return status;
 }

@@ -25,12 +25,18 @@
 #include "common.cuh"
 #include "optim_check.h"
 #include "optim_consts.h"
+#include "optim_math.h"
 #include "stochastic_round.h"
 
 /* ---- argument checks -----------------------------------------------------
  * The CPU's own checks (c_ops/src/optim_check.h), so both backends return
  * the same status for the same arguments; the device adds an alignment check
  * below. */
+
+/* The element size of a state format. */
+MIXPREC__INLINE uintptr_t mixprec__opt_state_align(mixprec_state_dtype d) {
+  return d == MIXPREC_STATE_F32 ? 4u : d == MIXPREC_STATE_BF16 ? 2u : 1u;
+}
 
 /* The device-only check, after the CPU's: a device load not aligned to its
  * element size faults and ruins the CUDA context (as in mixprec_cuda_unscale,
@@ -50,8 +56,11 @@ MIXPREC__INLINE mixprec_status mixprec__opt_check_alignment(const mixprec_opt_te
     const uintptr_t ga = (uintptr_t)mixprec_dtype_size(t->grad_dtype);
     if ((uintptr_t)t->param % pa != 0 || (uintptr_t)t->grad % ga != 0 ||
         (t->master && (uintptr_t)t->master % 4 != 0) ||
-        (use_m && (uintptr_t)t->exp_avg % 4 != 0) ||
-        (use_v && (uintptr_t)t->exp_avg_sq % 4 != 0) ||
+        (use_m && (uintptr_t)t->exp_avg_data % mixprec__opt_state_align(t->exp_avg_dtype) != 0) ||
+        (use_v &&
+         (uintptr_t)t->exp_avg_sq_data % mixprec__opt_state_align(t->exp_avg_sq_dtype) != 0) ||
+        ((uintptr_t)t->remainder % 2 != 0) || ((uintptr_t)t->exp_avg_scale % 4 != 0) ||
+        ((uintptr_t)t->exp_avg_sq_scale % 4 != 0) ||
         (use_vmax && (uintptr_t)t->max_exp_avg_sq % 4 != 0))
       return MIXPREC_ERR_BAD_ARGUMENT;
   }
@@ -134,13 +143,15 @@ MIXPREC__HD double mixprec__one_minus_pow(double beta, double t) {
 /* Group capacities: small lists take a ~5 KB argument struct; the large one
  * stays under the 32 KB kernel-parameter budget. */
 #define MIXPREC__OPT_CAP_SMALL 64
-#define MIXPREC__OPT_CAP_LARGE 384
+#define MIXPREC__OPT_CAP_LARGE 288
 #define MIXPREC__OPT_STEP_CAP 2048
 
 /* kind byte: param dtype (bits 0-1), grad dtype (bits 2-3), aligned (bit 4),
- * master-free BF16 with stochastic rounding (bit 5). */
+ * master-free BF16 with stochastic rounding (bit 5), lean state (bit 6:
+ * remainders or moments that are not FP32, mixprec_state_dtype). */
 #define MIXPREC__OPT_ALIGNED 16
 #define MIXPREC__OPT_SR 32
+#define MIXPREC__OPT_LEAN 64
 
 /* One group of tensors. p32 is where the FP32 value lives (master, or the
  * F32 param; NULL for a master-free BF16 param, which is read from and
@@ -159,6 +170,12 @@ struct mixprec__opt_args {
   float *s2[CAP];
   const float *step[CAP];
   float *ema[CAP]; /* the EMA buffer, NULL: none */
+  /* Lean tensors only: s0 / s1 in their formats (fmt: s0's in bits 0-1,
+   * s1's in bits 2-3), their Q8 scales, the param remainders. */
+  int16_t *rem[CAP];
+  float *sc0[CAP];
+  float *sc1[CAP];
+  uint8_t fmt[CAP];
   int64_t numel[CAP];
   int64_t chunk_start[CAP + 1];
   int64_t first_index;
@@ -203,8 +220,19 @@ static int64_t mixprec__opt_pack(const mixprec_opt_tensor *list, int64_t first, 
                   (!half || (uintptr_t)t->param % h4 == 0) &&
                   (uintptr_t)a->s0[i] % f4 == 0 && (uintptr_t)a->s1[i] % f4 == 0 &&
                   (uintptr_t)a->s2[i] % f4 == 0 && (uintptr_t)a->ema[i] % f4 == 0;
+    const int lean = mixprec__opt_is_lean(t, use_s1);
+    if (lean) {
+      /* s0 / s1 hold the raw buffers (any format); the lean path never
+       * takes the vector loads. */
+      a->rem[i] = t->remainder;
+      a->sc0[i] = use_s0 ? t->exp_avg_scale : NULL;
+      a->sc1[i] = use_s1 ? t->exp_avg_sq_scale : NULL;
+      a->fmt[i] = (uint8_t)((unsigned)t->exp_avg_dtype | ((unsigned)(use_s1 ? t->exp_avg_sq_dtype : 0) << 2));
+      aligned = 0;
+    }
     a->kind[i] = (uint8_t)((unsigned)t->param_dtype | ((unsigned)t->grad_dtype << 2) |
-                           (aligned ? MIXPREC__OPT_ALIGNED : 0) | (sr ? MIXPREC__OPT_SR : 0));
+                           (aligned ? MIXPREC__OPT_ALIGNED : 0) | (sr ? MIXPREC__OPT_SR : 0) |
+                           (lean ? MIXPREC__OPT_LEAN : 0));
   }
   a->chunk_start[count] = chunks;
   a->first_index = first;
@@ -425,6 +453,145 @@ MIXPREC__DEVICE void mixprec__opt_span(const mixprec__opt_span_ptrs &s, int n, i
   }
 }
 
+/* ---- the lean state on the device (mixprec_state_dtype) -------------------
+ * One element per thread, the block's 256 threads on 256 consecutive
+ * elements: one Q8 block (chunks start at multiples of it), encoded after a
+ * block-wide max of the new values. The element math, the formats' loads
+ * and stores and the encoding are optim_math.h's, as on the CPU. */
+static_assert(MIXPREC__OPT_CU_THREADS == MIXPREC__Q8_BLOCK &&
+                  MIXPREC__OPT_CU_CHUNK % MIXPREC__Q8_BLOCK == 0,
+              "a thread block covers exactly one Q8 block");
+
+/* One chunk's lean buffers, offset to its first element (scales: to its
+ * first block). */
+struct mixprec__opt_lean_ptrs {
+  void *s0, *s1; /* NULL: unused */
+  float *sc0, *sc1;
+  int16_t *rem;
+  int f0, f1;
+};
+
+MIXPREC__DEVICE size_t mixprec__opt_state_size(int f) {
+  return f == MIXPREC_STATE_F32 ? 4 : f == MIXPREC_STATE_BF16 ? 2 : 1;
+}
+
+MIXPREC__DEVICE float mixprec__opt_dev_state_get(const void *buf, int f, const float *scale, int i,
+                                                 int is_signed) {
+  if (f == MIXPREC_STATE_BF16) return mixprec__opt_bf16_f32(((const uint16_t *)buf)[i]);
+  if (f == MIXPREC_STATE_Q8)
+    return mixprec__q8_load(((const uint8_t *)buf)[i], scale[i / MIXPREC__Q8_BLOCK], is_signed);
+  return ((const float *)buf)[i];
+}
+
+/* F32 / BF16 state stores (BF16: with the buffer's key at tensor index e). */
+MIXPREC__DEVICE void mixprec__opt_dev_state_put(void *buf, int f, int i, float x, uint32_t key,
+                                                int64_t e) {
+  if (f == MIXPREC_STATE_BF16)
+    ((uint16_t *)buf)[i] = mixprec__f32_to_bf16_sr(x, mixprec__sr_bits(key, e));
+  else if (f == MIXPREC_STATE_F32)
+    ((float *)buf)[i] = x;
+}
+
+/* A Q8 block: every thread of the block calls it with its new value x
+ * (valid: the thread has an element, at chunk index i). */
+MIXPREC__DEVICE void mixprec__opt_q8_block(float x, bool valid, uint8_t *codes, float *scale, int i,
+                                           int is_signed, float *red) {
+  float mx = valid ? mixprec__q8_absmax_step(0.0f, x) : 0.0f;
+  /* Finite, non-negative values: the max is exact in any order. */
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = mx;
+  __syncthreads();
+  float m = red[0];
+#pragma unroll
+  for (int k = 1; k < MIXPREC__OPT_CU_THREADS / 32; k++) m = fmaxf(m, red[k]);
+  if (valid) codes[i] = mixprec__q8_encode(x, mixprec__q8_inv(m), is_signed);
+  if (threadIdx.x == 0) *scale = m;
+  __syncthreads(); /* red is reused by the next block */
+}
+
+/* The n elements of one lean chunk (begin: its first element in the
+ * tensor); arguments as mixprec__opt_span's. */
+template <int PD, int GD, typename Op>
+MIXPREC__DEVICE void mixprec__opt_span_lean(const mixprec__opt_span_ptrs &s,
+                                            const mixprec__opt_lean_ptrs &l, int n, int tail_from,
+                                            bool read_s0, bool write_g, bool sr, uint32_t key,
+                                            int64_t begin, mixprec__ema_w ew, const Op &op) {
+  __shared__ float red[MIXPREC__OPT_CU_THREADS / 32];
+  const uint32_t k0 = mixprec__sr_stream_key(key, 1), k1 = mixprec__sr_stream_key(key, 2);
+  for (int base = 0; base < n; base += MIXPREC__OPT_CU_THREADS) {
+    const int i = base + (int)threadIdx.x;
+    const bool valid = i < n;
+    float a0 = 0.0f, a1 = 0.0f;
+    if (valid) {
+      float g = mixprec__opt_ld1<GD>(s.grad, i);
+      float p;
+      if (l.rem)
+        p = mixprec__rem_join(((const uint16_t *)s.half)[i], l.rem[i]);
+      else if (sr)
+        p = mixprec__opt_ld1<MIXPREC_BF16>(s.half, i);
+      else
+        p = s.p32[i];
+      if (l.s0 && read_s0) a0 = mixprec__opt_dev_state_get(l.s0, l.f0, l.sc0, i, 1);
+      if (l.s1) a1 = mixprec__opt_dev_state_get(l.s1, l.f1, l.sc1, i, 0);
+      float a2 = s.s2 ? s.s2[i] : 0.0f;
+      op(g, p, a0, a1, a2, i >= tail_from);
+      if (write_g) {
+        void *gb = (void *)(uintptr_t)s.grad;
+        if constexpr (GD == MIXPREC_F32)
+          ((float *)gb)[i] = g;
+        else
+          ((uint16_t *)gb)[i] = (uint16_t)mixprec__opt_narrow<GD>(g);
+      }
+      if (l.s0) mixprec__opt_dev_state_put(l.s0, l.f0, i, a0, k0, begin + i);
+      if (l.s1) mixprec__opt_dev_state_put(l.s1, l.f1, i, a1, k1, begin + i);
+      if (s.s2) s.s2[i] = a2;
+      if (s.ema) s.ema[i] = mixprec__ema_lerp(s.ema[i], p, ew);
+      if (l.rem) {
+        uint16_t hp;
+        mixprec__rem_split(p, &hp, l.rem + i);
+        ((uint16_t *)s.half)[i] = hp;
+      } else if (sr) {
+        ((uint16_t *)s.half)[i] = mixprec__f32_to_bf16_sr(p, mixprec__sr_bits(key, begin + i));
+      } else {
+        s.p32[i] = p;
+        if constexpr (PD != MIXPREC_F32)
+          ((uint16_t *)s.half)[i] = (uint16_t)mixprec__opt_narrow<PD>(p);
+      }
+    }
+    if (l.s0 && l.f0 == MIXPREC_STATE_Q8)
+      mixprec__opt_q8_block(a0, valid, (uint8_t *)l.s0, l.sc0 + base / MIXPREC__Q8_BLOCK, i, 1, red);
+    if (l.s1 && l.f1 == MIXPREC_STATE_Q8)
+      mixprec__opt_q8_block(a1, valid, (uint8_t *)l.s1, l.sc1 + base / MIXPREC__Q8_BLOCK, i, 0, red);
+  }
+}
+
+template <typename Op>
+MIXPREC__DEVICE void mixprec__opt_span_lean_dispatch(int pd, int gd, const mixprec__opt_span_ptrs &s,
+                                                     const mixprec__opt_lean_ptrs &l, int n, int tf,
+                                                     bool read_s0, bool write_g, bool sr,
+                                                     uint32_t key, int64_t begin,
+                                                     mixprec__ema_w ew, const Op &op) {
+#define MIXPREC__OPT_LG(PD)                                                                      \
+  switch (gd) {                                                                                  \
+    case MIXPREC_F32:                                                                            \
+      mixprec__opt_span_lean<PD, MIXPREC_F32>(s, l, n, tf, read_s0, write_g, sr, key, begin, ew, op); \
+      break;                                                                                     \
+    case MIXPREC_F16:                                                                            \
+      mixprec__opt_span_lean<PD, MIXPREC_F16>(s, l, n, tf, read_s0, write_g, sr, key, begin, ew, op); \
+      break;                                                                                     \
+    default:                                                                                     \
+      mixprec__opt_span_lean<PD, MIXPREC_BF16>(s, l, n, tf, read_s0, write_g, sr, key, begin, ew, op); \
+      break;                                                                                     \
+  }
+  switch (pd) {
+    case MIXPREC_F32: MIXPREC__OPT_LG(MIXPREC_F32) break;
+    case MIXPREC_F16: MIXPREC__OPT_LG(MIXPREC_F16) break;
+    default: MIXPREC__OPT_LG(MIXPREC_BF16) break;
+  }
+#undef MIXPREC__OPT_LG
+}
+
 /* The chunk with the dtypes chosen at run time: one switch per chunk, so a
  * mixed-dtype list takes no more launches than a uniform one. */
 template <bool ALIGNED, typename Op>
@@ -476,10 +643,25 @@ MIXPREC__DEVICE void mixprec__opt_span_dispatch(const mixprec__opt_args<CAP> &a,
   int64_t tf64 = numel - numel % MIXPREC__OPT_TORCH_VEC - begin;
   const int tf = tf64 < 0 ? 0 : tf64 > n ? n : (int)tf64;
   const bool sr = (a.kind[t] & MIXPREC__OPT_SR) != 0;
-  /* The key needs the count after this step: *step + 1, as the CPU. */
+  const bool lean = (a.kind[t] & MIXPREC__OPT_LEAN) != 0;
+  /* The key needs the count after this step: *step + 1, as the CPU (which
+   * takes 0 for an SGD tensor without a count). */
   const uint32_t key =
-      sr ? mixprec__sr_key(sr_seed, (uint64_t)(a.first_index + t), __fadd_rn(*a.step[t], 1.0f))
-         : 0u;
+      sr || lean ? mixprec__sr_key(sr_seed, (uint64_t)(a.first_index + t),
+                                   a.step[t] ? __fadd_rn(*a.step[t], 1.0f) : 0.0f)
+                 : 0u;
+  if (lean) {
+    mixprec__opt_lean_ptrs l;
+    l.f0 = a.fmt[t] & 3;
+    l.f1 = (a.fmt[t] >> 2) & 3;
+    l.s0 = a.s0[t] ? (void *)((char *)a.s0[t] + begin * (int64_t)mixprec__opt_state_size(l.f0)) : NULL;
+    l.s1 = a.s1[t] ? (void *)((char *)a.s1[t] + begin * (int64_t)mixprec__opt_state_size(l.f1)) : NULL;
+    l.sc0 = a.sc0[t] ? a.sc0[t] + begin / MIXPREC__Q8_BLOCK : NULL;
+    l.sc1 = a.sc1[t] ? a.sc1[t] + begin / MIXPREC__Q8_BLOCK : NULL;
+    l.rem = a.rem[t] ? a.rem[t] + begin : NULL;
+    mixprec__opt_span_lean_dispatch(pd, gd, s, l, n, tf, read_s0, write_g, sr, key, begin, ew, op);
+    return;
+  }
   if (a.kind[t] & MIXPREC__OPT_ALIGNED)
     mixprec__opt_span_dispatch2<true>(pd, gd, sr, s, n, tf, read_s0, write_g, key, begin, ew, op);
   else

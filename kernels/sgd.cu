@@ -5,11 +5,8 @@
  * dtypes per chunk on the device, every thread returns at once when
  * *found_inf says skip, step counts only read by the update (a tensor's
  * "first step" is *step == 0, read by each thread) and advanced by a separate
- * kernel after the last group. Elementwise float math as sgd.c: fmaf where
- * it fuses (torch's AVX2 build as GCC contracts it; the momentum update fuses
- * a different product in torch's scalar tail, the last numel % 8 elements of
- * each tensor), explicit round-to-nearest intrinsics elsewhere so that nvcc
- * cannot contract anything else. */
+ * kernel after the last group. Elementwise math: the CPU's own function,
+ * mixprec__sgd_math in c_ops/src/optim_math.h. */
 #include "optim.cuh"
 
 /* Per-call constants: h as sgd.c has it (optim_consts.h; h.lr is used when
@@ -23,29 +20,19 @@ struct mixprec__sgd_k {
   mixprec__ema_hyper eh; /* the EMA's decay formula (the buffers are packed per group) */
 };
 
-/* One element: the formulas of sgd_range in c_ops/src/sgd.c. s0 is the
- * momentum buffer; s1 and s2 are unused (NULL, never touched). */
+/* One element: mixprec__sgd_math (optim_math.h), as sgd_range in
+ * c_ops/src/sgd.c calls it. s0 is the momentum buffer; s1 and s2 are unused
+ * (NULL, never touched). */
 struct mixprec__sgd_op {
-  float lr, momentum, wd, damp1, scale;
-  bool wd_on, momentum_on, nesterov, maximize, has_scale, first;
+  mixprec__sgd_hyper h; /* h.lr: the step's lr */
+  float scale;
+  bool has_scale, first;
 
   /* gs: the grad in, the unscaled grad out (before maximize). */
   __device__ __forceinline__ void operator()(float &gs, float &p, float &buf, float &, float &,
                                              bool tail) const {
-    if (has_scale) gs = __fdiv_rn(gs, scale);
-    float g = gs;
-    if (maximize) g = -g;
-    if (wd_on) g = fmaf(p, wd, g);
-    if (momentum_on) {
-      if (first)
-        buf = g;
-      else if (tail)
-        buf = fmaf(buf, momentum, __fmul_rn(g, damp1));
-      else
-        buf = fmaf(damp1, g, __fmul_rn(buf, momentum));
-      g = nesterov ? fmaf(buf, momentum, g) : buf;
-    }
-    p = fmaf(-g, lr, p);
+    gs = mixprec__opt_unscale(gs, has_scale, scale);
+    p = mixprec__sgd_math(h.maximize ? -gs : gs, p, &buf, &h, first, tail);
   }
 };
 
@@ -56,14 +43,8 @@ __global__ void __launch_bounds__(MIXPREC__OPT_CU_THREADS)
   if (mixprec__opt_skip_dev(k.found_inf)) return;
   mixprec__sgd_op op;
   /* (float)(double)x == x: the CPU's lr.item<double>() rounded back. */
-  op.lr = k.lr_tensor ? *k.lr_tensor : k.h.lr;
-  op.momentum = k.h.momentum;
-  op.wd = k.h.wd;
-  op.damp1 = k.h.damp1;
-  op.wd_on = k.h.wd_on != 0;
-  op.momentum_on = k.h.momentum_on != 0;
-  op.nesterov = k.h.nesterov != 0;
-  op.maximize = k.h.maximize != 0;
+  op.h = k.h;
+  op.h.lr = k.lr_tensor ? *k.lr_tensor : k.h.lr;
   op.has_scale = k.grad_scale != NULL;
   op.scale = k.grad_scale ? *k.grad_scale : 1.0f;
 

@@ -192,45 +192,29 @@ mixprec_status launch_bwd(const void *dy, const void *y, void *dx, int64_t outer
   return MIXPREC_OK;
 }
 
-/* The one host switch per entry point: (input dtype, output dtype, log). */
+/* One dispatch per dtype argument of an entry point: (input dtype, output dtype, log). */
 template <int DX, bool LOG>
 mixprec_status fwd_out(const void *x, void *y, mixprec_dtype yd, int64_t o, int64_t n, int64_t i,
                        cudaStream_t s) {
-  switch (yd) {
-    case MIXPREC_F16: return launch_fwd<DX, MIXPREC_F16, LOG>(x, y, o, n, i, s);
-    case MIXPREC_BF16: return launch_fwd<DX, MIXPREC_BF16, LOG>(x, y, o, n, i, s);
-    default: return launch_fwd<DX, MIXPREC_F32, LOG>(x, y, o, n, i, s);
-  }
+  MIXPREC__DISPATCH(yd, Y, return launch_fwd<DX, Y, LOG>(x, y, o, n, i, s));
 }
 
 template <bool LOG>
 mixprec_status fwd(const void *x, mixprec_dtype xd, void *y, mixprec_dtype yd, int64_t o, int64_t n,
                    int64_t i, cudaStream_t s) {
-  switch (xd) {
-    case MIXPREC_F16: return fwd_out<MIXPREC_F16, LOG>(x, y, yd, o, n, i, s);
-    case MIXPREC_BF16: return fwd_out<MIXPREC_BF16, LOG>(x, y, yd, o, n, i, s);
-    default: return fwd_out<MIXPREC_F32, LOG>(x, y, yd, o, n, i, s);
-  }
+  MIXPREC__DISPATCH(xd, X, return fwd_out<X, LOG>(x, y, yd, o, n, i, s));
 }
 
 template <int DY, bool LOG>
 mixprec_status bwd_out(const void *dy, const void *y, void *dx, mixprec_dtype dxd, int64_t o, int64_t n,
                        int64_t i, cudaStream_t s) {
-  switch (dxd) {
-    case MIXPREC_F16: return launch_bwd<DY, MIXPREC_F16, LOG>(dy, y, dx, o, n, i, s);
-    case MIXPREC_BF16: return launch_bwd<DY, MIXPREC_BF16, LOG>(dy, y, dx, o, n, i, s);
-    default: return launch_bwd<DY, MIXPREC_F32, LOG>(dy, y, dx, o, n, i, s);
-  }
+  MIXPREC__DISPATCH(dxd, DX, return launch_bwd<DY, DX, LOG>(dy, y, dx, o, n, i, s));
 }
 
 template <bool LOG>
 mixprec_status bwd(const void *dy, const void *y, mixprec_dtype yd, void *dx, mixprec_dtype dxd, int64_t o,
                    int64_t n, int64_t i, cudaStream_t s) {
-  switch (yd) {
-    case MIXPREC_F16: return bwd_out<MIXPREC_F16, LOG>(dy, y, dx, dxd, o, n, i, s);
-    case MIXPREC_BF16: return bwd_out<MIXPREC_BF16, LOG>(dy, y, dx, dxd, o, n, i, s);
-    default: return bwd_out<MIXPREC_F32, LOG>(dy, y, dx, dxd, o, n, i, s);
-  }
+  MIXPREC__DISPATCH(yd, Y, return bwd_out<Y, LOG>(dy, y, dx, dxd, o, n, i, s));
 }
 
 /* The checks of softmax.c (softmax_check.h, then the pointers), plus element

@@ -174,20 +174,10 @@ __global__ void __launch_bounds__(MIXPREC__UNSCALE_THREADS)
     const int n = left < MIXPREC__UNSCALE_CHUNK ? (int)left
                                                 : MIXPREC__UNSCALE_CHUNK;
     double sq = 0.0;
-    switch (a.dtype[t]) {
-      case MIXPREC_F32:
-        mixprec__unscale_span<MIXPREC_F32, NORM, WRITE>(
-            (char *)a.data[t] + begin * 4, n, inv, &nonfinite, &sq);
-        break;
-      case MIXPREC_F16:
-        mixprec__unscale_span<MIXPREC_F16, NORM, WRITE>(
-            (char *)a.data[t] + begin * 2, n, inv, &nonfinite, &sq);
-        break;
-      case MIXPREC_BF16:
-        mixprec__unscale_span<MIXPREC_BF16, NORM, WRITE>(
-            (char *)a.data[t] + begin * 2, n, inv, &nonfinite, &sq);
-        break;
-    }
+    MIXPREC__DISPATCH(a.dtype[t], D,
+                      mixprec__unscale_span<D, NORM, WRITE>(
+                          (char *)a.data[t] + begin * (D == MIXPREC_F32 ? 4 : 2), n, inv,
+                          &nonfinite, &sq));
     if constexpr (NORM) {
       const double s = mixprec__block_sum_f64(sq, scratch);
       if (threadIdx.x == 0) partials[a.chunk_base + c] = s;

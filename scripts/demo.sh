@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: builds mixprec (installing what it needs) and runs the
-# mixed-precision training demo. Extra arguments go to the demo, e.g.
+# The main job: builds mixprec (installing what it needs: the venv of
+# scripts/setup_env.sh; no system packages, cmake and a C compiler must be
+# there) and runs the mixed-precision training demo. Extra arguments go to the demo, e.g.
 #   bash scripts/demo.sh --quick        bash scripts/demo.sh --device cuda
 set -euo pipefail
 cd "$(dirname "$0")/.."

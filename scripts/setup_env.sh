@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Creates (or reuses) .venv with everything in scripts/requirements.txt, and
-# installs GoogleTest, and clang + libomp for the fuzzers, from Debian when
-# they are missing and we can (root).
+# Creates (or reuses) the venv with everything in scripts/requirements.txt:
+# all that the demo (scripts/demo.sh) and the package check need. The test
+# command's system packages (GoogleTest, clang + libomp for the fuzzers) are
+# scripts/setup_test_env.sh's, which sources this first.
+# MIXPREC_VENV: the venv's directory (default .venv at the root), e.g. an
+# existing one to reuse.
 # Usage: source scripts/setup_env.sh   -> exports PY (the venv's python)
 set -euo pipefail
 _root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,29 +16,5 @@ _stamp="$_venv/.mixprec-requirements"
 if ! cmp -s "$_root/scripts/requirements.txt" "$_stamp" 2>/dev/null; then
   "$_venv/bin/python" -m pip install -q --disable-pip-version-check -r "$_root/scripts/requirements.txt"
   cp "$_root/scripts/requirements.txt" "$_stamp"
-fi
-if [ ! -f /usr/include/gtest/gtest.h ]; then
-  if [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev) >/dev/null
-  else
-    echo "setup_env: GoogleTest missing and not root: C tests will be skipped (apt-get install libgtest-dev)" >&2
-  fi
-fi
-# clang with libFuzzer and OpenMP, for the fuzzers (scripts/fuzz.sh).
-_fuzz_probe() {
-  local d
-  d="$(mktemp -d)" || return 1
-  printf '#include <omp.h>\nint LLVMFuzzerTestOneInput(const unsigned char *p, unsigned long n) { (void)p; return (int)n * omp_get_max_threads() * 0; }\n' >"$d/p.c"
-  clang -fsanitize=fuzzer,address,undefined -fopenmp "$d/p.c" -o "$d/p" >/dev/null 2>&1
-  local rc=$?
-  rm -rf "$d"
-  return $rc
-}
-if ! _fuzz_probe; then
-  if [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libomp-dev) >/dev/null
-  else
-    echo "setup_env: clang with libFuzzer/OpenMP missing and not root: fuzzing will be skipped (apt-get install clang libomp-dev)" >&2
-  fi
 fi
 export PY="$_venv/bin/python"

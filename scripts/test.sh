@@ -9,7 +9,7 @@
 # with the same binary). Exit status: 0 only if everything passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/setup_env.sh
+source scripts/setup_test_env.sh
 JOBS="${MAX_JOBS:-$(nproc)}"
 ROOT="$PWD"
 

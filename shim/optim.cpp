@@ -42,6 +42,13 @@ STABLE_TORCH_LIBRARY_FRAGMENT(mixprec, m) {
   // ema_warmup_gamma, ema_warmup_power, ema_update_after_step) at the
   // param's step count after the step, on steps that are multiples of
   // ema_update_every; a skipped step writes none (mixprec_ema_params).
+  // The lean state (mixprec_state_dtype in mixprec/optim.h; None or [] is
+  // none): remainders[i] (int16, the param's shape) beside a bfloat16 param
+  // whose masters[i] is empty holds its exact FP32 master with it; exp_avgs,
+  // exp_avg_sqs (SGD: momentum_buffers) may be float32, bfloat16 (written
+  // with stochastic rounding seeded by sr_seed) or uint8 (8-bit blockwise,
+  // with ceil(numel / 256) float32 scales in exp_avg_scales[i] /
+  // exp_avg_sq_scales[i], SGD buf_scales[i]; an empty tensor elsewhere).
   m.def(
       "adamw_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] masters,"
       " Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs,"
@@ -51,7 +58,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(mixprec, m) {
       " bool unscale_grads=False, Tensor(h!)[]? emas=None, float ema_decay=0.9999,"
       " float ema_min_decay=0., bool ema_use_warmup=False, float ema_warmup_gamma=1.,"
       " float ema_warmup_power=0.66666666666666663, int ema_update_after_step=0,"
-      " int ema_update_every=1) -> ()");
+      " int ema_update_every=1, Tensor(r!)[]? remainders=None,"
+      " Tensor(s!)[]? exp_avg_scales=None, Tensor(t!)[]? exp_avg_sq_scales=None) -> ()");
   m.def(
       "sgd_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] masters,"
       " Tensor(c!)[] momentum_buffers, Tensor(d!)[] steps, float lr, float momentum,"
@@ -60,7 +68,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(mixprec, m) {
       " bool unscale_grads=False, Tensor(h!)[]? emas=None, float ema_decay=0.9999,"
       " float ema_min_decay=0., bool ema_use_warmup=False, float ema_warmup_gamma=1.,"
       " float ema_warmup_power=0.66666666666666663, int ema_update_after_step=0,"
-      " int ema_update_every=1) -> ()");
+      " int ema_update_every=1, Tensor(r!)[]? remainders=None,"
+      " Tensor(s!)[]? buf_scales=None) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {

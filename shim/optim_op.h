@@ -8,6 +8,7 @@
 // untouched.
 #pragma once
 
+#include <algorithm>
 #include <optional>
 #include <vector>
 
@@ -54,6 +55,23 @@ inline void check_companion(const char* op, const char* list, size_t i, const Te
                   "] must have the same shape and strides as params[", i, "]");
 }
 
+inline const char* state_dtype_name(ScalarType s) {
+  switch (s) {
+    case ScalarType::Short: return "int16";
+    case ScalarType::Byte: return "uint8";
+    default: return dtype_name(s);
+  }
+}
+
+// The lean state lists (mixprec_state_dtype in mixprec/optim.h), absent
+// when empty: remainders (int16 beside a bfloat16 param without a master)
+// and, per lean state list, its Q8 scales.
+struct LeanLists {
+  const std::vector<Tensor>* remainders;
+  const std::vector<Tensor>* scales[2];
+  const char* scale_names[2];
+};
+
 // The tensor lists of mixprec::adamw_step_ / sgd_step_. params:
 // float32/float16/bfloat16, dense; grads: same sizes and strides, any of the
 // three dtypes; masters: float32 with the param's sizes and strides, or an
@@ -68,7 +86,8 @@ inline OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
                         const std::optional<Tensor>& lr_tensor,
                         const std::optional<Tensor>& grad_scale,
                         const std::optional<Tensor>& found_inf,
-                        const std::vector<Tensor>& emas) {
+                        const std::vector<Tensor>& emas, const LeanLists& lean,
+                        int n_lean_states) {
   OptArgs a;
   const size_t n = params.size();
   MIXPREC_CHECK(n > 0, "mixprec::", op, ": params must be a non-empty list of tensors");
@@ -83,6 +102,12 @@ inline OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
                     state_names[k], " has ", states[k]->size(), " tensors but params has ", n);
   MIXPREC_CHECK(emas.empty() || emas.size() == n, "mixprec::", op, ": emas has ", emas.size(),
                   " tensors but params has ", n);
+  MIXPREC_CHECK(lean.remainders->empty() || lean.remainders->size() == n, "mixprec::", op,
+                ": remainders has ", lean.remainders->size(), " tensors but params has ", n);
+  for (int k = 0; k < n_lean_states; k++)
+    MIXPREC_CHECK(lean.scales[k]->empty() || lean.scales[k]->size() == n, "mixprec::", op, ": ",
+                  lean.scale_names[k], " has ", lean.scales[k]->size(), " tensors but params has ",
+                  n);
   a.device = where(params[0]);
   a.list.resize(n);
   for (size_t i = 0; i < n; i++) {
@@ -100,6 +125,21 @@ inline OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
     check_companion(op, "grads", i, grads[i], p, a.device);
     d.grad_dtype = float_dtype(op, "grads", i, grads[i]);
     d.grad = d.numel ? grads[i].data_ptr() : nullptr;
+    if (!lean.remainders->empty()) {
+      const Tensor& r = (*lean.remainders)[i];
+      if (r.defined() && r.numel() > 0) {
+        check_companion(op, "remainders", i, r, p, a.device);
+        MIXPREC_CHECK(r.scalar_type() == ScalarType::Short, "mixprec::", op, ": remainders[", i,
+                      "] must be int16, got ", state_dtype_name(r.scalar_type()));
+        MIXPREC_CHECK(d.param_dtype == MIXPREC_BF16, "mixprec::", op, ": remainders[", i,
+                      "] is given but params[", i, "] is ", dtype_name(p.scalar_type()),
+                      ": remainders are for bfloat16 params only");
+        MIXPREC_CHECK(!masters[i].defined() || masters[i].numel() == 0, "mixprec::", op, ": remainders[", i,
+                      "] is given beside masters[", i,
+                      "]: a remainder replaces the FP32 master, give one or the other");
+        d.remainder = static_cast<int16_t*>(r.data_ptr());
+      }
+    }
     const Tensor& m = masters[i];
     if (d.param_dtype == MIXPREC_F32 || (m.defined() && m.numel() == 0 && d.numel == 0)) {
       MIXPREC_CHECK(!m.defined() || m.numel() == 0, "mixprec::", op, ": masters[", i,
@@ -118,19 +158,58 @@ inline OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
                       "] must be float32, got ", dtype_name(m.scalar_type()));
       d.master = d.numel ? static_cast<float*>(m.data_ptr()) : nullptr;
     }
-    float* state_ptr[3] = {nullptr, nullptr, nullptr};
+    void* state_ptr[3] = {nullptr, nullptr, nullptr};
+    mixprec_state_dtype state_dt[2] = {MIXPREC_STATE_F32, MIXPREC_STATE_F32};
+    float* scale_ptr[2] = {nullptr, nullptr};
     for (int k = 0; k < n_states; k++) {
       if (states[k]->empty()) continue;
       const Tensor& t = (*states[k])[i];
       check_companion(op, state_names[k], i, t, p, a.device);
-      MIXPREC_CHECK(t.scalar_type() == ScalarType::Float, "mixprec::", op, ": ",
-                      state_names[k], "[", i, "] must be float32, got ",
-                      dtype_name(t.scalar_type()));
-      state_ptr[k] = d.numel ? static_cast<float*>(t.data_ptr()) : nullptr;
+      const ScalarType st = t.scalar_type();
+      if (k < n_lean_states) {
+        MIXPREC_CHECK(st == ScalarType::Float || st == ScalarType::BFloat16 ||
+                          st == ScalarType::Byte,
+                      "mixprec::", op, ": ", state_names[k], "[", i,
+                      "] must be float32, bfloat16 or uint8 (8-bit blockwise), got ",
+                      state_dtype_name(st));
+        state_dt[k] = st == ScalarType::Float      ? MIXPREC_STATE_F32
+                      : st == ScalarType::BFloat16 ? MIXPREC_STATE_BF16
+                                                   : MIXPREC_STATE_Q8;
+        const bool has_scales = !lean.scales[k]->empty() && (*lean.scales[k])[i].defined() &&
+                                (*lean.scales[k])[i].numel() > 0;
+        const int64_t blocks = (d.numel + 255) / 256;
+        if (state_dt[k] == MIXPREC_STATE_Q8 && d.numel > 0) {
+          MIXPREC_CHECK(has_scales, "mixprec::", op, ": ", state_names[k], "[", i,
+                        "] is uint8 (8-bit blockwise) but ", lean.scale_names[k], "[", i,
+                        "] is missing: it needs ", blocks, " float32 scales");
+          const Tensor& sc = (*lean.scales[k])[i];
+          MIXPREC_CHECK(where(sc) == a.device, "mixprec::", op, ": ", lean.scale_names[k], "[",
+                        i, "] is on ", describe(where(sc)), " but params[", i, "] is on ",
+                        describe(a.device));
+          MIXPREC_CHECK(sc.layout() == Layout::Strided && sc.scalar_type() == ScalarType::Float &&
+                            sc.numel() == blocks && sc.is_contiguous(),
+                        "mixprec::", op, ": ", lean.scale_names[k], "[", i,
+                        "] must be a contiguous float32 tensor of ceil(numel / 256) = ", blocks,
+                        " elements, got ", sc.numel(), " ", state_dtype_name(sc.scalar_type()));
+          scale_ptr[k] = static_cast<float*>(sc.data_ptr());
+        } else {
+          MIXPREC_CHECK(!has_scales, "mixprec::", op, ": ", lean.scale_names[k], "[", i,
+                        "] is given but ", state_names[k], "[", i, "] is ",
+                        state_dtype_name(st), ", not uint8: scales belong to 8-bit state only");
+        }
+      } else {
+        MIXPREC_CHECK(st == ScalarType::Float, "mixprec::", op, ": ", state_names[k], "[", i,
+                      "] must be float32, got ", state_dtype_name(st));
+      }
+      state_ptr[k] = d.numel ? t.data_ptr() : nullptr;
     }
-    d.exp_avg = state_ptr[0];
-    d.exp_avg_sq = state_ptr[1];
-    d.max_exp_avg_sq = state_ptr[2];
+    d.exp_avg_data = state_ptr[0];
+    d.exp_avg_sq_data = state_ptr[1];
+    d.max_exp_avg_sq = static_cast<float*>(state_ptr[2]);
+    d.exp_avg_dtype = state_dt[0];
+    d.exp_avg_sq_dtype = state_dt[1];
+    d.exp_avg_scale = scale_ptr[0];
+    d.exp_avg_sq_scale = scale_ptr[1];
     const Tensor& st = steps[i];
     MIXPREC_CHECK(st.defined() && st.scalar_type() == ScalarType::Float && st.numel() == 1,
                     "mixprec::", op, ": steps[", i, "] must be a one-element float32 tensor");
@@ -165,15 +244,29 @@ inline OptArgs opt_args(const char* op, const std::vector<Tensor>& params,
   // The C contract: no two tensors of one step overlap (the same tensor
   // twice, a grad that is its own param, exp_avg aliasing exp_avg_sq would
   // each be read and written out of order). The scalars are only read.
+  // One step tensor may serve several params (optim.h: every count is read
+  // before any is written): it enters the check once.
   std::vector<Span> spans;
   const struct { const std::vector<Tensor>* list; const char* name; } lists[] = {
-      {&params, "params"}, {&grads, "grads"}, {&masters, "masters"}, {&steps, "steps"}};
+      {&params, "params"}, {&grads, "grads"}, {&masters, "masters"}};
   for (const auto& l : lists)
     for (size_t i = 0; i < l.list->size(); i++) add_span(spans, (*l.list)[i], l.name, (int64_t)i);
+  std::vector<const void*> step_seen;
+  for (size_t i = 0; i < steps.size(); i++) {
+    const void* ptr = steps[i].data_ptr();
+    if (std::find(step_seen.begin(), step_seen.end(), ptr) != step_seen.end()) continue;
+    step_seen.push_back(ptr);
+    add_span(spans, steps[i], "steps", (int64_t)i);
+  }
   for (int k = 0; k < n_states; k++)
     for (size_t i = 0; i < states[k]->size(); i++)
       add_span(spans, (*states[k])[i], state_names[k], (int64_t)i);
   for (size_t i = 0; i < emas.size(); i++) add_span(spans, emas[i], "emas", (int64_t)i);
+  for (size_t i = 0; i < lean.remainders->size(); i++)
+    add_span(spans, (*lean.remainders)[i], "remainders", (int64_t)i);
+  for (int k = 0; k < n_lean_states; k++)
+    for (size_t i = 0; i < lean.scales[k]->size(); i++)
+      add_span(spans, (*lean.scales[k])[i], lean.scale_names[k], (int64_t)i);
   check_disjoint(op, std::move(spans));
   return a;
 }
@@ -227,7 +320,10 @@ void adamw_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
                    std::optional<Tensor> found_inf, int64_t sr_seed, bool unscale_grads,
                    std::optional<std::vector<Tensor>> emas, double ema_decay, double ema_min_decay,
                    bool ema_use_warmup, double ema_warmup_gamma, double ema_warmup_power,
-                   int64_t ema_update_after_step, int64_t ema_update_every) {
+                   int64_t ema_update_after_step, int64_t ema_update_every,
+                   std::optional<std::vector<Tensor>> remainders,
+                   std::optional<std::vector<Tensor>> exp_avg_scales,
+                   std::optional<std::vector<Tensor>> exp_avg_sq_scales) {
   const char* op = "adamw_step_";
   MIXPREC_CHECK(!exp_avgs.empty() && !exp_avg_sqs.empty(), "mixprec::", op,
                   ": exp_avgs and exp_avg_sqs are required");
@@ -240,8 +336,13 @@ void adamw_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
   check_hyper(op, "eps", eps, finite_ge0(eps), "finite and >= 0");
   const std::vector<Tensor>* states[3] = {&exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs};
   const char* const names[3] = {"exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"};
+  const std::vector<Tensor> none;
+  const LeanLists lean = {remainders ? &*remainders : &none,
+                          {exp_avg_scales ? &*exp_avg_scales : &none,
+                           exp_avg_sq_scales ? &*exp_avg_sq_scales : &none},
+                          {"exp_avg_scales", "exp_avg_sq_scales"}};
   OptArgs a = opt_args(op, params, grads, masters, states, names, 3, steps, lr_tensor,
-                       grad_scale, found_inf, emas ? *emas : std::vector<Tensor>{});
+                       grad_scale, found_inf, emas ? *emas : std::vector<Tensor>{}, lean, 2);
   B::check_device(op, a.device);
   mixprec_adamw_params p = mixprec_adamw_params_default();
   p.ema = ema_params(op, a, ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma,
@@ -270,7 +371,9 @@ void sgd_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
                  std::optional<Tensor> found_inf, int64_t sr_seed, bool unscale_grads,
                  std::optional<std::vector<Tensor>> emas, double ema_decay, double ema_min_decay,
                  bool ema_use_warmup, double ema_warmup_gamma, double ema_warmup_power,
-                 int64_t ema_update_after_step, int64_t ema_update_every) {
+                 int64_t ema_update_after_step, int64_t ema_update_every,
+                 std::optional<std::vector<Tensor>> remainders,
+                 std::optional<std::vector<Tensor>> buf_scales) {
   const char* op = "sgd_step_";
   MIXPREC_CHECK((momentum != 0) == !momentum_buffers.empty(), "mixprec::", op,
                   ": momentum_buffers must be given exactly when momentum is not 0");
@@ -283,8 +386,12 @@ void sgd_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
                 " and dampening ", dampening);
   const std::vector<Tensor>* states[1] = {&momentum_buffers};
   const char* const names[1] = {"momentum_buffers"};
+  const std::vector<Tensor> none;
+  const LeanLists lean = {remainders ? &*remainders : &none,
+                          {buf_scales ? &*buf_scales : &none, &none},
+                          {"buf_scales", "unused"}};
   OptArgs a = opt_args(op, params, grads, masters, states, names, 1, steps, lr_tensor,
-                       grad_scale, found_inf, emas ? *emas : std::vector<Tensor>{});
+                       grad_scale, found_inf, emas ? *emas : std::vector<Tensor>{}, lean, 1);
   B::check_device(op, a.device);
   mixprec_sgd_params p = mixprec_sgd_params_default();
   p.ema = ema_params(op, a, ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma,

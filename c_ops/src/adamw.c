@@ -50,38 +50,16 @@ MIXPREC__FORCE_INLINE void adamw_range(const mixprec_opt_tensor *t, int64_t begi
   float *P = half ? t->master : (float *)t->param;
   float *M = t->exp_avg, *V = t->exp_avg_sq, *VM = t->max_exp_avg_sq;
   float *E = s->ema;
+  const mixprec__adamw_tc c = {s->decay, s->step_size, s->bc2_sqrt};
   for (int64_t i = begin; i < end; i++) {
-    float g = mixprec__load_f32(t->grad, t->grad_dtype, i);
-    if (k->has_scale) g = g / k->scale;
+    float g = mixprec__opt_unscale(mixprec__load_f32(t->grad, t->grad_dtype, i), k->has_scale,
+                                   k->scale);
     if (k->unscale) mixprec__opt_store_grad(t->grad, t->grad_dtype, i, g);
     if (k->h.maximize) g = -g;
-    float p = sr ? mixprec__load_f32(t->param, MIXPREC_BF16, i) : P[i];
-    if (k->h.decay_on) p = p * s->decay;
-    float m = M[i];
-    const float diff = g - m;
-    m = k->h.w_small ? fmaf(k->h.w, diff, m) : fmaf(k->h.w_m1, diff, g);
-    const float cg = k->h.c2 * g;
-    float v = V[i];
-    if (tail)
-      v = fmaf(v, k->h.beta2, cg * g);
-    else
-      v = fmaf(cg, g, v * k->h.beta2);
-    float vd = v;
-    if (k->h.amsgrad) {
-      const float old = VM[i];
-      if (tail) /* std::max(old, v) */
-        vd = old < v ? v : old;
-      else /* Vectorized<float> maximum (AVX2): _mm256_max_ps(old, v), which
-            * gives v unless old > v, or'ed with an unordered compare: a NaN
-            * operand gives the all-ones NaN */
-        vd = (old != old || v != v) ? mixprec__f32_from_bits(0xffffffffu) : (old > v ? old : v);
-      VM[i] = vd;
-    }
-    const float denom = sqrtf(vd) / s->bc2_sqrt + k->h.eps;
-    const float upd = s->step_size * m;
-    p = p - upd / denom;
-    M[i] = m;
-    V[i] = v;
+    const float p0 = sr ? mixprec__load_f32(t->param, MIXPREC_BF16, i) : P[i];
+    float vmax = k->h.amsgrad ? VM[i] : 0.0f;
+    const float p = mixprec__adamw_math(g, p0, &M[i], &V[i], &vmax, &k->h, &c, tail);
+    if (k->h.amsgrad) VM[i] = vmax;
     if (E) E[i] = mixprec__ema_lerp(E[i], p, s->ema_w);
     if (sr) {
       mixprec__opt_store_bf16_sr(t->param, i, s->sr_key, p);
@@ -111,9 +89,67 @@ static mixprec__adamw_body_fn adamw_body_kernel(void) {
   }
 }
 
+/* Elements [begin, end) of a tensor with lean state (mixprec_state_dtype):
+ * begin is a multiple of the Q8 block, so each block of 256 is updated (the
+ * active ISA's lean body over its whole vectors in torch's vectorised body,
+ * this scalar loop over the rest, torch's tail from tail_from on) and then
+ * its Q8 moments, if any, are encoded from the new values. */
+static void adamw_lean_range(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
+                             const adamw_scalars *s, const adamw_consts *k,
+                             const mixprec__lean_kernels *lk) {
+  const int sr = mixprec__opt_is_sr(t);
+  float *P = t->param_dtype != MIXPREC_F32 ? t->master : (float *)t->param;
+  const mixprec_state_dtype dm = t->exp_avg_dtype, dv = t->exp_avg_sq_dtype;
+  const int64_t tail_from = mixprec__opt_tail_start(t->numel);
+  const mixprec__adamw_tc c = {s->decay, s->step_size, s->bc2_sqrt};
+  float *E = s->ema, *VM = t->max_exp_avg_sq;
+  float qm[MIXPREC__Q8_BLOCK], qv[MIXPREC__Q8_BLOCK];
+  mixprec__lean_ctx x;
+  x.q0 = qm;
+  x.q1 = qv;
+  x.k0 = mixprec__sr_stream_key(s->sr_key, 1);
+  x.k1 = mixprec__sr_stream_key(s->sr_key, 2);
+  x.tab_s = &lk->tab_s;
+  x.tab_u = &lk->tab_u;
+  for (int64_t b0 = begin; b0 < end; b0 += MIXPREC__Q8_BLOCK) {
+    const int64_t b1 = end - b0 < MIXPREC__Q8_BLOCK ? end : b0 + MIXPREC__Q8_BLOCK;
+    x.b0 = b0;
+    x.sc0 = dm == MIXPREC_STATE_Q8 ? t->exp_avg_scale[b0 / MIXPREC__Q8_BLOCK] : 0.0f;
+    x.sc1 = dv == MIXPREC_STATE_Q8 ? t->exp_avg_sq_scale[b0 / MIXPREC__Q8_BLOCK] : 0.0f;
+    int64_t i = b0;
+    if (lk->adamw) i = lk->adamw(t, b0, b1 < tail_from ? b1 : tail_from, s, k, &x);
+    for (; i < b1; i++) {
+      float g = mixprec__opt_unscale(mixprec__load_f32(t->grad, t->grad_dtype, i), k->has_scale,
+                                     k->scale);
+      if (k->unscale) mixprec__opt_store_grad(t->grad, t->grad_dtype, i, g);
+      if (k->h.maximize) g = -g;
+      float m = mixprec__opt_state_get(t->exp_avg_data, dm, t->exp_avg_scale, i, 1);
+      float v = mixprec__opt_state_get(t->exp_avg_sq_data, dv, t->exp_avg_sq_scale, i, 0);
+      float vmax = k->h.amsgrad ? VM[i] : 0.0f;
+      const float p = mixprec__adamw_math(g, mixprec__opt_lean_param_get(t, P, i, sr), &m, &v,
+                                          &vmax, &k->h, &c, i >= tail_from);
+      if (k->h.amsgrad) VM[i] = vmax;
+      mixprec__opt_state_put(t->exp_avg_data, dm, i, m, x.k0, qm);
+      mixprec__opt_state_put(t->exp_avg_sq_data, dv, i, v, x.k1, qv);
+      if (E) E[i] = mixprec__ema_lerp(E[i], p, s->ema_w);
+      mixprec__opt_lean_param_put(t, P, i, sr, s->sr_key, p);
+    }
+    if (dm == MIXPREC_STATE_Q8)
+      lk->store(qm, (int)(b1 - b0), (uint8_t *)t->exp_avg_data + b0,
+                &t->exp_avg_scale[b0 / MIXPREC__Q8_BLOCK], &lk->tab_s, 1);
+    if (dv == MIXPREC_STATE_Q8)
+      lk->store(qv, (int)(b1 - b0), (uint8_t *)t->exp_avg_sq_data + b0,
+                &t->exp_avg_sq_scale[b0 / MIXPREC__Q8_BLOCK], &lk->tab_u, 0);
+  }
+}
+
 static void adamw_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
                         const adamw_scalars *s, const adamw_consts *k,
-                        mixprec__adamw_body_fn body) {
+                        mixprec__adamw_body_fn body, const mixprec__lean_kernels *lk) {
+  if (mixprec__opt_is_lean(t, 1)) {
+    adamw_lean_range(t, begin, end, s, k, lk);
+    return;
+  }
   const int64_t tail = mixprec__opt_tail_start(t->numel);
   const int64_t mid = end < tail ? end : (begin > tail ? begin : tail);
   const int64_t done = body(t, begin, mid, s, k);
@@ -181,6 +217,8 @@ mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list, int64_t n,
   }
 
   const mixprec__adamw_body_fn body = adamw_body_kernel();
+  mixprec__lean_kernels lk;
+  mixprec__lean_kernels_init(&lk, list, n, 1);
   int n_threads = mixprec__num_threads();
   (void)n_threads;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) \
@@ -188,7 +226,7 @@ mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list, int64_t n,
   for (int64_t c = 0; c < n_chunks; c++) {
     int64_t begin, end;
     const int64_t t = mixprec__opt_chunk_range(list, first, n, c, &begin, &end);
-    adamw_chunk(&list[t], begin, end, &sc[t], &k, body);
+    adamw_chunk(&list[t], begin, end, &sc[t], &k, body, &lk);
   }
 
   for (int64_t i = 0; i < n; i++) *list[i].step = sc[i].new_step;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "compiler.h"
+#include "dispatch.h"
 #include "mixprec/mixprec.h"
 
 MIXPREC__FORCE_INLINE uint32_t mixprec__f32_bits(float f) {

@@ -35,9 +35,43 @@ MIXPREC__INLINE mixprec_status mixprec__opt_check_tensor(const mixprec_opt_tenso
   return MIXPREC_OK;
 }
 
+MIXPREC__INLINE int mixprec__opt_state_dtype_ok(mixprec_state_dtype d) {
+  return d == MIXPREC_STATE_F32 || d == MIXPREC_STATE_BF16 || d == MIXPREC_STATE_Q8;
+}
+
+/* The lean state of one descriptor (mixprec_state_dtype in mixprec/optim.h);
+ * use_v: the optimizer has a second moment (AdamW). Whether the state
+ * buffers themselves are there is the caller's check. */
+MIXPREC__INLINE mixprec_status mixprec__opt_check_lean(const mixprec_opt_tensor *t, int use_v) {
+  const mixprec_state_dtype dm = t->exp_avg_dtype;
+  const mixprec_state_dtype dv = use_v ? t->exp_avg_sq_dtype : MIXPREC_STATE_F32;
+  if (!mixprec__opt_state_dtype_ok(dm) || !mixprec__opt_state_dtype_ok(dv))
+    return MIXPREC_ERR_BAD_DTYPE;
+  /* A remainder completes a BF16 param into a master: never beside one. */
+  if (t->remainder && (t->param_dtype != MIXPREC_BF16 || t->master))
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  if ((t->exp_avg_scale && dm != MIXPREC_STATE_Q8) ||
+      (t->exp_avg_sq_scale && (!use_v || dv != MIXPREC_STATE_Q8)))
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  if (t->numel == 0) return MIXPREC_OK;
+  if ((dm == MIXPREC_STATE_Q8 && !t->exp_avg_scale) ||
+      (dv == MIXPREC_STATE_Q8 && !t->exp_avg_sq_scale))
+    return MIXPREC_ERR_NULL_POINTER;
+  /* BF16 state is rounded with the count after the step. */
+  if ((dm == MIXPREC_STATE_BF16 || dv == MIXPREC_STATE_BF16) && !t->step)
+    return MIXPREC_ERR_NULL_POINTER;
+  return MIXPREC_OK;
+}
+
+/* Nonzero when the tensor takes the lean path (any lean state). */
+MIXPREC__INLINE int mixprec__opt_is_lean(const mixprec_opt_tensor *t, int use_v) {
+  return t->remainder != NULL || t->exp_avg_dtype != MIXPREC_STATE_F32 ||
+         (use_v && t->exp_avg_sq_dtype != MIXPREC_STATE_F32);
+}
+
 /* Nonzero for a master-free BF16 tensor (stochastic rounding). */
 MIXPREC__INLINE int mixprec__opt_is_sr(const mixprec_opt_tensor *t) {
-  return t->param_dtype == MIXPREC_BF16 && !t->master;
+  return t->param_dtype == MIXPREC_BF16 && !t->master && !t->remainder;
 }
 
 /* The EMA's hyper-parameters (mixprec_ema_params); nothing when it is off. */
@@ -76,6 +110,8 @@ MIXPREC__INLINE mixprec_status mixprec__adamw_check(const mixprec_opt_tensor *li
     mixprec_status st = mixprec__opt_check_tensor(t);
     if (st != MIXPREC_OK) return st;
     if (!t->step) return MIXPREC_ERR_NULL_POINTER;
+    st = mixprec__opt_check_lean(t, 1);
+    if (st != MIXPREC_OK) return st;
     if (t->numel > 0 &&
         (!t->exp_avg || !t->exp_avg_sq || (p->amsgrad && !t->max_exp_avg_sq)))
       return MIXPREC_ERR_NULL_POINTER;
@@ -100,6 +136,8 @@ MIXPREC__INLINE mixprec_status mixprec__sgd_check(const mixprec_opt_tensor *list
   for (int64_t i = 0; i < n; i++) {
     const mixprec_opt_tensor *t = &list[i];
     mixprec_status st = mixprec__opt_check_tensor(t);
+    if (st != MIXPREC_OK) return st;
+    st = mixprec__opt_check_lean(t, 0);
     if (st != MIXPREC_OK) return st;
     if (t->numel > 0 && p->momentum != 0.0 && !t->momentum_buffer) return MIXPREC_ERR_NULL_POINTER;
     if (t->numel > 0 && mixprec__opt_is_sr(t) && !t->step) return MIXPREC_ERR_NULL_POINTER;

@@ -10,6 +10,7 @@
 #include "internal.h"
 #include "optim_check.h"
 #include "optim_consts.h"
+#include "optim_math.h"
 #include "stochastic_round.h"
 
 /* Work is cut into chunks of at most this many elements of one tensor. The
@@ -61,6 +62,62 @@ MIXPREC__FORCE_INLINE void mixprec__opt_store_grad(const void *grad, mixprec_dty
 /* Stores a master-free BF16 param element, stochastically rounded. */
 MIXPREC__FORCE_INLINE void mixprec__opt_store_bf16_sr(void *data, int64_t i, uint32_t key, float v) {
   ((uint16_t *)data)[i] = mixprec__f32_to_bf16_sr(v, mixprec__sr_bits(key, i));
+}
+
+/* ---- the lean state element by element (the scalar paths; mixprec/optim.h,
+ * mixprec_state_dtype) -------------------------------------------------- */
+
+/* Element i of a moment buffer in FP32 (Q8: at its block's scale). */
+MIXPREC__FORCE_INLINE float mixprec__opt_state_get(const void *buf, mixprec_state_dtype d,
+                                                  const float *scale, int64_t i, int is_signed) {
+  if (d == MIXPREC_STATE_BF16) return mixprec__opt_bf16_f32(((const uint16_t *)buf)[i]);
+  if (d == MIXPREC_STATE_Q8)
+    return mixprec__q8_load(((const uint8_t *)buf)[i], scale[i / MIXPREC__Q8_BLOCK], is_signed);
+  return ((const float *)buf)[i];
+}
+
+/* Stores element i of an F32 or BF16 moment buffer (BF16: stochastically,
+ * with the buffer's key); a Q8 value goes to the block buffer q instead, at
+ * i's place in its block. */
+MIXPREC__FORCE_INLINE void mixprec__opt_state_put(void *buf, mixprec_state_dtype d, int64_t i,
+                                                 float x, uint32_t key, float *q) {
+  if (d == MIXPREC_STATE_BF16)
+    ((uint16_t *)buf)[i] = mixprec__f32_to_bf16_sr(x, mixprec__sr_bits(key, i));
+  else if (d == MIXPREC_STATE_Q8)
+    q[i % MIXPREC__Q8_BLOCK] = x;
+  else
+    ((float *)buf)[i] = x;
+}
+
+/* After the elements [b0, b1) of one block (b0 a multiple of the block):
+ * a Q8 buffer's codes and scale from the new values in q. */
+MIXPREC__FORCE_INLINE void mixprec__opt_state_flush(void *buf, mixprec_state_dtype d, float *scale,
+                                                   int64_t b0, int64_t b1, const float *q,
+                                                   int is_signed) {
+  if (d == MIXPREC_STATE_Q8)
+    mixprec__q8_store_block(q, (int)(b1 - b0), (uint8_t *)buf + b0, &scale[b0 / MIXPREC__Q8_BLOCK],
+                            is_signed);
+}
+
+/* The FP32 value of a lean tensor's param element (remainder: the master it
+ * holds; master-free BF16; else the master or the F32 param P). */
+MIXPREC__FORCE_INLINE float mixprec__opt_lean_param_get(const mixprec_opt_tensor *t, const float *P,
+                                                       int64_t i, int sr) {
+  if (t->remainder) return mixprec__rem_join(((const uint16_t *)t->param)[i], t->remainder[i]);
+  if (sr) return mixprec__opt_bf16_f32(((const uint16_t *)t->param)[i]);
+  return P[i];
+}
+
+MIXPREC__FORCE_INLINE void mixprec__opt_lean_param_put(const mixprec_opt_tensor *t, float *P, int64_t i,
+                                                      int sr, uint32_t sr_key, float p) {
+  if (t->remainder) {
+    mixprec__rem_split(p, (uint16_t *)t->param + i, t->remainder + i);
+  } else if (sr) {
+    mixprec__opt_store_bf16_sr(t->param, i, sr_key, p);
+  } else {
+    P[i] = p;
+    if (t->param_dtype != MIXPREC_F32) mixprec__opt_store_half(t->param, t->param_dtype, i, p);
+  }
 }
 
 /* The flattened chunk list: first[t] is tensor t's first chunk, first[n] the
@@ -175,13 +232,118 @@ typedef int64_t (*mixprec__sgd_body_fn)(const mixprec_opt_tensor *t, int64_t beg
                                         int first, uint32_t sr_key,
                                         const mixprec__ema_scalars *ema,
                                         const mixprec__sgd_consts *k);
+/* The Q8 map's constants as the vector code indexes them, taken from
+ * optim_math.h's scalar functions so both round identically: by top bit L
+ * (decoding) and by decade d (encoding). */
+typedef struct mixprec__q8_tabs {
+  float dec_step[8], dec_first[8];                /* by L */
+  float lower[8], inv_step[8], step[8], first[8]; /* by d */
+  float below[8];                                 /* by d >= 1: decade d - 1's last value */
+  float jmax[8];                                  /* by d: 2^L - 1 */
+  int32_t base[8];                                /* by d: 2^L */
+} mixprec__q8_tabs;
+
+MIXPREC__FORCE_INLINE void mixprec__q8_tabs_init(mixprec__q8_tabs *t, int is_signed) {
+  for (int j = 0; j < 8; j++) {
+    t->dec_step[j] = t->dec_first[j] = t->lower[j] = t->inv_step[j] = 0.0f;
+    t->step[j] = t->first[j] = t->below[j] = t->jmax[j] = 0.0f;
+    t->base[j] = 1;
+  }
+  for (int L = is_signed ? 0 : 1; L <= (is_signed ? 6 : 7); L++) {
+    const mixprec__q8_decade c = mixprec__q8_decade_of(is_signed ? L : L - 1, L);
+    t->dec_step[L] = c.step;
+    t->dec_first[L] = c.first;
+  }
+  for (int d = 0; d <= 6; d++) {
+    const int L = is_signed ? d : d + 1;
+    const mixprec__q8_decade c = mixprec__q8_decade_of(d, L);
+    t->lower[d] = c.lower;
+    t->inv_step[d] = c.inv_step;
+    t->step[d] = c.step;
+    t->first[d] = c.first;
+    t->jmax[d] = (float)((1 << L) - 1);
+    t->base[d] = 1 << L;
+    if (d > 0) t->below[d] = mixprec__q8_mag((uint32_t)(1 << L) - 1u, is_signed);
+  }
+}
+
+/* What a lean vector body needs besides the tensor: the Q8 block buffers of
+ * the new moments (index i - b0, b0 the block's first element), the BF16
+ * moments' rounding keys, the block's Q8 scales (for decoding) and the map
+ * tables. */
+typedef struct mixprec__lean_ctx {
+  float *q0, *q1;
+  int64_t b0;
+  uint32_t k0, k1;
+  float sc0, sc1;
+  const mixprec__q8_tabs *tab_s, *tab_u;
+} mixprec__lean_ctx;
+
+/* A lean body kernel updates the whole vectors of [begin, end) (begin a
+ * multiple of 8, all in torch's vectorised body and in one Q8 block) and
+ * returns where it stopped; the store kernel encodes one block. */
+typedef int64_t (*mixprec__adamw_lean_fn)(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
+                                          const mixprec__adamw_scalars *s,
+                                          const mixprec__adamw_consts *k, const mixprec__lean_ctx *c);
+typedef int64_t (*mixprec__sgd_lean_fn)(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
+                                        int first, uint32_t sr_key, const mixprec__ema_scalars *ema,
+                                        const mixprec__sgd_consts *k, const mixprec__lean_ctx *c);
+typedef void (*mixprec__q8_store_fn)(const float *x, int n, uint8_t *codes, float *scale,
+                                     const mixprec__q8_tabs *tb, int is_signed);
+
+/* The scalar store kernel (the reference). */
+MIXPREC__INLINE void mixprec__q8_store_block_scalar(const float *x, int n, uint8_t *codes, float *scale,
+                                                    const mixprec__q8_tabs *tb, int is_signed) {
+  (void)tb;
+  mixprec__q8_store_block(x, n, codes, scale, is_signed);
+}
+
 #if defined(MIXPREC_X86)
+int64_t mixprec__adamw_lean_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
+                                 const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k,
+                                 const mixprec__lean_ctx *c);
+int64_t mixprec__sgd_lean_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
+                               uint32_t sr_key, const mixprec__ema_scalars *ema,
+                               const mixprec__sgd_consts *k, const mixprec__lean_ctx *c);
+void mixprec__q8_store_block_avx2(const float *x, int n, uint8_t *codes, float *scale,
+                                  const mixprec__q8_tabs *tb, int is_signed);
 int64_t mixprec__adamw_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
                                  const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k);
 int64_t mixprec__sgd_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
                                uint32_t sr_key, const mixprec__ema_scalars *ema,
                                const mixprec__sgd_consts *k);
 #endif
+
+/* The lean kernels of the active ISA (NULL body: scalar only) and the map
+ * tables, set up once per step. */
+typedef struct mixprec__lean_kernels {
+  mixprec__adamw_lean_fn adamw;
+  mixprec__sgd_lean_fn sgd;
+  mixprec__q8_store_fn store;
+  mixprec__q8_tabs tab_s, tab_u;
+} mixprec__lean_kernels;
+
+MIXPREC__INLINE void mixprec__lean_kernels_init(mixprec__lean_kernels *lk, const mixprec_opt_tensor *list,
+                                                int64_t n, int use_v) {
+  lk->adamw = NULL;
+  lk->sgd = NULL;
+  lk->store = mixprec__q8_store_block_scalar;
+  int q8 = 0;
+  for (int64_t i = 0; i < n; i++)
+    q8 |= list[i].exp_avg_dtype == MIXPREC_STATE_Q8 || (use_v && list[i].exp_avg_sq_dtype == MIXPREC_STATE_Q8);
+  if (q8) {
+    mixprec__q8_tabs_init(&lk->tab_s, 1);
+    mixprec__q8_tabs_init(&lk->tab_u, 0);
+  }
+#if defined(MIXPREC_X86)
+  const mixprec_cpu_isa isa = mixprec__active_isa();
+  if (isa == MIXPREC_ISA_AVX2 || isa == MIXPREC_ISA_AVX512) {
+    lk->adamw = mixprec__adamw_lean_avx2;
+    lk->sgd = mixprec__sgd_lean_avx2;
+    lk->store = mixprec__q8_store_block_avx2;
+  }
+#endif
+}
 
 /* ---- AVX2 + FMA + F16C loads and stores (only in files built with them) */
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -359,6 +521,151 @@ MIXPREC__FORCE_INLINE void mixprec__opt_ema8(float *E, int64_t i, __m256 p, mixp
   const __m256 d = _mm256_sub_ps(p, e);
   _mm256_storeu_ps(E + i, w.small ? _mm256_fmadd_ps(_mm256_set1_ps(w.w), d, e)
                                   : _mm256_fmadd_ps(_mm256_set1_ps(w.w_m1), d, p));
+}
+
+/* ---- the lean state, 8 elements at a time (bit-identical to the scalar
+ * helpers above and optim_math.h) ------------------------------------- */
+
+/* The masters held by params [i, i + 8) and their remainders
+ * (mixprec__rem_join). */
+MIXPREC__FORCE_INLINE __m256 mixprec__opt_rem_join8(const void *param, const int16_t *rem, int64_t i) {
+  const __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)param + i)));
+  const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(rem + i)));
+  const __m256i neg = _mm256_cmpgt_epi32(lo, _mm256_set1_epi32(0x7fff));
+  const __m256i mag = _mm256_and_si256(hi, _mm256_set1_epi32(0x7fff));
+  const __m256i zero = _mm256_cmpeq_epi32(mag, _mm256_setzero_si256());
+  /* 1 <= mag <= 0x7f80: hi - 1; mag == 0: hi | 0x7f80 */
+  const __m256i dec = _mm256_andnot_si256(zero, _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7f81), mag));
+  __m256i h = _mm256_add_epi32(hi, _mm256_and_si256(neg, dec));
+  h = _mm256_or_si256(h, _mm256_and_si256(_mm256_and_si256(neg, zero), _mm256_set1_epi32(0x7f80)));
+  return _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(h, 16), lo));
+}
+
+/* 8 packed 16-bit values from 8 lanes below 2^16. */
+MIXPREC__FORCE_INLINE __m128i mixprec__opt_pack16(__m256i x) {
+  return _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+}
+
+/* Splits masters into params [i, i + 8) and their remainders
+ * (mixprec__rem_split). */
+MIXPREC__FORCE_INLINE void mixprec__opt_rem_split8(void *param, int16_t *rem, int64_t i, __m256 M) {
+  const __m256i u = _mm256_castps_si256(M);
+  const __m256i hi = _mm256_srli_epi32(u, 16);
+  const __m256i lo = _mm256_and_si256(u, _mm256_set1_epi32(0xffff));
+  const __m256i neg = _mm256_cmpgt_epi32(lo, _mm256_set1_epi32(0x7fff));
+  const __m256i mag = _mm256_and_si256(hi, _mm256_set1_epi32(0x7fff));
+  const __m256i fin = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7f80), mag);
+  const __m256i infp = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f80));
+  __m256i P = _mm256_sub_epi32(hi, _mm256_and_si256(neg, fin));
+  P = _mm256_blendv_epi8(P, _mm256_and_si256(hi, _mm256_set1_epi32(0x8000)), _mm256_and_si256(neg, infp));
+  _mm_storeu_si128((__m128i *)((uint16_t *)param + i), mixprec__opt_pack16(P));
+  _mm_storeu_si128((__m128i *)(rem + i), mixprec__opt_pack16(lo));
+}
+
+/* Codes [i, i + 8) decoded at scale (mixprec__q8_load). */
+MIXPREC__FORCE_INLINE __m256 mixprec__q8_load8(const uint8_t *codes, int64_t i, float scale,
+                                               const mixprec__q8_tabs *tb, const int is_signed) {
+  const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + i)));
+  const __m256i q = is_signed ? _mm256_and_si256(c, _mm256_set1_epi32(0x7f)) : c;
+  /* q's top bit L from its float exponent (q = 0: masked below). */
+  const __m256i L = _mm256_sub_epi32(
+      _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(q)), 23), _mm256_set1_epi32(127));
+  const __m256i j = _mm256_sub_epi32(q, _mm256_sllv_epi32(_mm256_set1_epi32(1), L));
+  __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(j),
+                             _mm256_permutevar8x32_ps(_mm256_loadu_ps(tb->dec_step), L),
+                             _mm256_permutevar8x32_ps(_mm256_loadu_ps(tb->dec_first), L));
+  const __m256i one_code = _mm256_set1_epi32(is_signed ? 0x80 : 1);
+  const __m256 is_zero = _mm256_castsi256_ps(_mm256_cmpeq_epi32(q, _mm256_setzero_si256()));
+  const __m256 is_one = _mm256_castsi256_ps(_mm256_cmpeq_epi32(c, one_code));
+  if (is_signed)
+    v = _mm256_or_ps(v, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24)));
+  v = _mm256_andnot_ps(is_zero, v);
+  v = _mm256_blendv_ps(v, _mm256_set1_ps(1.0f), is_one);
+  return _mm256_mul_ps(v, _mm256_set1_ps(scale));
+}
+
+/* The codes of 8 values at inv (mixprec__q8_encode), in the low 8 bytes. */
+MIXPREC__FORCE_INLINE __m128i mixprec__q8_encode8(__m256 x, __m256 inv, const mixprec__q8_tabs *tb,
+                                                  const int is_signed) {
+  const __m256i xb = _mm256_castps_si256(x);
+  const __m256i sign = is_signed ? _mm256_srli_epi32(_mm256_and_si256(xb, _mm256_set1_epi32((int)0x80000000u)), 24)
+                                 : _mm256_setzero_si256();
+  const __m256 y = _mm256_mul_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), x), inv);
+  const __m256 nan = _mm256_cmp_ps(y, y, _CMP_UNORD_Q);
+  __m256i d = _mm256_setzero_si256();
+  for (int k = 1; k <= 6; k++)
+    d = _mm256_sub_epi32(d, _mm256_castps_si256(_mm256_cmp_ps(y, _mm256_set1_ps(tb->lower[k]), _CMP_GE_OQ)));
+  const __m256 lower = _mm256_permutevar8x32_ps(_mm256_loadu_ps(tb->lower), d);
+  const __m256 jmax = _mm256_permutevar8x32_ps(_mm256_loadu_ps(tb->jmax), d);
+  __m256 jf = _mm256_floor_ps(
+      _mm256_mul_ps(_mm256_sub_ps(y, lower), _mm256_permutevar8x32_ps(_mm256_loadu_ps(tb->inv_step), d)));
+  jf = _mm256_max_ps(jf, _mm256_setzero_ps()); /* a NaN (second operand wins) or negative: 0 */
+  jf = _mm256_min_ps(jf, jmax);
+  const __m256i q = _mm256_add_epi32(_mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)tb->base), d),
+                                     _mm256_cvttps_epi32(jf));
+  const __m256 vq = _mm256_fmadd_ps(jf, _mm256_permutevar8x32_ps(_mm256_loadu_ps(tb->step), d),
+                                    _mm256_permutevar8x32_ps(_mm256_loadu_ps(tb->first), d));
+  const __m256 first = _mm256_cmp_ps(jf, _mm256_setzero_ps(), _CMP_EQ_OQ);
+  const __m256 d0 = _mm256_castsi256_ps(_mm256_cmpeq_epi32(d, _mm256_setzero_si256()));
+  const __m256 below = _mm256_permutevar8x32_ps(_mm256_loadu_ps(tb->below), d);
+  const __m256 c_below = _mm256_and_ps(_mm256_andnot_ps(d0, first),
+                                       _mm256_cmp_ps(_mm256_sub_ps(y, below), _mm256_sub_ps(vq, y), _CMP_LT_OQ));
+  const __m256 c_zero = _mm256_and_ps(_mm256_and_ps(d0, first),
+                                      _mm256_cmp_ps(y, _mm256_mul_ps(vq, _mm256_set1_ps(0.5f)), _CMP_LT_OQ));
+  __m256 c_one = _mm256_and_ps(
+      _mm256_castsi256_ps(_mm256_cmpeq_epi32(d, _mm256_set1_epi32(6))),
+      _mm256_and_ps(_mm256_cmp_ps(jf, jmax, _CMP_EQ_OQ),
+                    _mm256_cmp_ps(_mm256_sub_ps(_mm256_set1_ps(1.0f), y), _mm256_sub_ps(y, vq), _CMP_LT_OQ)));
+  if (is_signed) c_one = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(sign, _mm256_set1_epi32(0x80))), c_one);
+  __m256i code = _mm256_or_si256(sign, q);
+  code = _mm256_blendv_epi8(code, _mm256_or_si256(sign, _mm256_sub_epi32(q, _mm256_set1_epi32(1))),
+                            _mm256_castps_si256(c_below));
+  code = _mm256_blendv_epi8(code, _mm256_set1_epi32(is_signed ? 0x80 : 1), _mm256_castps_si256(c_one));
+  code = _mm256_andnot_si256(_mm256_castps_si256(_mm256_or_ps(c_zero, nan)), code);
+  const __m128i h = mixprec__opt_pack16(code);
+  return _mm_packus_epi16(h, h);
+}
+
+/* Moment elements [i, i + 8) in FP32 (mixprec__opt_state_get). */
+MIXPREC__FORCE_INLINE __m256 mixprec__opt_state_load8(const void *buf, mixprec_state_dtype d, int64_t i,
+                                                      float scale, const mixprec__q8_tabs *tb,
+                                                      const int is_signed) {
+  if (d == MIXPREC_STATE_BF16) return mixprec__opt_load8(buf, MIXPREC_BF16, i);
+  if (d == MIXPREC_STATE_Q8) return mixprec__q8_load8((const uint8_t *)buf, i, scale, tb, is_signed);
+  return _mm256_loadu_ps((const float *)buf + i);
+}
+
+/* Stores moment elements [i, i + 8) (mixprec__opt_state_put: Q8 values to
+ * the block buffer q at i - b0). */
+MIXPREC__FORCE_INLINE void mixprec__opt_state_store8(void *buf, mixprec_state_dtype d, int64_t i, __m256 x,
+                                                     uint32_t key, float *q, int64_t b0) {
+  if (d == MIXPREC_STATE_BF16)
+    mixprec__opt_store8_bf16_sr(buf, i, key, x);
+  else if (d == MIXPREC_STATE_Q8)
+    _mm256_storeu_ps(q + (i - b0), x);
+  else
+    _mm256_storeu_ps((float *)buf + i, x);
+}
+
+/* The FP32 values of a lean tensor's params [i, i + 8)
+ * (mixprec__opt_lean_param_get). */
+MIXPREC__FORCE_INLINE __m256 mixprec__opt_lean_param_load8(const mixprec_opt_tensor *t, const float *P,
+                                                           int64_t i, int sr) {
+  if (t->remainder) return mixprec__opt_rem_join8(t->param, t->remainder, i);
+  if (sr) return mixprec__opt_load8(t->param, MIXPREC_BF16, i);
+  return _mm256_loadu_ps(P + i);
+}
+
+MIXPREC__FORCE_INLINE void mixprec__opt_lean_param_store8(const mixprec_opt_tensor *t, float *P, int64_t i,
+                                                          int sr, uint32_t sr_key, __m256 p) {
+  if (t->remainder) {
+    mixprec__opt_rem_split8(t->param, t->remainder, i, p);
+  } else if (sr) {
+    mixprec__opt_store8_bf16_sr(t->param, i, sr_key, p);
+  } else {
+    _mm256_storeu_ps(P + i, p);
+    if (t->param_dtype != MIXPREC_F32) mixprec__opt_store8_half(t->param, t->param_dtype, i, p);
+  }
 }
 
 /* -x for every lane: flips the sign bit, NaNs included, like C's unary -. */

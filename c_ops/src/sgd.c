@@ -43,24 +43,14 @@ MIXPREC__FORCE_INLINE void sgd_range(const mixprec_opt_tensor *t, int64_t begin,
   float *B = t->momentum_buffer;
   float *E = ema->buf;
   for (int64_t i = begin; i < end; i++) {
-    float g = mixprec__load_f32(t->grad, t->grad_dtype, i);
-    if (k->has_scale) g = g / k->scale;
+    float g = mixprec__opt_unscale(mixprec__load_f32(t->grad, t->grad_dtype, i), k->has_scale,
+                                   k->scale);
     if (k->unscale) mixprec__opt_store_grad(t->grad, t->grad_dtype, i, g);
     if (k->h.maximize) g = -g;
-    float p = sr ? mixprec__load_f32(t->param, MIXPREC_BF16, i) : P[i];
-    if (k->h.wd_on) g = fmaf(p, k->h.wd, g);
-    if (k->h.momentum_on) {
-      float buf;
-      if (first)
-        buf = g;
-      else if (tail)
-        buf = fmaf(B[i], k->h.momentum, g * k->h.damp1);
-      else
-        buf = fmaf(k->h.damp1, g, B[i] * k->h.momentum);
-      B[i] = buf;
-      g = k->h.nesterov ? fmaf(buf, k->h.momentum, g) : buf;
-    }
-    p = fmaf(-g, k->h.lr, p);
+    const float p0 = sr ? mixprec__load_f32(t->param, MIXPREC_BF16, i) : P[i];
+    float buf = k->h.momentum_on && !first ? B[i] : 0.0f;
+    const float p = mixprec__sgd_math(g, p0, &buf, &k->h, first, tail);
+    if (k->h.momentum_on) B[i] = buf;
     if (E) E[i] = mixprec__ema_lerp(E[i], p, ema->w);
     if (sr) {
       mixprec__opt_store_bf16_sr(t->param, i, sr_key, p);
@@ -91,9 +81,59 @@ static mixprec__sgd_body_fn sgd_body_kernel(void) {
   }
 }
 
+/* Elements [begin, end) of a tensor with lean state (as adamw_lean_range:
+ * block by block, the lean body first, Q8 buffers encoded per block). */
+static void sgd_lean_range(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
+                           uint32_t sr_key, const mixprec__ema_scalars *ema, const sgd_consts *k,
+                           const mixprec__lean_kernels *lk) {
+  const int sr = mixprec__opt_is_sr(t);
+  float *P = t->param_dtype != MIXPREC_F32 ? t->master : (float *)t->param;
+  const mixprec_state_dtype db = t->exp_avg_dtype;
+  const int64_t tail_from = mixprec__opt_tail_start(t->numel);
+  float *E = ema->buf;
+  float qb[MIXPREC__Q8_BLOCK];
+  mixprec__lean_ctx x;
+  x.q0 = qb;
+  x.q1 = NULL;
+  x.k0 = mixprec__sr_stream_key(sr_key, 1);
+  x.k1 = 0;
+  x.sc1 = 0.0f;
+  x.tab_s = &lk->tab_s;
+  x.tab_u = &lk->tab_u;
+  const int q8 = k->h.momentum_on && db == MIXPREC_STATE_Q8;
+  for (int64_t b0 = begin; b0 < end; b0 += MIXPREC__Q8_BLOCK) {
+    const int64_t b1 = end - b0 < MIXPREC__Q8_BLOCK ? end : b0 + MIXPREC__Q8_BLOCK;
+    x.b0 = b0;
+    x.sc0 = q8 && !first ? t->exp_avg_scale[b0 / MIXPREC__Q8_BLOCK] : 0.0f;
+    int64_t i = b0;
+    if (lk->sgd) i = lk->sgd(t, b0, b1 < tail_from ? b1 : tail_from, first, sr_key, ema, k, &x);
+    for (; i < b1; i++) {
+      float g = mixprec__opt_unscale(mixprec__load_f32(t->grad, t->grad_dtype, i), k->has_scale,
+                                     k->scale);
+      if (k->unscale) mixprec__opt_store_grad(t->grad, t->grad_dtype, i, g);
+      if (k->h.maximize) g = -g;
+      float buf = k->h.momentum_on && !first
+                      ? mixprec__opt_state_get(t->exp_avg_data, db, t->exp_avg_scale, i, 1)
+                      : 0.0f;
+      const float p = mixprec__sgd_math(g, mixprec__opt_lean_param_get(t, P, i, sr), &buf, &k->h,
+                                        first, i >= tail_from);
+      if (k->h.momentum_on) mixprec__opt_state_put(t->exp_avg_data, db, i, buf, x.k0, qb);
+      if (E) E[i] = mixprec__ema_lerp(E[i], p, ema->w);
+      mixprec__opt_lean_param_put(t, P, i, sr, sr_key, p);
+    }
+    if (q8)
+      lk->store(qb, (int)(b1 - b0), (uint8_t *)t->exp_avg_data + b0,
+                &t->exp_avg_scale[b0 / MIXPREC__Q8_BLOCK], &lk->tab_s, 1);
+  }
+}
+
 static void sgd_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
                       uint32_t sr_key, const mixprec__ema_scalars *ema, const sgd_consts *k,
-                      mixprec__sgd_body_fn body) {
+                      mixprec__sgd_body_fn body, const mixprec__lean_kernels *lk) {
+  if (mixprec__opt_is_lean(t, 0)) {
+    sgd_lean_range(t, begin, end, first, sr_key, ema, k, lk);
+    return;
+  }
   const int64_t tail = mixprec__opt_tail_start(t->numel);
   const int64_t mid = end < tail ? end : (begin > tail ? begin : tail);
   const int64_t done = body(t, begin, mid, first, sr_key, ema, k);
@@ -162,6 +202,8 @@ mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list, int64_t n,
   k.stream = total >= MIXPREC__OPT_STREAM_MIN;
 
   const mixprec__sgd_body_fn body = sgd_body_kernel();
+  mixprec__lean_kernels lk;
+  mixprec__lean_kernels_init(&lk, list, n, 0);
   int n_threads = mixprec__num_threads();
   (void)n_threads;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) \
@@ -169,7 +211,7 @@ mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list, int64_t n,
   for (int64_t c = 0; c < n_chunks; c++) {
     int64_t begin, end;
     const int64_t t = mixprec__opt_chunk_range(list, first, n, c, &begin, &end);
-    sgd_chunk(&list[t], begin, end, sc[t].first, sc[t].sr_key, &sc[t].ema, &k, body);
+    sgd_chunk(&list[t], begin, end, sc[t].first, sc[t].sr_key, &sc[t].ema, &k, body, &lk);
   }
 
   for (int64_t i = 0; i < n; i++)

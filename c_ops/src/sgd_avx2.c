@@ -8,30 +8,44 @@
  * numel % 8) never come here. */
 #include "optim_common.h"
 
+/* The vector update of 8 elements (mixprec__sgd_math's body formulas): g
+ * as the update sees it, p the FP32 param, *buf the momentum buffer (not
+ * read on the first step, written when momentum != 0); returns the new p. */
+MIXPREC__FORCE_INLINE __m256 math8(__m256 g, __m256 p, __m256 *buf, int first,
+                                   const mixprec__sgd_consts *k) {
+  if (k->h.wd_on) g = _mm256_fmadd_ps(p, _mm256_set1_ps(k->h.wd), g);
+  if (k->h.momentum_on) {
+    const __m256 momentum = _mm256_set1_ps(k->h.momentum);
+    if (first)
+      *buf = g;
+    else
+      *buf = _mm256_fmadd_ps(_mm256_set1_ps(k->h.damp1), g, _mm256_mul_ps(*buf, momentum));
+    g = k->h.nesterov ? _mm256_fmadd_ps(*buf, momentum, g) : *buf;
+  }
+  return _mm256_fmadd_ps(mixprec__opt_neg8(g), _mm256_set1_ps(k->h.lr), p);
+}
+
+/* The gradient of elements [i, i + 8) as the update sees it. */
+MIXPREC__FORCE_INLINE __m256 grad8(const mixprec_opt_tensor *t, int64_t i, const mixprec__sgd_consts *k,
+                                   const mixprec_dtype gd) {
+  __m256 g = mixprec__opt_load8(t->grad, gd, i);
+  if (k->has_scale) g = _mm256_div_ps(g, _mm256_set1_ps(k->scale));
+  if (k->unscale) mixprec__opt_store8_grad(t->grad, gd, i, g);
+  if (k->h.maximize) g = mixprec__opt_neg8(g);
+  return g;
+}
+
 /* One vector of the update: elements [i, i + 8); stores the momentum
  * buffer and returns the new FP32 param. gd and sr (master-free BF16: read
  * the param itself) are constants at each call. */
 MIXPREC__FORCE_INLINE __m256 update8(const mixprec_opt_tensor *t, int64_t i, const float *P, int first,
                                const mixprec__sgd_consts *k, const mixprec_dtype gd, const int sr,
                                const mixprec__ema_scalars *e, const int ema) {
-  __m256 g = mixprec__opt_load8(t->grad, gd, i);
-  if (k->has_scale) g = _mm256_div_ps(g, _mm256_set1_ps(k->scale));
-  if (k->unscale) mixprec__opt_store8_grad(t->grad, gd, i, g);
-  if (k->h.maximize) g = mixprec__opt_neg8(g);
+  const __m256 g = grad8(t, i, k, gd);
   const __m256 p = sr ? mixprec__opt_load8(t->param, MIXPREC_BF16, i) : _mm256_loadu_ps(P + i);
-  if (k->h.wd_on) g = _mm256_fmadd_ps(p, _mm256_set1_ps(k->h.wd), g);
-  if (k->h.momentum_on) {
-    const __m256 momentum = _mm256_set1_ps(k->h.momentum);
-    __m256 buf;
-    if (first)
-      buf = g;
-    else
-      buf = _mm256_fmadd_ps(_mm256_set1_ps(k->h.damp1), g,
-                            _mm256_mul_ps(_mm256_loadu_ps(t->momentum_buffer + i), momentum));
-    _mm256_storeu_ps(t->momentum_buffer + i, buf);
-    g = k->h.nesterov ? _mm256_fmadd_ps(buf, momentum, g) : buf;
-  }
-  const __m256 out = _mm256_fmadd_ps(mixprec__opt_neg8(g), _mm256_set1_ps(k->h.lr), p);
+  __m256 buf = k->h.momentum_on && !first ? _mm256_loadu_ps(t->momentum_buffer + i) : _mm256_setzero_ps();
+  const __m256 out = math8(g, p, &buf, first, k);
+  if (k->h.momentum_on) _mm256_storeu_ps(t->momentum_buffer + i, buf);
   if (ema) mixprec__opt_ema8(e->buf, i, out, e->w);
   return out;
 }
@@ -83,4 +97,37 @@ int64_t mixprec__sgd_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64
     MIXPREC__SGD_PD(1)
   }
   MIXPREC__SGD_PD(0)
+}
+
+/* ---- the lean state (see adamw_avx2.c) ------------------------------------- */
+MIXPREC__FORCE_INLINE int64_t lean_body(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
+                                        uint32_t sr_key, const mixprec__ema_scalars *e,
+                                        const mixprec__sgd_consts *k, const mixprec__lean_ctx *c,
+                                        const mixprec_dtype gd) {
+  const int sr = mixprec__opt_is_sr(t);
+  float *P = t->param_dtype != MIXPREC_F32 ? t->master : (float *)t->param;
+  const mixprec_state_dtype db = t->exp_avg_dtype;
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    const __m256 g = grad8(t, i, k, gd);
+    const __m256 p0 = mixprec__opt_lean_param_load8(t, P, i, sr);
+    __m256 buf = k->h.momentum_on && !first
+                     ? mixprec__opt_state_load8(t->exp_avg_data, db, i, c->sc0, c->tab_s, 1)
+                     : _mm256_setzero_ps();
+    const __m256 p = math8(g, p0, &buf, first, k);
+    if (k->h.momentum_on) mixprec__opt_state_store8(t->exp_avg_data, db, i, buf, c->k0, c->q0, c->b0);
+    if (e->buf) mixprec__opt_ema8(e->buf, i, p, e->w);
+    mixprec__opt_lean_param_store8(t, P, i, sr, sr_key, p);
+  }
+  return i;
+}
+
+int64_t mixprec__sgd_lean_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
+                               uint32_t sr_key, const mixprec__ema_scalars *e,
+                               const mixprec__sgd_consts *k, const mixprec__lean_ctx *c) {
+  switch (t->grad_dtype) {
+    case MIXPREC_F16: return lean_body(t, begin, end, first, sr_key, e, k, c, MIXPREC_F16);
+    case MIXPREC_BF16: return lean_body(t, begin, end, first, sr_key, e, k, c, MIXPREC_BF16);
+    default: return lean_body(t, begin, end, first, sr_key, e, k, c, MIXPREC_F32);
+  }
 }

@@ -34,11 +34,7 @@ MIXPREC__FORCE_INLINE __m256 load_part(const void *p, mixprec_dtype d, int64_t i
   float t[8];
   for (int l = 0; l < 8; l++) t[l] = fill;
   for (int64_t l = 0; l < k; l++) {
-    switch (d) {
-      case MIXPREC_F16: t[l] = mixprec__f16_to_f32(((const uint16_t *)p)[i + l]); break;
-      case MIXPREC_BF16: t[l] = mixprec__bf16_to_f32(((const uint16_t *)p)[i + l]); break;
-      default: t[l] = ((const float *)p)[i + l]; break;
-    }
+    t[l] = mixprec__load_f32(p, d, i + l);
   }
   return _mm256_loadu_ps(t);
 }
@@ -443,66 +439,33 @@ MIXPREC__FORCE_INLINE void cols_ce_grad(const void *x, const mixprec_dtype xd, v
   }
 }
 
-/* ---- entry points: one switch on the input dtype each --------------------- */
+/* ---- entry points: one dispatch on the input dtype each ------------------- */
 
 void mixprec__softmax_fwd_avx2(const void *x, mixprec_dtype xd, void *y,
                                mixprec_dtype yd, int64_t n, int64_t stride,
                                int64_t width, int log, float *scratch) {
   const int row = stride == 1 && width == 1;
-  switch (xd) {
-    case MIXPREC_F16:
-      if (row) row_fwd(x, MIXPREC_F16, y, yd, n, log, scratch);
-      else cols_fwd(x, MIXPREC_F16, y, yd, n, stride, width, log);
-      break;
-    case MIXPREC_BF16:
-      if (row) row_fwd(x, MIXPREC_BF16, y, yd, n, log, scratch);
-      else cols_fwd(x, MIXPREC_BF16, y, yd, n, stride, width, log);
-      break;
-    default:
-      if (row) row_fwd(x, MIXPREC_F32, y, yd, n, log, scratch);
-      else cols_fwd(x, MIXPREC_F32, y, yd, n, stride, width, log);
-      break;
-  }
+  MIXPREC__DISPATCH(xd, X,
+                    if (row) row_fwd(x, X, y, yd, n, log, scratch);
+                    else cols_fwd(x, X, y, yd, n, stride, width, log));
 }
 
 void mixprec__softmax_bwd_avx2(const void *dy, const void *y, mixprec_dtype yd,
                                void *dx, mixprec_dtype dxd, int64_t n,
                                int64_t stride, int64_t width, int log) {
   const int row = stride == 1 && width == 1;
-  switch (yd) {
-    case MIXPREC_F16:
-      if (row) row_bwd(dy, y, MIXPREC_F16, dx, dxd, n, log);
-      else cols_bwd(dy, y, MIXPREC_F16, dx, dxd, n, stride, width, log);
-      break;
-    case MIXPREC_BF16:
-      if (row) row_bwd(dy, y, MIXPREC_BF16, dx, dxd, n, log);
-      else cols_bwd(dy, y, MIXPREC_BF16, dx, dxd, n, stride, width, log);
-      break;
-    default:
-      if (row) row_bwd(dy, y, MIXPREC_F32, dx, dxd, n, log);
-      else cols_bwd(dy, y, MIXPREC_F32, dx, dxd, n, stride, width, log);
-      break;
-  }
+  MIXPREC__DISPATCH(yd, Y,
+                    if (row) row_bwd(dy, y, Y, dx, dxd, n, log);
+                    else cols_bwd(dy, y, Y, dx, dxd, n, stride, width, log));
 }
 
 void mixprec__ce_stats_avx2(const void *x, mixprec_dtype xd, int64_t n,
                             int64_t stride, int64_t width, const float *weight,
                             float *mx, float *se, float *wx) {
   const int row = stride == 1 && width == 1;
-  switch (xd) {
-    case MIXPREC_F16:
-      if (row) row_ce_stats(x, MIXPREC_F16, n, weight, mx, se, wx);
-      else cols_ce_stats(x, MIXPREC_F16, n, stride, width, weight, mx, se, wx);
-      break;
-    case MIXPREC_BF16:
-      if (row) row_ce_stats(x, MIXPREC_BF16, n, weight, mx, se, wx);
-      else cols_ce_stats(x, MIXPREC_BF16, n, stride, width, weight, mx, se, wx);
-      break;
-    default:
-      if (row) row_ce_stats(x, MIXPREC_F32, n, weight, mx, se, wx);
-      else cols_ce_stats(x, MIXPREC_F32, n, stride, width, weight, mx, se, wx);
-      break;
-  }
+  MIXPREC__DISPATCH(xd, X,
+                    if (row) row_ce_stats(x, X, n, weight, mx, se, wx);
+                    else cols_ce_stats(x, X, n, stride, width, weight, mx, se, wx));
 }
 
 void mixprec__ce_grad_avx2(const void *x, mixprec_dtype xd, void *dx,
@@ -511,20 +474,9 @@ void mixprec__ce_grad_avx2(const void *x, mixprec_dtype xd, void *dx,
                            const float *b, const float *weight, const int32_t *tc,
                            const float *bt) {
   const int row = stride == 1 && width == 1;
-  switch (xd) {
-    case MIXPREC_F16:
-      if (row) row_ce_grad(x, MIXPREC_F16, dx, n, mx[0], lg[0], a[0], b[0], weight, tc[0], bt[0]);
-      else cols_ce_grad(x, MIXPREC_F16, dx, n, stride, width, mx, lg, a, b, weight, tc, bt);
-      break;
-    case MIXPREC_BF16:
-      if (row) row_ce_grad(x, MIXPREC_BF16, dx, n, mx[0], lg[0], a[0], b[0], weight, tc[0], bt[0]);
-      else cols_ce_grad(x, MIXPREC_BF16, dx, n, stride, width, mx, lg, a, b, weight, tc, bt);
-      break;
-    default:
-      if (row) row_ce_grad(x, MIXPREC_F32, dx, n, mx[0], lg[0], a[0], b[0], weight, tc[0], bt[0]);
-      else cols_ce_grad(x, MIXPREC_F32, dx, n, stride, width, mx, lg, a, b, weight, tc, bt);
-      break;
-  }
+  MIXPREC__DISPATCH(xd, X,
+                    if (row) row_ce_grad(x, X, dx, n, mx[0], lg[0], a[0], b[0], weight, tc[0], bt[0]);
+                    else cols_ce_grad(x, X, dx, n, stride, width, mx, lg, a, b, weight, tc, bt));
 }
 
 /* ---- cross-entropy with class-probability targets --------------------------- */
@@ -703,46 +655,18 @@ MIXPREC__FORCE_INLINE void soft_grad(const void *x, const mixprec_dtype xd, cons
 void mixprec__ce_soft_stats_avx2(const void *x, mixprec_dtype xd, const void *t, mixprec_dtype td,
                                  int64_t n, int64_t stride, int64_t width, const float *weight,
                                  float keep, float add, float *mx, float *se, float *tw, float *twx) {
-#define MIXPREC__SOFT_CASE(X, T)                                                                   \
-  case 3 * X + T:                                                                                  \
-    soft_stats(x, X, t, T, n, stride, width, weight, keep, add, mx, se, tw, twx);                  \
-    break
-  switch (3 * (int)xd + (int)td) {
-    MIXPREC__SOFT_CASE(MIXPREC_F32, MIXPREC_F16);
-    MIXPREC__SOFT_CASE(MIXPREC_F32, MIXPREC_BF16);
-    MIXPREC__SOFT_CASE(MIXPREC_F16, MIXPREC_F32);
-    MIXPREC__SOFT_CASE(MIXPREC_F16, MIXPREC_F16);
-    MIXPREC__SOFT_CASE(MIXPREC_F16, MIXPREC_BF16);
-    MIXPREC__SOFT_CASE(MIXPREC_BF16, MIXPREC_F32);
-    MIXPREC__SOFT_CASE(MIXPREC_BF16, MIXPREC_F16);
-    MIXPREC__SOFT_CASE(MIXPREC_BF16, MIXPREC_BF16);
-    default:
-      soft_stats(x, MIXPREC_F32, t, MIXPREC_F32, n, stride, width, weight, keep, add, mx, se, tw, twx);
-      break;
-  }
-#undef MIXPREC__SOFT_CASE
+  MIXPREC__DISPATCH(xd, X,
+                    MIXPREC__DISPATCH(td, T,
+                                      soft_stats(x, X, t, T, n, stride, width, weight, keep, add,
+                                                 mx, se, tw, twx)));
 }
 
 void mixprec__ce_soft_grad_avx2(const void *x, mixprec_dtype xd, const void *t, mixprec_dtype td,
                                 void *dx, void *dt, int64_t n, int64_t stride, int64_t width,
                                 const float *mx, const float *lg, const float *a, const float *g,
                                 const float *cdt, const float *weight, float keep, float add) {
-#define MIXPREC__SOFT_CASE(X, T)                                                                   \
-  case 3 * X + T:                                                                                  \
-    soft_grad(x, X, t, T, dx, dt, n, stride, width, mx, lg, a, g, cdt, weight, keep, add);         \
-    break
-  switch (3 * (int)xd + (int)td) {
-    MIXPREC__SOFT_CASE(MIXPREC_F32, MIXPREC_F16);
-    MIXPREC__SOFT_CASE(MIXPREC_F32, MIXPREC_BF16);
-    MIXPREC__SOFT_CASE(MIXPREC_F16, MIXPREC_F32);
-    MIXPREC__SOFT_CASE(MIXPREC_F16, MIXPREC_F16);
-    MIXPREC__SOFT_CASE(MIXPREC_F16, MIXPREC_BF16);
-    MIXPREC__SOFT_CASE(MIXPREC_BF16, MIXPREC_F32);
-    MIXPREC__SOFT_CASE(MIXPREC_BF16, MIXPREC_F16);
-    MIXPREC__SOFT_CASE(MIXPREC_BF16, MIXPREC_BF16);
-    default:
-      soft_grad(x, MIXPREC_F32, t, MIXPREC_F32, dx, dt, n, stride, width, mx, lg, a, g, cdt, weight, keep, add);
-      break;
-  }
-#undef MIXPREC__SOFT_CASE
+  MIXPREC__DISPATCH(xd, X,
+                    MIXPREC__DISPATCH(td, T,
+                                      soft_grad(x, X, t, T, dx, dt, n, stride, width, mx, lg, a, g,
+                                                cdt, weight, keep, add)));
 }

@@ -102,6 +102,7 @@ def unscale_grads(
     read_only: bool = False,
     process_group=None,
     per_tensor: list | None = None,
+    skip=None,
 ):
     """Unscales every grad of ``optimizer``: one fused call per device for
     all float32/float16/bfloat16 dense grads (this rank's shards of DTensor
@@ -115,7 +116,11 @@ def unscale_grads(
     flat parameters (default: the world). ``per_tensor``: a list that
     receives ``(params, per-tensor norms, their reduction groups)`` of each
     call (the overflow diagnostics of ``_amp_health``); the fused calls then
-    return their per-tensor norms (the same pass, the same grads written)."""
+    return their per-tensor norms (the same pass, the same grads written).
+    ``skip``: a predicate on a grad: true for grads already unscaled in this
+    iteration (``GradScaler.clip_grad_norm_(parameters, ...)``), which are
+    checked (float16 refusal) and counted in the norms but not unscaled
+    again; their found_inf was recorded when they were unscaled."""
     per_device_inv_scale = _MultiDeviceReplicator(inv_scale)
     per_device_found_inf = _MultiDeviceReplicator(found_inf)
     # device -> [(grad, its reduction groups)]
@@ -123,6 +128,7 @@ def unscale_grads(
     other: dict[torch.device, dict[torch.dtype, list[tuple[torch.Tensor, tuple, torch.Tensor]]]] = defaultdict(
         lambda: defaultdict(list)
     )
+    already: dict[torch.device, list[tuple[torch.Tensor, tuple, torch.Tensor]]] = defaultdict(list)
     parts = NormParts()
     all_groups: dict = {}  # ordered: every rank reduces over the same groups in the same order
     with torch.no_grad():
@@ -130,7 +136,9 @@ def unscale_grads(
             optimizer, "mixprec.amp.GradScaler", process_group, all_groups, refuse_fp16=not allow_fp16
         ):
             grad = local(param.grad)
-            if grad.is_sparse:
+            if skip is not None and skip(param.grad):
+                already[grad.device].append((grad._values() if grad.is_sparse else grad, groups, param))
+            elif grad.is_sparse:
                 if grad.dtype is torch.float16:
                     param.grad = grad = grad.coalesce()
                 other[grad.device][grad.dtype].append((grad._values(), groups, param))
@@ -169,6 +177,12 @@ def unscale_grads(
                     if want_norm:
                         _add_norms(parts, device, entries, per, torch.linalg.vector_norm(per))
                     _collect(per_tensor, entries, per)
+        if want_norm or per_tensor is not None:
+            for device, entries in already.items():
+                per = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) for g, _, _ in entries])
+                if want_norm:
+                    _add_norms(parts, device, entries, per, torch.linalg.vector_norm(per))
+                _collect(per_tensor, entries, per)
     found = per_device_found_inf._per_device_tensors
     _distributed.reduce_found_inf(found, all_groups)
     return found, parts
@@ -222,6 +236,14 @@ def grad_norms_read_only(
     found = per_device_found_inf._per_device_tensors
     _distributed.reduce_found_inf(found, all_groups)
     return found, parts
+
+
+class ParamList:
+    """A list of parameters in the shape this module reads an optimizer in
+    (``param_groups``), for ``GradScaler.clip_grad_norm_(parameters, ...)``."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self.param_groups = [{"params": params}]
 
 
 def plain_total_norm(grads: list[torch.Tensor]) -> torch.Tensor:

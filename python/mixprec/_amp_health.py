@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -85,6 +86,41 @@ class TrainingHealth:
         return "\n".join(lines)
 
 
+_NAMED_PARAMETERS_TAKES = (
+    "mixprec.amp.GradScaler: named_parameters takes (name, parameter) pairs, e.g. model.named_parameters(), "
+    "or a dict of name -> parameter"
+)
+
+
+def named_pairs(named_parameters) -> list[tuple[str, torch.Tensor]]:
+    """``named_parameters`` as a list of (name, tensor), refusing what would
+    otherwise fail as "too many values to unpack" (``model.parameters()``, a
+    list of tensors) or silently pair a 2-row tensor's rows as (name, param)."""
+    if isinstance(named_parameters, torch.Tensor):
+        raise TypeError(f"{_NAMED_PARAMETERS_TAKES}; got a tensor")
+    if isinstance(named_parameters, Mapping):
+        items = list(named_parameters.items())
+    elif isinstance(named_parameters, Iterable) and not isinstance(named_parameters, (str, bytes)):
+        items = list(named_parameters)
+    else:
+        raise TypeError(f"{_NAMED_PARAMETERS_TAKES}; got {type(named_parameters).__name__}")
+    for i, item in enumerate(items):
+        if isinstance(item, torch.Tensor):
+            raise TypeError(
+                f"{_NAMED_PARAMETERS_TAKES}; item {i} is a tensor, not a (name, parameter) pair "
+                "(model.parameters() has no names: pass model.named_parameters())"
+            )
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise TypeError(f"{_NAMED_PARAMETERS_TAKES}; item {i} is {type(item).__name__}, not a (name, parameter) pair")
+        name, p = item
+        if not isinstance(name, str) or not isinstance(p, torch.Tensor):
+            raise TypeError(
+                f"{_NAMED_PARAMETERS_TAKES}; item {i} is ({type(name).__name__}, {type(p).__name__}), "
+                "not (str, Tensor)"
+            )
+    return [(name, p) for name, p in items]
+
+
 class Recorder:
     """The scaler's record of its unscale passes and steps."""
 
@@ -92,7 +128,7 @@ class Recorder:
         # id(param) -> (weakref to it, its name); the weakref tells a reused id apart.
         self._names: dict[int, tuple[weakref.ref, str]] = {}
         if named_parameters is not None:
-            for name, p in named_parameters:
+            for name, p in named_pairs(named_parameters):
                 self._names[id(p)] = (weakref.ref(p), name)
         self._slots: dict[int, tuple[weakref.ref, int]] = {}  # id(param) -> its row in the counts
         self._slot_names: list[str] = []

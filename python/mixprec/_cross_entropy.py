@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ._amp import _refuse_sparse, _same_device
+from ._registration import _refuse_sparse, _same_device
 from ._softmax import _check_float, _no_double_backward
 
 __all__ = ["cross_entropy"]
@@ -225,18 +225,20 @@ def cross_entropy(
     Per position ``-sum_c weight[c] * t'[c] * log_softmax(input)[c]`` with
     ``t' = t * (1 - label_smoothing) + label_smoothing / C``; ``mean``
     divides by the number of positions (N * d1 * ...), not by a weight sum,
-    as torch; ``ignore_index`` does not apply (a value other than -100
-    raises, as torch). A target that requires grad gets torch's gradient
+    as torch; ``ignore_index`` does not apply (a value >= 0 raises, any
+    negative one is accepted and changes nothing, as torch). A target that requires grad gets torch's gradient
     ``-g * (1 - label_smoothing) * weight[c] * log_softmax(input)[c]``.
     """
     if reduction not in _REDUCTIONS:
         raise ValueError(f"mixprec.ops.cross_entropy: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
     if tuple(target.shape) == tuple(input.shape):
         # torch's rule: a target of the input's shape holds class probabilities.
-        if int(ignore_index) != -100:
+        # torch refuses exactly the values that could name a class (>= 0);
+        # a negative one matches no probability column, so it changes nothing.
+        if int(ignore_index) >= 0:
             raise RuntimeError(
                 f"mixprec::cross_entropy_soft: ignore_index ({ignore_index}) is not supported for "
-                "class-probability targets (torch neither)"
+                "class-probability targets (torch neither: it refuses any ignore_index >= 0)"
             )
         if target.dtype == torch.float64:
             target = target.float()

@@ -63,7 +63,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._amp import _refuse_sparse
+from ._registration import _refuse_sparse
 from ._library import FLOAT_DTYPES as _FLOAT
 
 _refuse_sparse("efficient_nms")

@@ -30,7 +30,7 @@ Choices (documented, tested):
 import torch
 from torch.nn.modules.utils import _pair
 
-from ._amp import _refuse_sparse
+from ._registration import _refuse_sparse
 from ._library import FLOAT_DTYPES as _FLOAT
 from ._library import handles as _handles
 

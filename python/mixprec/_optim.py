@@ -9,6 +9,9 @@ dtype, as torch's fused optimizers do; the fakes only check (every mutated
 list, grads included, keeps its metadata). With ``emas`` (one FP32 buffer
 per param) the same pass moves each EMA toward the new FP32 weights
 (``mixprec.optim``'s ``ema_decay``); the fakes check those arguments too.
+The lean state (``remainders``, bfloat16 / uint8 moments with their
+``exp_avg_scales`` / ``exp_avg_sq_scales`` / ``buf_scales``; formats in
+``mixprec/optim.h``) is checked the same way.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import math
 
 import torch
 
-from ._amp import _bump_versions_on_mutation, _refuse_sparse, _same_device
+from ._registration import _bump_versions_on_mutation, _refuse_sparse, _same_device
 from ._library import FLOAT_DTYPES as _FLOAT
 
 
@@ -52,6 +55,46 @@ def _check_opt(op, params, grads, masters, steps, states, scalars=(), emas=()):
         torch._check(e.shape == params[i].shape, lambda: f"mixprec::{op}: emas[{i}] must have the shape of params[{i}]")
 
 
+_STATE_DTYPES = (torch.float32, torch.bfloat16, torch.uint8)
+
+
+def _check_lean(op, params, masters, remainders, states, scales):
+    """The lean-state checks of the real kernels (shim/optim_op.h): remainders
+    beside bfloat16 params without a master; moments in float32, bfloat16 or
+    uint8, a uint8 one with its ceil(numel / 256) float32 scales."""
+    n = len(params)
+    torch._check(len(remainders) in (0, n),
+                 lambda: f"mixprec::{op}: remainders has {len(remainders)} tensors but params has {n}")
+    for name, lst in scales:
+        torch._check(len(lst) in (0, n), lambda: f"mixprec::{op}: {name} has {len(lst)} tensors but params has {n}")
+    for i, r in enumerate(remainders):
+        if r.numel() == 0:
+            continue
+        torch._check(r.dtype == torch.int16, lambda: f"mixprec::{op}: remainders[{i}] must be int16, got {r.dtype}")
+        torch._check(r.shape == params[i].shape,
+                     lambda: f"mixprec::{op}: remainders[{i}] must have the same shape and strides as params[{i}]")
+        torch._check(params[i].dtype == torch.bfloat16,
+                     lambda: f"mixprec::{op}: remainders[{i}] is given but params[{i}] is {params[i].dtype}: "
+                     "remainders are for bfloat16 params only")
+        torch._check(masters[i].numel() == 0,
+                     lambda: f"mixprec::{op}: remainders[{i}] is given beside masters[{i}]")
+    for (name, lst), (sname, slst) in zip(states, scales):
+        for i, t in enumerate(lst):
+            torch._check(t.dtype in _STATE_DTYPES,
+                         lambda: f"mixprec::{op}: {name}[{i}] must be float32, bfloat16 or uint8 (8-bit blockwise), "
+                         f"got {t.dtype}")
+            has = bool(slst) and slst[i].numel() > 0
+            blocks = (t.numel() + 255) // 256
+            if t.dtype == torch.uint8 and t.numel() > 0:
+                torch._check(has, lambda: f"mixprec::{op}: {name}[{i}] is uint8 (8-bit blockwise) but {sname}[{i}] "
+                             f"is missing: it needs {blocks} float32 scales")
+                torch._check(slst[i].dtype == torch.float32 and slst[i].numel() == blocks,
+                             lambda: f"mixprec::{op}: {sname}[{i}] must be a contiguous float32 tensor of "
+                             f"ceil(numel / 256) = {blocks} elements")
+            else:
+                torch._check(not has, lambda: f"mixprec::{op}: {sname}[{i}] is given but {name}[{i}] is not uint8")
+
+
 def _check_ema(op, emas, decay, min_decay, use_warmup, gamma, power, after, every):
     """The EMA argument checks of the real kernels (shim/optim_op.h)."""
     if not emas:
@@ -71,7 +114,11 @@ def _check_ema(op, emas, decay, min_decay, use_warmup, gamma, power, after, ever
 def _adamw_step_fake(params, grads, masters, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2,
                      weight_decay, eps, amsgrad, maximize, lr_tensor, grad_scale, found_inf, sr_seed=0,
                      unscale_grads=False, emas=None, ema_decay=0.9999, ema_min_decay=0.0, ema_use_warmup=False,
-                     ema_warmup_gamma=1.0, ema_warmup_power=2 / 3, ema_update_after_step=0, ema_update_every=1):
+                     ema_warmup_gamma=1.0, ema_warmup_power=2 / 3, ema_update_after_step=0, ema_update_every=1,
+                     remainders=None, exp_avg_scales=None, exp_avg_sq_scales=None):
+    _check_lean("adamw_step_", params, masters, remainders or (),
+                (("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs)),
+                (("exp_avg_scales", exp_avg_scales or ()), ("exp_avg_sq_scales", exp_avg_sq_scales or ())))
     _check_opt("adamw_step_", params, grads, masters, steps,
                (("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs), ("max_exp_avg_sqs", max_exp_avg_sqs)),
                (("lr_tensor", lr_tensor), ("grad_scale", grad_scale), ("found_inf", found_inf)), emas or ())
@@ -84,7 +131,10 @@ def _adamw_step_fake(params, grads, masters, exp_avgs, exp_avg_sqs, max_exp_avg_
 def _sgd_step_fake(params, grads, masters, momentum_buffers, steps, lr, momentum, dampening, weight_decay,
                    nesterov, maximize, lr_tensor, grad_scale, found_inf, sr_seed=0, unscale_grads=False,
                    emas=None, ema_decay=0.9999, ema_min_decay=0.0, ema_use_warmup=False, ema_warmup_gamma=1.0,
-                   ema_warmup_power=2 / 3, ema_update_after_step=0, ema_update_every=1):
+                   ema_warmup_power=2 / 3, ema_update_after_step=0, ema_update_every=1, remainders=None,
+                   buf_scales=None):
+    _check_lean("sgd_step_", params, masters, remainders or (), (("momentum_buffers", momentum_buffers),),
+                (("buf_scales", buf_scales or ()),))
     _check_opt("sgd_step_", params, grads, masters, steps, (("momentum_buffers", momentum_buffers),),
                (("lr_tensor", lr_tensor), ("grad_scale", grad_scale), ("found_inf", found_inf)), emas or ())
     _check_ema("sgd_step_", emas, ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma, ema_warmup_power,

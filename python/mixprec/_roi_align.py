@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from torch.jit.annotations import BroadcastingList2
 from torch.nn.modules.utils import _pair
 
-from ._amp import _refuse_sparse, _same_device
+from ._registration import _refuse_sparse, _same_device
 from ._library import FLOAT_DTYPES as _FLOAT
 
 for _name in ("roi_align", "roi_align_backward"):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ._amp import _refuse_sparse, _same_device
+from ._registration import _refuse_sparse, _same_device
 from ._library import FLOAT_DTYPES as _FLOAT
 
 # A sparse argument: a mixprec error naming it, not the dispatcher's page.

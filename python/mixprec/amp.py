@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+import weakref
 from collections import defaultdict
 from typing import Any
 
@@ -33,7 +34,8 @@ import torch
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
 from . import _amp_clip, _amp_grads
-from ._amp_health import Overflow, Recorder, TrainingHealth
+from ._amp_health import Overflow, Recorder, TrainingHealth, named_pairs
+from ._args import as_float, as_int
 from ._library import handles
 
 __all__ = ["GradScaler", "OptState", "Overflow", "TrainingHealth", "backward_and_step"]
@@ -46,6 +48,38 @@ __all__ = ["GradScaler", "OptState", "Overflow", "TrainingHealth", "backward_and
 # (dynamo skips torch.amp): one graph break per call, the ops inside
 # unchanged.
 _eager = torch._dynamo.disable
+
+_WHERE = "mixprec.amp.GradScaler"
+_INT32_MAX = 2**31 - 1
+_RECIPE = "the order is scaler.scale(loss).backward(); scaler.clip_grad_norm_(...); scaler.step(optimizer); scaler.update()"
+
+# [note: gradients unscaled by parameters] torch's recipe unscales through
+# the optimizer (``scaler.unscale_(opt)``) and then clips the parameters'
+# gradients (``torch.nn.utils.clip_grad_norm_(model.parameters(), m)``). A
+# port writes ``scaler.clip_grad_norm_(model.parameters(), m)``: the scaler
+# does not know the optimizer, so it unscales exactly those gradients (the
+# fused op, torch's rounding), keeps their found_inf, and remembers them
+# until update(): the optimizer's unscale_ / step() then skips them (no
+# second division) and adds their found_inf to its own (an overflow in them
+# skips the step). The result is torch's recipe bit for bit: the same
+# unscaled values, torch's own clip on them (its norm, its dtype), the same
+# step. Gradients of an optimizer that was already unscaled are only
+# clipped; of one already stepped, or folded (``fold=True``), refused.
+
+
+def _is_optimizer(x) -> bool:
+    """torch's GradScaler takes anything with ``param_groups`` and ``step()``
+    (wrappers such as DeepSpeed's are not Optimizer subclasses)."""
+    return isinstance(x, torch.optim.Optimizer) or (
+        hasattr(x, "param_groups") and callable(getattr(x, "step", None)))
+
+
+def _check_optimizer(where: str, optimizer) -> None:
+    if not _is_optimizer(optimizer):
+        raise TypeError(
+            f"{where}: optimizer must be a torch.optim.Optimizer (or have param_groups and step()), "
+            f"got {type(optimizer).__name__}"
+        )
 
 
 class GradScaler(torch.amp.GradScaler):
@@ -102,16 +136,24 @@ class GradScaler(torch.amp.GradScaler):
             )
             self._enabled = False
         if self._enabled:
+            # torch checks only the two factors' ranges (and only when
+            # enabled); a NaN or bool passed those and surfaced steps later
+            # (see [note: argument conversion] in _args.py).
+            init_scale = as_float(_WHERE, "init_scale", init_scale, above=0.0)
+            growth_factor = as_float(_WHERE, "growth_factor", growth_factor)
+            backoff_factor = as_float(_WHERE, "backoff_factor", backoff_factor)
             if growth_factor <= 1.0:
                 raise AssertionError("The growth factor must be > 1.0.")
             if backoff_factor >= 1.0:
                 raise AssertionError("The backoff factor must be < 1.0.")
-            if int(hysteresis) < 1:
-                raise ValueError(f"mixprec.amp.GradScaler: hysteresis must be >= 1, got {hysteresis}")
-            if not 0.0 <= min_scale <= max_scale:
-                raise ValueError(
-                    f"mixprec.amp.GradScaler: need 0 <= min_scale <= max_scale, got {min_scale}, {max_scale}"
-                )
+            if backoff_factor <= 0.0:
+                raise ValueError(f"{_WHERE}: backoff_factor must be > 0 (a zero scale unscales by inf), got {backoff_factor}")
+            growth_interval = as_int(_WHERE, "growth_interval", growth_interval, low=1, high=_INT32_MAX)
+            hysteresis = as_int(_WHERE, "hysteresis", hysteresis, low=1, high=_INT32_MAX)
+            min_scale = as_float(_WHERE, "min_scale", min_scale, low=0.0)
+            max_scale = as_float(_WHERE, "max_scale", max_scale, finite=False)
+            if not min_scale <= max_scale:
+                raise ValueError(f"{_WHERE}: need 0 <= min_scale <= max_scale, got {min_scale}, {max_scale}")
         self._init_scale = init_scale
         self._scale: torch.Tensor | None = None
         self._growth_factor = growth_factor
@@ -119,9 +161,10 @@ class GradScaler(torch.amp.GradScaler):
         self._growth_interval = growth_interval
         self._init_growth_tracker = 0
         self._growth_tracker: torch.Tensor | None = None
-        self._hysteresis = int(hysteresis)
-        self._min_scale = float(min_scale)
-        self._max_scale = float(max_scale)
+        # Converted above when enabled; a disabled scaler never reads them.
+        self._hysteresis = hysteresis
+        self._min_scale = min_scale
+        self._max_scale = max_scale
         self._process_group = process_group
         self._init_hysteresis_tracker = self._hysteresis
         self._hysteresis_tracker: torch.Tensor | None = None
@@ -129,6 +172,41 @@ class GradScaler(torch.amp.GradScaler):
         self._skipped_steps: torch.Tensor | None = None
         self._per_optimizer_states: dict[int, dict[str, Any]] = defaultdict(_refresh_per_optimizer_state)
         self._health = Recorder(named_parameters) if (diagnostics or named_parameters is not None) else None
+        self._reset_iteration()
+
+    def _reset_iteration(self) -> None:
+        """What one iteration (until update()) remembers beyond torch's
+        per-optimizer stages; see [note: gradients unscaled by parameters]."""
+        # id(optimizer) -> weakref: the optimizers unscaled / stepped / folded this iteration
+        self._optimizers: dict[int, weakref.ref] = {}
+        # id(grad) -> (weakref to it, found_inf per device of its unscale)
+        self._loose: dict[int, tuple[weakref.ref, dict]] = {}
+
+    def _seen(self, optimizer) -> None:
+        self._optimizers[id(optimizer)] = weakref.ref(optimizer)
+
+    def _loose_entry(self, grad: torch.Tensor):
+        entry = self._loose.get(id(grad))
+        return entry if entry is not None and entry[0]() is grad else None
+
+    def _optimizer_stage_of_grads(self) -> dict[int, tuple[torch.Tensor, str]]:
+        """id(grad) -> (grad, how its optimizer handled it this iteration:
+        "unscaled", "folded" (still scaled) or "stepped")."""
+        out: dict[int, tuple[torch.Tensor, str]] = {}
+        for key, ref in self._optimizers.items():
+            opt = ref()
+            if opt is None:
+                continue
+            stage = self._per_optimizer_states[key]["stage"]
+            if stage is OptState.READY:
+                continue
+            how = "stepped" if stage is OptState.STEPPED else (
+                "folded" if getattr(opt, "_grads_read_only", False) else "unscaled")
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    if p.grad is not None:
+                        out[id(p.grad)] = (p.grad, how)
+        return out
 
     # ------------------------------------------------------------ state ----
     def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
@@ -184,6 +262,7 @@ class GradScaler(torch.amp.GradScaler):
         With ``return_norm=True`` returns the total L2 norm of the unscaled
         gradients (0-dim float32 tensor on the scale's device, inf/NaN when a
         gradient overflowed), computed in the same pass, no host sync."""
+        _check_optimizer(f"{_WHERE}.unscale_", optimizer)
         if not self._enabled:
             if not return_norm:
                 return None
@@ -200,15 +279,90 @@ class GradScaler(torch.amp.GradScaler):
         found_inf = torch.full((), 0.0, dtype=torch.float32, device=self._scale.device)
         allow_fp16 = _amp_grads.accepts_fp16_grads(optimizer)
         per_tensor = [] if self._health is not None else None
-        found, norms = self._unscale_grads_(
-            optimizer, inv_scale, found_inf, allow_fp16, want_norm=return_norm, per_tensor=per_tensor
-        )
+        if self._loose:
+            found, norms = self._unscale_rest(optimizer, inv_scale, found_inf, allow_fp16, return_norm, per_tensor)
+        else:
+            found, norms = self._unscale_grads_(
+                optimizer, inv_scale, found_inf, allow_fp16, want_norm=return_norm, per_tensor=per_tensor
+            )
         self._record(optimizer, per_tensor)
         optimizer_state["found_inf_per_device"] = found
         optimizer_state["stage"] = OptState.UNSCALED
+        self._seen(optimizer)
         if not return_norm:
             return None
         return norms.total(self._scale.device)
+
+    def _unscale_rest(self, optimizer, inv_scale, found_inf, allow_fp16, want_norm, per_tensor):
+        """unscale_ when some of the optimizer's grads were already unscaled
+        by ``clip_grad_norm_(parameters, ...)``: the others only, and the
+        found_inf of those added in. See [note: gradients unscaled by
+        parameters]."""
+        earlier = []
+        for g in optimizer.param_groups:
+            for p in g["params"]:
+                entry = None if p.grad is None else self._loose_entry(p.grad)
+                if entry is not None and all(e is not entry[1] for e in earlier):
+                    earlier.append(entry[1])
+        found, norms = _amp_grads.unscale_grads(
+            optimizer, inv_scale, found_inf, allow_fp16=allow_fp16, want_norm=want_norm,
+            process_group=self._process_group, per_tensor=per_tensor,
+            skip=lambda grad: self._loose_entry(grad) is not None,
+        )
+        for per_device in earlier:
+            for device, f in per_device.items():
+                found[device] = found[device] + f if device in found else f.clone()
+        return found, norms
+
+    def _clip_parameters(self, parameters, max_norm, norm_type, error_if_nonfinite, foreach):
+        """``clip_grad_norm_`` given parameters: see [note: gradients
+        unscaled by parameters]."""
+        where = f"{_WHERE}.clip_grad_norm_"
+        try:
+            params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        except TypeError:
+            params = [parameters]  # named below
+        for i, p in enumerate(params):
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(
+                    f"{where}: parameters must be an optimizer, a tensor or an iterable of tensors; "
+                    f"item {i} is {type(p).__name__}"
+                )
+        if self._enabled:
+            self._check_scale_growth_tracker("clip_grad_norm_")
+            handled = self._optimizer_stage_of_grads()
+            todo = []
+            for p in params:
+                if p.grad is None or self._loose_entry(p.grad) is not None:
+                    continue
+                how = handled.get(id(p.grad))
+                if how is not None and how[0] is p.grad:
+                    if how[1] == "stepped":
+                        raise RuntimeError(
+                            f"{where}: scaler.step(optimizer) has already run in this iteration for these "
+                            f"parameters, so the step used unclipped gradients; clip before step() ({_RECIPE})"
+                        )
+                    if how[1] == "folded":
+                        raise RuntimeError(
+                            f"{where}: these gradients were already clipped with fold=True in this iteration "
+                            "(they are still scaled in p.grad and the step will unscale and clip them); "
+                            "clip once per iteration"
+                        )
+                    continue  # unscaled through its optimizer: clip only
+                todo.append(p)
+            if todo:
+                assert self._scale is not None
+                inv_scale = self._scale.double().reciprocal().float()
+                found_inf = torch.full((), 0.0, dtype=torch.float32, device=self._scale.device)
+                # float16 gradients are taken here: whether their optimizer
+                # may have them is checked when it is unscaled / stepped.
+                found, _ = _amp_grads.unscale_grads(
+                    _amp_grads.ParamList(todo), inv_scale, found_inf, allow_fp16=True,
+                    process_group=self._process_group,
+                )
+                for p in todo:
+                    self._loose[id(p.grad)] = (weakref.ref(p.grad), found)
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
 
     @_eager
     def clip_grad_norm_(
@@ -230,10 +384,19 @@ class GradScaler(torch.amp.GradScaler):
         Takes what ``torch.nn.utils.clip_grad_norm_`` takes as far as it
         can: ``norm_type`` other than 2 (inf, 1, ...) unscales, then runs
         torch's function on the optimizer's parameters (correct, not fused);
-        ``foreach`` is passed on there (the fused L2 path has no use for it);
-        instead of an optimizer, parameters (a tensor, a list, a generator),
-        whose gradients must then already be unscaled: torch's function on
-        them.
+        ``foreach`` is passed on there (the fused L2 path has no use for it).
+        After ``unscale_(optimizer)`` it clips the unscaled gradients with
+        torch's function (torch's recipe, unscale_ then clip).
+
+        Instead of an optimizer, parameters (a tensor, a list, a generator,
+        torch's calling convention, e.g. ``model.parameters()``): their
+        gradients are unscaled if this iteration has not unscaled them yet,
+        then clipped by torch's function: the same norm, clipped gradients
+        and step as ``scaler.unscale_(opt);
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)``, bit
+        for bit (``step()`` does not unscale them again and skips on their
+        overflow). Passing the optimizer is the faster path (one read of the
+        gradients instead of two).
 
         ``fold=True`` (mixprec optimizers; otherwise ignored) folds the
         unscale and the clip into the optimizer step instead: one read-only
@@ -243,14 +406,43 @@ class GradScaler(torch.amp.GradScaler):
         written never (unfolded: read three times, written twice), but they
         stay scaled and unclipped in ``p.grad``, also after the step (the
         unfolded path leaves them unscaled and clipped): use it when nothing
-        reads them between this call and the next backward. Results equal the
-        unfolded path to FP32 rounding (one rounding instead of two)."""
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            return torch.nn.utils.clip_grad_norm_(optimizer, max_norm, norm_type, error_if_nonfinite, foreach)
-        if float(norm_type) != 2.0:
-            if self._enabled and self._per_optimizer_states[id(optimizer)]["stage"] is OptState.READY:
+        reads them between this call and the next backward. FP32 gradients:
+        the step equals the unfolded path's to FP32 rounding (one rounding of
+        ``g / (scale / coef)`` instead of two). FP16/BF16 gradients: the
+        unfolded path rounds the unscaled and the clipped gradient to the
+        gradient's dtype, the folded one never does, so the steps differ by
+        that rounding. Measured (a 3-layer Linear/GELU net, mixprec AdamW
+        lr 1e-2, clip active, the 4th step from the same state, 5 seeds):
+        FP32 masters differ by at most 1.5e-6 x lr (FP32 rounding); BF16
+        masters by up to 1.8e-3 x lr (2.2e-4 x lr on average over the
+        elements, nearly all of which differ); FP16 by up to 4.2e-4 x lr."""
+        where = f"{_WHERE}.clip_grad_norm_"
+        max_norm = as_float(where, "max_norm", max_norm, finite=False, low=0.0)
+        try:
+            norm_value = float(norm_type)  # torch takes "inf" too
+        except (TypeError, ValueError):
+            raise TypeError(f"{where}: norm_type must be a real number or 'inf', got {norm_type!r}") from None
+        if isinstance(norm_type, bool) or norm_value != norm_value:
+            raise ValueError(f"{where}: norm_type must be a real number or 'inf', got {norm_type!r}")
+        if not _is_optimizer(optimizer):
+            return self._clip_parameters(optimizer, max_norm, norm_type, error_if_nonfinite, foreach)
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        stage = self._per_optimizer_states[id(optimizer)]["stage"] if self._enabled else OptState.READY
+        if stage is OptState.STEPPED:
+            raise RuntimeError(
+                f"{where}: scaler.step(optimizer) has already run in this iteration, so the step used unclipped "
+                f"gradients; clip before step() ({_RECIPE})"
+            )
+        if stage is OptState.UNSCALED:
+            if getattr(optimizer, "_grads_read_only", False):
+                raise RuntimeError(
+                    f"{where}: already called with fold=True on this optimizer in this iteration (its gradients "
+                    "are still scaled in p.grad; the step unscales and clips them); clip once per iteration"
+                )
+            return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
+        if norm_value != 2.0 or self._loose:
+            if self._enabled:
                 self.unscale_(optimizer)
-            params = [p for g in optimizer.param_groups for p in g["params"]]
             return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
         if fold and self._enabled and self._can_fold(optimizer):
             return self._clip_folded(optimizer, float(max_norm), error_if_nonfinite)
@@ -291,6 +483,7 @@ class GradScaler(torch.amp.GradScaler):
         optimizer._grads_read_only = True  # type: ignore[attr-defined]  (step() reads, never writes, the grads)
         optimizer_state["found_inf_per_device"] = found
         optimizer_state["stage"] = OptState.UNSCALED
+        self._seen(optimizer)
         return total
 
     # -------------------------------------------------------------- step ----
@@ -302,6 +495,7 @@ class GradScaler(torch.amp.GradScaler):
         mixprec's (like torch's fused ones) write the unscaled gradients back
         in the same pass, except on a skipped step and after a folded clip,
         where ``p.grad`` keeps the scaled values."""
+        _check_optimizer(f"{_WHERE}.step", optimizer)
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
@@ -310,6 +504,11 @@ class GradScaler(torch.amp.GradScaler):
         optimizer_state = self._per_optimizer_states[id(optimizer)]
         if optimizer_state["stage"] is OptState.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
+        self._seen(optimizer)
+        if self._loose and optimizer_state["stage"] is OptState.READY:
+            # Some grads were unscaled by clip_grad_norm_(parameters): the
+            # rest now, so the optimizer gets no grad_scale to divide by.
+            self.unscale_(optimizer)
 
         if getattr(optimizer, "_step_supports_amp_scaling", False):
             kwargs_ = kwargs
@@ -377,6 +576,10 @@ class GradScaler(torch.amp.GradScaler):
         if not self._enabled:
             return
         _scale, _growth_tracker = self._check_scale_growth_tracker("update")
+        if new_scale is not None and not isinstance(new_scale, torch.Tensor):
+            # torch takes a float only (an int failed on .device); a NaN,
+            # inf or zero scale would poison every later step.
+            new_scale = as_float(f"{_WHERE}.update", "new_scale", new_scale, above=0.0)
         if new_scale is not None:
             if isinstance(new_scale, float):
                 _scale.fill_(new_scale)
@@ -423,6 +626,7 @@ class GradScaler(torch.amp.GradScaler):
             else:
                 self._update_with_torch(_scale, _growth_tracker, found_inf_combined)
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+        self._reset_iteration()
 
     def _update_with_torch(self, scale: torch.Tensor, tracker: torch.Tensor, found_inf: torch.Tensor) -> None:
         """The same rule with torch ops, for devices without mixprec kernels."""
@@ -527,6 +731,8 @@ class GradScaler(torch.amp.GradScaler):
             state["_hysteresis_tracker"] = None
             state["_skipped_steps"] = None
         state["_process_group"] = None  # not picklable; pass it again after unpickling
+        state["_optimizers"] = {}  # weak references: empty at the start or end of an iteration anyway
+        state["_loose"] = {}
         return state
 
 
@@ -534,7 +740,7 @@ class GradScaler(torch.amp.GradScaler):
 def backward_and_step(
     loss: torch.Tensor,
     optimizer: torch.optim.Optimizer,
-    scaler: GradScaler,
+    scaler: torch.amp.GradScaler,
     *,
     max_norm: float | None = None,
     set_to_none: bool = True,
@@ -550,6 +756,12 @@ def backward_and_step(
     (``clip_grad_norm_(..., fold=True)``): the gradients are never written,
     so they stay scaled; ``set_to_none=True`` (the default) drops them.
 
+    ``scaler`` may also be torch's ``torch.amp.GradScaler``: then this is
+    torch's recipe (``unscale_``, ``torch.nn.utils.clip_grad_norm_`` over
+    the optimizer's parameters, step, update). Every argument is checked
+    before the backward runs, so a wrong one raises with the gradients
+    untouched.
+
     Typical use with a BF16/FP16 model and FP32 master weights::
 
         model = model.to(torch.bfloat16)
@@ -559,10 +771,28 @@ def backward_and_step(
             loss = F.cross_entropy(model(x).float(), y)   # loss in FP32
             mixprec.amp.backward_and_step(loss, opt, scaler, max_norm=1.0)
     """
+    where = "mixprec.amp.backward_and_step"
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(f"{where}: loss must be a tensor, got {type(loss).__name__}")
+    _check_optimizer(where, optimizer)
+    if not isinstance(scaler, torch.amp.GradScaler):
+        raise TypeError(
+            f"{where}: scaler must be a mixprec.amp.GradScaler (or a torch.amp.GradScaler), got {type(scaler).__name__}"
+        )
+    if max_norm is not None:
+        max_norm = as_float(where, "max_norm", max_norm, finite=False, low=0.0)
+    for name, v in (("set_to_none", set_to_none), ("fold", fold)):
+        if not isinstance(v, bool):
+            raise TypeError(f"{where}: {name} must be a bool, got {type(v).__name__} {v!r}")
     scaler.scale(loss).backward()
     norm = None
     if max_norm is not None:
-        norm = scaler.clip_grad_norm_(optimizer, max_norm, fold=fold)
+        if isinstance(scaler, GradScaler):
+            norm = scaler.clip_grad_norm_(optimizer, max_norm, fold=fold)
+        else:
+            scaler.unscale_(optimizer)
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=set_to_none)

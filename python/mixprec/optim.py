@@ -42,112 +42,32 @@ evaluation; :func:`ema_model` builds a separate EMA module.
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import math
-import operator
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from ._amp_grads import is_dense
-from ._distributed import is_dtensor, local
-from ._library import FLOAT_DTYPES as _PARAM_DTYPES
+from ._distributed import local
+from ._optim_args import _ParamChecks, _check_lr, _ema_defaults, _scalar, _torch_flags
+from ._optim_ema import _WeightsEma, ema_model
+from ._optim_seeds import _RoundingSeeds
+from ._optim_state import _StateAndCheckpoints
+from ._optim_writes import _OutsideWrites
 
 __all__ = ["AdamW", "SGD", "ema_model"]
 
-_SEED_MASK = (1 << 63) - 1
-_VERSION = operator.attrgetter("_version")
-_FP32_STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "master", "ema")
-# The EMA's group keys with timm ModelEmaV3's defaults (ema_decay None: no EMA).
-_EMA_DEFAULTS = dict(
-    ema_decay=None, ema_min_decay=0.0, ema_use_warmup=False, ema_warmup_gamma=1.0, ema_warmup_power=2 / 3,
-    ema_update_after_step=0, ema_update_every=1,
-)
 
-
-def _check_lr(lr) -> None:
-    """torch's checks of ``lr``, for floats, ints and tensors (NaN fails
-    ``0 <= lr`` and is refused too)."""
-    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
-        raise ValueError("Tensor lr must be 1-element")
-    if not 0.0 <= lr:
-        raise ValueError(f"Invalid learning rate: {lr}")
-
-
-def _torch_flags(foreach, capturable, differentiable, fused) -> dict[str, Any]:
-    """torch's implementation flags, accepted so code written for torch's
-    optimizers runs unchanged: mixprec's step is always one fused,
-    capturable pass, so ``foreach`` / ``fused`` / ``capturable`` change
-    nothing (they are kept in the param groups as torch keeps them);
-    ``differentiable=True`` (autograd through the step) is not supported."""
-    if differentiable:
-        raise NotImplementedError(
-            "mixprec.optim: differentiable=True (autograd through the optimizer step) is not supported"
-        )
-    return dict(foreach=foreach, capturable=bool(capturable), differentiable=False, fused=fused)
-
-
-def _scalar(x, what: str) -> float:
-    if isinstance(x, torch.Tensor):
-        if x.numel() != 1:
-            raise ValueError(f"Tensor {what} must be 1-element")
-        return float(x.item())
-    return x
-
-
-def _ema_defaults(ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma, ema_warmup_power,
-                  ema_update_after_step, ema_update_every) -> dict[str, Any]:
-    """The EMA's group keys, checked (the ranges of the C API,
-    mixprec_ema_params)."""
-    if ema_decay is not None:
-        if not 0.0 <= ema_decay <= 1.0:
-            raise ValueError(f"Invalid ema_decay value: {ema_decay} (must be in [0, 1])")
-        if not 0.0 <= ema_min_decay <= 1.0:
-            raise ValueError(f"Invalid ema_min_decay value: {ema_min_decay} (must be in [0, 1])")
-        if ema_use_warmup:
-            for name, v in (("ema_warmup_gamma", ema_warmup_gamma), ("ema_warmup_power", ema_warmup_power)):
-                if not (math.isfinite(v) and v > 0):
-                    raise ValueError(f"Invalid {name} value: {v} (must be finite and > 0)")
-        if int(ema_update_after_step) != ema_update_after_step or ema_update_after_step < 0:
-            raise ValueError(f"Invalid ema_update_after_step value: {ema_update_after_step} (an integer >= 0)")
-        if int(ema_update_every) != ema_update_every or ema_update_every < 1:
-            raise ValueError(f"Invalid ema_update_every value: {ema_update_every} (an integer >= 1)")
-    return dict(
-        ema_decay=None if ema_decay is None else float(ema_decay), ema_min_decay=float(ema_min_decay),
-        ema_use_warmup=bool(ema_use_warmup), ema_warmup_gamma=float(ema_warmup_gamma),
-        ema_warmup_power=float(ema_warmup_power), ema_update_after_step=int(ema_update_after_step),
-        ema_update_every=int(ema_update_every),
-    )
-
-
-class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
-    """Shared machinery: state creation, per-device grouping, GradScaler
-    hand-over, state_dict loading that keeps FP32 state FP32."""
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """As torch's optimizers do in theirs: a loaded (or unpickled) group
-        that lacks a newer key gets its default, so a state dict from an
-        older torch or mixprec steps."""
-        super().__setstate__(state)
-        for group in self.param_groups:
-            for k, v in getattr(self, "defaults", {}).items():
-                group.setdefault(k, v)
+class _FusedMasterWeightOptimizer(_StateAndCheckpoints, _RoundingSeeds, _OutsideWrites, _WeightsEma, _ParamChecks,
+                                  torch.optim.Optimizer):
+    """Shared machinery: per-device grouping, GradScaler hand-over and the
+    step; state and checkpoints (``_optim_state``), rounding seeds
+    (``_optim_seeds``), outside writes (``_optim_writes``), the EMA
+    (``_optim_ema``) and the param checks (``_optim_args``) are mixed in."""
 
     _step_supports_amp_scaling = True
     # FP32 master weights and state: float16 gradients are safe here (see
     # mixprec.amp.GradScaler.unscale_).
     _accepts_fp16_grads = True
-
-    def _check_group_mode(self, group: dict[str, Any]) -> None:
-        if group.get("master_weights", True):
-            return
-        for p in group["params"]:
-            if p.dtype == torch.float16:
-                raise ValueError(
-                    f"{type(self).__name__}: master_weights=False is for bfloat16 (and float32) "
-                    "parameters; float16 parameters need FP32 master weights"
-                )
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """torch's, plus: a master-free group may not hold float16 params,
@@ -157,75 +77,7 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         self._check_group_mode(group)
-        if group.get("seed") is None and not group.get("master_weights", True):
-            group["seed"] = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
-            self._drawn_seed_groups().append(group)
-
-    def _drawn_seed_groups(self) -> list[dict[str, Any]]:
-        """Groups whose seed was drawn here (not given by the user) and not
-        yet made the same on every rank."""
-        if "_mixprec_drawn_seeds" not in self.__dict__:
-            self._mixprec_drawn_seeds: list[dict[str, Any]] = []
-        return self._mixprec_drawn_seeds
-
-    def _share_drawn_seeds(self) -> None:
-        """Data-parallel replicas must round alike, but recipes seed torch's
-        generator per rank (``manual_seed(seed + rank)``), so a drawn seed
-        differs between ranks: at the first step under an initialised
-        torch.distributed, rank 0's drawn seeds are broadcast to every rank
-        (one small collective, once; every rank steps, as in DDP). A seed the
-        user gave is theirs: never overwritten, so a per-rank seed is had by
-        passing one."""
-        pending = self._drawn_seed_groups()
-        if not pending:
-            return
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            backend = str(dist.get_backend())
-            dev = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-            seeds = torch.tensor([g["seed"] for g in pending], dtype=torch.int64, device=dev)
-            dist.broadcast(seeds, src=0)
-            for g, v in zip(pending, seeds.tolist()):
-                g["seed"] = int(v)
-        pending.clear()
-
-    @staticmethod
-    def _sr_seed(group: dict[str, Any], group_index: int, first_param: int) -> int:
-        """The seed handed to the kernel: the group's seed mixed with the
-        group's index and the index (in the group) of the first param of this
-        device's list, so two groups (or devices) stepping in lockstep do not
-        round alike. Nothing rank- or device-specific goes in: replicas that
-        see the same gradients stay bit-identical."""
-        seed = group.get("seed") or 0
-        return (
-            int(seed) + 0x9E3779B97F4A7C15 * (group_index + 1) + 0xC2B2AE3D27D4EB4F * (first_param + 1)
-        ) & _SEED_MASK
-
-    def _check_param(self, p: torch.Tensor, group_index: int, index: int) -> None:
-        if p.dtype not in _PARAM_DTYPES:
-            raise RuntimeError(
-                f"{type(self).__name__}: param_groups[{group_index}]['params'][{index}] is {p.dtype} "
-                f"(shape {tuple(p.shape)}); parameters must be float32, float16 or bfloat16"
-            )
-        if p.grad is not None and p.grad.is_sparse:
-            raise RuntimeError(
-                f"{type(self).__name__}: param_groups[{group_index}]['params'][{index}] (shape "
-                f"{tuple(p.shape)}) has a sparse gradient; mixprec's optimizers take dense gradients "
-                "(torch.optim.SparseAdam is torch's for sparse ones)"
-            )
-
-    def _base_state(self, p: torch.Tensor, master_weights: bool = True) -> dict[str, torch.Tensor]:
-        state = self.state[p]
-        if "step" not in state:
-            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-        if p.dtype != torch.float32 and master_weights and "master" not in state:
-            state["master"] = p.detach().float()
-        if p.dtype == torch.bfloat16 and not master_weights:
-            # A master loaded from a checkpoint: its value lives on in the
-            # parameter (rounded); this mode keeps none.
-            state.pop("master", None)
-        return state
+        self._draw_seed(group)
 
     @staticmethod
     def _op_param(p: torch.Tensor) -> torch.Tensor:
@@ -234,28 +86,6 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
         ``randn(10, 5, 2)[..., 0]``), written back after the op."""
         lp = local(p)
         return lp if is_dense(lp) else lp.contiguous()
-
-    @staticmethod
-    def _fitted(st: dict[str, Any], key: str, op_p: torch.Tensor) -> torch.Tensor:
-        """``st[key]`` (local) laid out like ``op_p``. State created before
-        the param changed layout (``model.to(memory_format=channels_last)``
-        after some steps) is re-laid out once, values unchanged."""
-        t = st[key]
-        lt = local(t)
-        if lt.stride() != op_p.stride() and not is_dtensor(t) and lt.shape == op_p.shape:
-            lt = st[key] = torch.empty_like(op_p, dtype=lt.dtype).copy_(lt)
-        return lt
-
-    def _master_of(self, p: torch.Tensor, st: dict[str, torch.Tensor], op_p: torch.Tensor) -> torch.Tensor:
-        """The local FP32 master handed to the op (an empty tensor: none)."""
-        return self._fitted(st, "master", op_p) if "master" in st else op_p.new_empty(0, dtype=torch.float32)
-
-    @staticmethod
-    def _fp32_zeros(p: torch.Tensor) -> torch.Tensor:
-        """New FP32 state laid out like ``p``: a DTensor with the param's
-        mesh and placements when the param is one (so
-        torch.distributed.checkpoint saves and reshards it)."""
-        return torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
 
     @staticmethod
     def _grad_of(p: torch.Tensor, op_p: torch.Tensor) -> torch.Tensor:
@@ -301,84 +131,6 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
             out.setdefault(p.device, (i, []))[1].append(p)
         return out
 
-    # ---- outside writes -------------------------------------------------------
-    # A param with a master is the master rounded, as long as only this
-    # optimizer writes it. Anyone else's in-place write (zero_, copy_ of loaded
-    # weights, a pruning mask, an EMA swap-in, re-initialisation) bumps the
-    # param's version counter, which the optimizer's own op does not: at the
-    # next step the master takes the param's new value wherever the two
-    # disagree (elements the write left alone keep their FP32 bits). Cost in
-    # the common case: one integer compare per param on the host; no device
-    # work and no host sync. Writes through ``p.data`` bypass the version
-    # counter (torch's documented meaning of .data): call
-    # :meth:`sync_master_weights` after those.
-
-    def _versions(self) -> dict:
-        """Version counters after this optimizer's last write: per (group
-        index, device), the ids of the params stepped there and their
-        versions, as two lists (compared whole, in C, in the common case:
-        a per-param dict lookup cost ~0.4 us per param and step); and under
-        ``"by_id"`` single params' versions (set by load_state_dict and
-        sync_master_weights) for the first step after those. Plain ids: a
-        param in the optimizer is alive (param_groups holds it), so its id is
-        its own; a stale id can only make a master follow a param it already
-        equals."""
-        if "_mixprec_versions" not in self.__dict__:
-            self._mixprec_versions: dict = {"by_id": {}}
-        return self._mixprec_versions
-
-    @staticmethod
-    @torch.no_grad()
-    def _follow_param(p: torch.Tensor, master: torch.Tensor) -> None:
-        torch.where(master.to(p.dtype) == p, master, p.float(), out=master)
-
-    @torch.no_grad()
-    def sync_master_weights(self) -> None:
-        """Makes every FP32 master follow its parameter wherever the
-        parameter no longer equals the rounded master: for writes the
-        version counter cannot see (through ``p.data``)."""
-        synced = []
-        for group in self.param_groups:
-            for p in group["params"]:
-                st = self.state.get(p)
-                if st and "master" in st:
-                    self._follow_param(local(p), local(st["master"]))
-                    synced.append(p)
-        self._record_param_versions(synced)
-
-    def _follow_outside_writes(self, key, params, locs, states) -> None:
-        versions = self._versions()
-        ids = list(map(id, params))
-        cur = list(map(_VERSION, locs))
-        saved = versions.get(key)
-        if saved is not None and saved[0] == ids:
-            if saved[1] == cur:
-                return  # the common case: nobody else wrote any of them
-            seen = saved[1]
-        else:
-            by_id = dict(zip(*saved)) if saved is not None else {}
-            by_id.update(versions["by_id"])
-            seen = [by_id.get(i, v) for i, v in zip(ids, cur)]
-        for p_local, st, v, old in zip(locs, states, cur, seen):
-            if v != old and "master" in st:
-                self._follow_param(p_local, local(st["master"]))
-
-    def _record_versions(self, key, params, locs) -> None:
-        versions = self._versions()
-        versions[key] = (list(map(id, params)), list(map(_VERSION, locs)))
-        if versions["by_id"]:
-            for p in params:
-                versions["by_id"].pop(id(p), None)
-
-    def _record_param_versions(self, params) -> None:
-        """For params whose master was just set from outside a step (a
-        loaded checkpoint, sync_master_weights)."""
-        versions = self._versions()
-        for p in params:
-            versions["by_id"][id(p)] = local(p)._version
-        for k in [k for k in versions if k != "by_id"]:
-            del versions[k]
-
     # Eager under torch.compile: the step is one fused op per device already,
     # and its bookkeeping (lazy state, the params' version counters) is
     # Python state that must not be traced into a graph.
@@ -418,59 +170,6 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
                 self._record_versions((gi, device), params, locs)
         return loss
 
-    def _ema_args(self, group, params, states, op_params) -> dict[str, Any]:
-        """The op's EMA keywords for one (group, device) list ({} without an
-        EMA). A missing EMA starts as the FP32 weights as they are now (the
-        master, the FP32 param, or the BF16 param widened): what timm's
-        ``deepcopy(model)`` holds before the first update."""
-        if group.get("ema_decay") is None:
-            return {}
-        for p, st in zip(params, states):
-            if "ema" not in st:
-                src = st["master"] if "master" in st else p
-                st["ema"] = src.detach().to(dtype=torch.float32, copy=True)
-        return dict(
-            emas=self._op_state(states, "ema", op_params), ema_decay=float(group["ema_decay"]),
-            ema_min_decay=float(group["ema_min_decay"]), ema_use_warmup=bool(group["ema_use_warmup"]),
-            ema_warmup_gamma=float(group["ema_warmup_gamma"]), ema_warmup_power=float(group["ema_warmup_power"]),
-            ema_update_after_step=int(group["ema_update_after_step"]),
-            ema_update_every=int(group["ema_update_every"]),
-        )
-
-    # ---- the EMA of the weights ---------------------------------------------------
-
-    def _ema_pairs(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """(param, its FP32 EMA) for every param that has one."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                st = self.state.get(p)
-                if st and "ema" in st:
-                    yield p, st["ema"]
-
-    @contextlib.contextmanager
-    @torch.no_grad()
-    def swap_ema(self) -> Iterator[None]:
-        """Context manager: the params hold their EMA (rounded to nearest
-        even to each param's dtype) inside the block, and their training
-        values, bit for bit, after it (also when the block raises). For
-        evaluating the EMA weights: ``with opt.swap_ema(): evaluate(model)``.
-        Only parameters are swapped: buffers (BatchNorm running stats) are
-        the model's own, which is timm ModelEmaV3's ``exclude_buffers=True``
-        (the optimizer never sees buffers). Params without an EMA yet (no
-        step taken) keep their values. Masters and state are untouched; the
-        restore is recorded as the optimizer's own write, so the next step
-        does not take it for an outside one. Do not step inside the block."""
-        saved = []
-        try:
-            for p, ema in self._ema_pairs():
-                saved.append((p, p.detach().clone()))
-                p.detach().copy_(ema)
-            yield
-        finally:
-            for p, v in saved:
-                p.detach().copy_(v)
-            self._record_param_versions([p for p, _ in saved])
-
     def _step_device(self, group, params, op_params, states, grads, masters, steps, lr, lr_tensor, grad_scale,
                      found_inf, sr_seed, unscale_grads, ema) -> None:
         """Creates the optimizer's own state where missing and calls its op.
@@ -479,54 +178,6 @@ class _FusedMasterWeightOptimizer(torch.optim.Optimizer):
         ``masters``: the local, dense tensors the op takes (state goes in
         through :meth:`_op_state`); ``ema``: the op's EMA keywords."""
         raise NotImplementedError
-
-    def _op_state(self, states, key: str, op_params) -> list[torch.Tensor]:
-        return [self._fitted(st, key, w) for st, w in zip(states, op_params)]
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Loads a state dict of this class or of torch's optimizer of the
-        same kind. torch casts floating state to each parameter's dtype;
-        this keeps FP32 state (and master weights) in FP32, exactly."""
-        # Saved state keys map to params by position in the groups' "params"
-        # lists, as torch's loader maps them: integers from state_dict(),
-        # parameter names (FQNs) from torch.distributed.checkpoint's
-        # set_optimizer_state_dict.
-        saved_groups = state_dict.get("param_groups", [])
-        id_map = dict(
-            zip(
-                (k for g in saved_groups for k in g["params"]),
-                (p for g in self.param_groups for p in g["params"]),
-            )
-        )
-        originals: dict[Any, dict[str, torch.Tensor]] = {}
-        for key, st in state_dict.get("state", {}).items():
-            if isinstance(st, dict):
-                originals[key] = {
-                    k: v for k, v in st.items() if k in _FP32_STATE_KEYS and isinstance(v, torch.Tensor)
-                }
-        super().load_state_dict(state_dict)
-        for key, saved in originals.items():
-            p = id_map.get(key)
-            if p is None:
-                continue
-            st = self.state[p]
-            for k, v in saved.items():
-                st[k] = v.to(device=p.device, dtype=torch.float32, copy=True)
-            if "step" in st:
-                step = st["step"]
-                st["step"] = (
-                    step.detach().to(device=local(p).device, dtype=torch.float32).reshape(()).clone()
-                    if isinstance(step, torch.Tensor)
-                    else torch.tensor(float(step), dtype=torch.float32, device=local(p).device)
-                )
-        # A loaded master is the truth about its param from here on (and the
-        # seeds are the checkpoint's, shared by every rank that loads it).
-        self._record_param_versions(list(id_map.values()))
-        self._drawn_seed_groups().clear()
-        self._after_load()
-
-    def _after_load(self) -> None:
-        pass
 
 
 class AdamW(_FusedMasterWeightOptimizer):
@@ -696,27 +347,3 @@ class SGD(_FusedMasterWeightOptimizer):
             bool(group["nesterov"]), bool(group["maximize"]),
             lr_tensor, grad_scale, found_inf, sr_seed, unscale_grads, **ema,
         )
-
-
-@torch.no_grad()
-def ema_model(model: torch.nn.Module, optimizer: _FusedMasterWeightOptimizer,
-              dtype: torch.dtype | None = None) -> torch.nn.Module:
-    """A separate copy of ``model`` holding the optimizer's EMA weights, for
-    code that wants an EMA module (timm's ``ModelEmaV3(model).module``,
-    torchvision's ``ExponentialMovingAverage``): ``copy.deepcopy(model)`` in
-    eval mode, each parameter that has an EMA in ``optimizer`` set to it
-    (rounded to nearest even to the parameter's dtype, or to ``dtype`` when
-    given: ``dtype=torch.float32`` gives the FP32 EMA itself and makes every
-    floating parameter and buffer of the copy FP32). Buffers (BatchNorm
-    running stats) are the model's, copied as they are now (timm's
-    ``exclude_buffers=True``). A snapshot: call again for a fresh one after
-    more steps (or use :meth:`AdamW.swap_ema`, which needs no copy)."""
-    emas = {id(p): e for p, e in optimizer._ema_pairs()}
-    copy_ = copy.deepcopy(model)
-    if dtype is not None:
-        copy_.to(dtype)
-    for (name, p), q in zip(model.named_parameters(), copy_.parameters()):
-        e = emas.get(id(p))
-        if e is not None:
-            q.detach().copy_(e)
-    return copy_.eval()

@@ -16,6 +16,78 @@
 extern "C" {
 #endif
 
+/* The formats of an optimizer's state (the lean modes: fewer bytes per
+ * parameter, DESIGN.md "Optimizer state").
+ *
+ * Param remainders (mixprec_opt_tensor.remainder, a BF16 param without a
+ * master): the FP32 master M is held as the param P and a 16-bit remainder
+ * R, numel int16 each, 14 instead of 16 training-state bytes per parameter.
+ * [note: remainders] With hi, lo the top and bottom 16 bits of M: R = lo, and
+ *   P = hi + 1  when lo >= 0x8000 (as int16: R < 0) and hi is finite,
+ *   P = hi      otherwise,
+ * except that a master whose hi is the pattern of +-inf and lo >= 0x8000 (a
+ * signalling NaN with its payload in the low 16 bits) has P = +-0. Each R
+ * then makes hi -> P a bijection of the 16-bit words, so the step rebuilds M
+ * exactly from (P, R), updates it with the formulas of the FP32-master mode
+ * and splits the new M again. What holds:
+ *  - the master trajectory is bit-identical to the FP32-master mode's (the
+ *    same update on the same FP32 values, on every path: scalar, AVX2,
+ *    AVX-512, CUDA), with EMA, found_inf skip and unscale_grads alike;
+ *  - P is M rounded to nearest with ties AWAY from zero: it equals the
+ *    master mode's param (round to nearest EVEN) except at an exact tie
+ *    (lo == 0x8000) with hi even, where P is one ulp larger in magnitude;
+ *    exhaustively over every (hi, lo) in tests/c/optim/test_optim_lean.cc.
+ *    A NaN master gives a NaN P (its top bits, not quieted), except the
+ *    signalling NaNs above (P = +-0, or +-inf when lo < 0x8000), which no
+ *    arithmetic produces.
+ *  - an FP32 master M0 enters the mode as (P, R) by this split, and a
+ *    BF16 param alone as (P, 0) (R = 0 rebuilds M = P exactly).
+ * Refused: a remainder on an F16 or F32 param, or beside a master
+ * (BAD_ARGUMENT).
+ *
+ * Moment formats (exp_avg_dtype, exp_avg_sq_dtype: AdamW's two moments,
+ * SGD's momentum buffer in exp_avg_dtype; max_exp_avg_sq stays F32):
+ *  MIXPREC_STATE_F32  float (the default; 0 in a zero-filled descriptor).
+ *  MIXPREC_STATE_BF16 bfloat16, read exactly and written with stochastic
+ *    rounding (stochastic_round.h's rounding and hash, key
+ *    mix32(tensor key ^ stream * 0x632be5ab) with stream 1 for exp_avg /
+ *    the momentum buffer and 2 for exp_avg_sq, the tensor key being the
+ *    master-free params' (p->sr_seed, tensor index, count after the step):
+ *    reproducible, independent of threads, ISA and device). The tensor
+ *    needs a step count (SGD too).
+ *  MIXPREC_STATE_Q8   8-bit blockwise: numel uint8 codes and, per block of
+ *    256 consecutive elements (block b: elements [256 b, 256 b + 256), the
+ *    last one shorter), an FP32 scale in exp_avg_scale / exp_avg_sq_scale
+ *    (ceil(numel / 256) floats). [note: q8 map] An element is
+ *    map(code) * scale; the map is the dynamic tree map of bitsandbytes
+ *    and torchao's AdamW8bit (signed for exp_avg and the momentum buffer:
+ *    0, +1 and +-the 127 midpoints below; unsigned for exp_avg_sq: 0, 1 and
+ *    254 midpoints): per decade [10^(d-7), 10^(d-6)), d = 0..6, 2^d
+ *    (signed) or 2^(d+1) (unsigned) equal intervals, each represented by
+ *    its midpoint (computed in double, rounded to float once). Codes are in
+ *    our order (code = 2^L + interval, L = d or d + 1, the signed map's sign
+ *    in bit 7; code 0x80 is +1.0), so decoding is a shift and one fma, and
+ *    encoding is analytic (the decade by comparison, the interval by floor,
+ *    then the nearer of the two neighbours across a decade boundary, zero or
+ *    one at the ends: the map's nearest value, not a table search).
+ *    In the step, in registers: each element is decoded, updated in FP32
+ *    as above, and the update of the param uses the new FP32 moments (as
+ *    torchao does); then per block scale = max |new value| over its finite
+ *    elements and each element is encoded at |x| * (1 / scale) (a float
+ *    reciprocal once per block; 0 for an all-zero block). A NaN moment is
+ *    stored as 0 and +-inf as the largest magnitude of its sign (the
+ *    param, updated from the unrounded value, already shows it).
+ *    The codes of a block are read only on a step that reads the state
+ *    (not on SGD's first step).
+ * Refused: an unknown format (BAD_DTYPE), a Q8 buffer without its scales
+ * (NULL_POINTER), scales given for a buffer that is not Q8 (BAD_ARGUMENT).
+ */
+typedef enum mixprec_state_dtype {
+  MIXPREC_STATE_F32 = 0,
+  MIXPREC_STATE_BF16 = 1,
+  MIXPREC_STATE_Q8 = 2
+} mixprec_state_dtype;
+
 /* One parameter of a fused optimizer step: `numel` contiguous elements in
  * each buffer. All buffers of one tensor, and of different tensors, must not
  * overlap (except `step`, which tensors may share: see below). With numel 0
@@ -46,11 +118,17 @@ extern "C" {
  *                  are reproducible and do not depend on threads, ISA or
  *                  device; c_ops/src/stochastic_round.h has the definition.
  *                  Such a tensor needs a step count (SGD too).
- * exp_avg        : AdamW: first moment (FP32, required).
- * momentum_buffer: SGD: the momentum buffer (FP32), required when
+ *                  With `remainder` (int16, numel) the BF16 param and its
+ *                  remainder hold an exact FP32 master instead (no
+ *                  stochastic rounding; see [note: remainders] above).
+ * exp_avg        : AdamW: first moment (required; FP32 unless exp_avg_dtype
+ *                  says otherwise, see mixprec_state_dtype: set
+ *                  exp_avg_data for another format).
+ * momentum_buffer: SGD: the momentum buffer (as exp_avg), required when
  *                  momentum != 0, else ignored. It shares exp_avg's slot (an
  *                  anonymous union): one layout serves both optimizers.
- * exp_avg_sq     : AdamW: second moment (FP32, required). SGD: ignored.
+ * exp_avg_sq     : AdamW: second moment (required; format exp_avg_sq_dtype).
+ *                  SGD: ignored.
  * max_exp_avg_sq : AdamW with amsgrad: running max of exp_avg_sq (FP32,
  *                  required). Otherwise ignored.
  * step           : this parameter's step count, ONE float (torch keeps a
@@ -67,13 +145,24 @@ typedef struct mixprec_opt_tensor {
   union {
     float *exp_avg;         /* AdamW */
     float *momentum_buffer; /* SGD */
+    void *exp_avg_data;     /* either, in the format exp_avg_dtype names */
   };
-  float *exp_avg_sq;
+  union {
+    float *exp_avg_sq;
+    void *exp_avg_sq_data;  /* in the format exp_avg_sq_dtype names */
+  };
   float *max_exp_avg_sq;
   float *step;
   int64_t numel;
   mixprec_dtype param_dtype;
   mixprec_dtype grad_dtype;
+  /* The lean state (appended; zero-filled it is none of it, and the
+   * results are those of the fields above alone): see mixprec_state_dtype. */
+  int16_t *remainder;
+  mixprec_state_dtype exp_avg_dtype;    /* exp_avg's, or momentum_buffer's */
+  mixprec_state_dtype exp_avg_sq_dtype; /* AdamW only; SGD: ignored */
+  float *exp_avg_scale;                 /* MIXPREC_STATE_Q8 exp_avg only */
+  float *exp_avg_sq_scale;              /* MIXPREC_STATE_Q8 exp_avg_sq only */
 } mixprec_opt_tensor;
 
 /* An exponential moving average (EMA) of the weights, fused into the step

@@ -6,12 +6,15 @@
 #include <functional>
 #include <limits>
 
-#include "test_util.h"
+#include "optim_test_util.h"
 
 namespace {
 
 using mpt::Buf;
 using mpt::f32_bits;
+using optim_test::check_and_restore_grads;
+using optim_test::expect_grads;
+using optim_test::grads_of;
 
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
@@ -110,67 +113,7 @@ void ref_double_step(Param &q, double lr, const mixprec_sgd_params &h, const flo
   }
 }
 
-struct Spec {
-  int64_t n;
-  mixprec_dtype pd, gd;
-};
-const std::vector<Spec> kSpecs = {
-    {1, MIXPREC_F32, MIXPREC_F32},    {7, MIXPREC_BF16, MIXPREC_F16},
-    {4097, MIXPREC_F16, MIXPREC_BF16}, {100003, MIXPREC_BF16, MIXPREC_BF16},
-    {33, MIXPREC_F32, MIXPREC_BF16},  {0, MIXPREC_F16, MIXPREC_F16},
-    {515, MIXPREC_F32, MIXPREC_F16},  {64, MIXPREC_F16, MIXPREC_F32},
-};
 
-// What a step leaves in a grad that held `given`: g / *scale rounded to the
-// grad's dtype when unscale_grads had a grad_scale (scale != NULL), else the
-// grad untouched. A NaN must stay a NaN (its bits are compared across ISAs in
-// test_optim_isa.cc). Returns the mismatches (reported, at most 3).
-int64_t expect_grads(const Buf &got, const Buf &given, const float *scale) {
-  int64_t bad = 0;
-  for (int64_t i = 0; i < got.numel(); i++) {
-    const uint32_t want = scale ? Buf::narrow(given.dtype(), given.value(i) / *scale) : given.raw(i);
-    const bool ok = scale && Buf::is_nan_bits(given.dtype(), want) ? got.is_nan(i)
-                                                                    : got.raw(i) == want;
-    if (!ok && bad++ < 3)
-      ADD_FAILURE() << "grad element " << i << std::hex << ": 0x" << got.raw(i) << " want 0x"
-                    << want << " (given 0x" << given.raw(i) << ")";
-  }
-  return bad;
-}
-
-// The grads of a list before a step.
-template <class P>
-std::vector<Buf> grads_of(const std::vector<P> &ps) {
-  std::vector<Buf> g;
-  for (const P &q : ps) g.push_back(q.grad);
-  return g;
-}
-
-// After a step: checks each grad (expect_grads), then puts the given grads
-// back, which the references read.
-template <class P>
-void check_and_restore_grads(std::vector<P> &ps, const std::vector<Buf> &given,
-                             const float *written_scale) {
-  for (size_t t = 0; t < ps.size(); t++) {
-    SCOPED_TRACE("grads of tensor " + std::to_string(t));
-    EXPECT_EQ(expect_grads(ps[t].grad, given[t], written_scale), 0);
-    ps[t].grad = given[t];
-  }
-}
-
-std::vector<Param> make_params(std::mt19937 &rng) {
-  std::vector<Param> ps;
-  for (const Spec &s : kSpecs) ps.emplace_back(s.n, s.pd, s.gd, rng);
-  return ps;
-}
-
-void fill_grads(std::vector<Param> &ps, std::mt19937 &rng, float mult) {
-  for (Param &q : ps) {
-    mpt::fill_random(q.grad, rng, -10, 1, false);
-    if (mult != 1.0f)
-      for (int64_t i = 0; i < q.numel(); i++) q.grad.set_value(i, q.grad.value(i) * mult);
-  }
-}
 
 struct Config {
   std::string name;
@@ -186,7 +129,7 @@ void run_config(const Config &cfg, uint32_t salt) {
   mpt::GlobalStateGuard guard;
   if (cfg.threads) mixprec_set_num_threads(cfg.threads);
   std::mt19937 rng(mpt::kSeed + 100 + salt);
-  std::vector<Param> ps = make_params(rng);
+  std::vector<Param> ps = optim_test::make_params<Param>(rng);
   mixprec_sgd_params h = mixprec_sgd_params_default();
   h.lr = 0.01;
   if (cfg.tweak) cfg.tweak(h);
@@ -194,7 +137,7 @@ void run_config(const Config &cfg, uint32_t salt) {
   const double base_lr = h.lr;
   const int kSteps = 50;
   for (int s = 1; s <= kSteps; s++) {
-    fill_grads(ps, rng, cfg.use_scale ? scale : 1.0f);
+    optim_test::fill_grads(ps, rng, cfg.use_scale ? scale : 1.0f);
     double lr = base_lr;
     if (cfg.use_lr_tensor) {
       lr_t = float(base_lr * (1.0 + 0.5 * std::sin(s * 0.2)));
@@ -371,14 +314,14 @@ std::vector<uint32_t> snapshot(const std::vector<Param> &ps) {
 // the momentum buffers (buf = g), whatever they hold.
 TEST(SGD, FoundInfSkipsWholeStepAndKeepsFirstStep) {
   std::mt19937 rng(mpt::kSeed + 120);
-  std::vector<Param> ps = make_params(rng);
+  std::vector<Param> ps = optim_test::make_params<Param>(rng);
   mixprec_sgd_params h = mixprec_sgd_params_default();
   h.momentum = 0.9;
   h.weight_decay = 1e-3;
   float scale = 2.0f;
   h.grad_scale = &scale;
   for (int round = 0; round < 2; round++) {
-    fill_grads(ps, rng, 1.0f);
+    optim_test::fill_grads(ps, rng, 1.0f);
     for (float fi : {1.0f, 2.0f, kNaN, -3.0f}) {
       const std::vector<uint32_t> before = snapshot(ps);
       h.found_inf = &fi;
@@ -466,7 +409,7 @@ TEST(SGD, InvalidArgumentsWriteNothing) {
     ps.emplace_back(40, MIXPREC_BF16, MIXPREC_F16, rng);
     ps.emplace_back(17, MIXPREC_F16, MIXPREC_BF16, rng);
     ps.emplace_back(9, MIXPREC_F32, MIXPREC_F32, rng);
-    fill_grads(ps, rng, 1.0f);
+    optim_test::fill_grads(ps, rng, 1.0f);
     for (Param &q : ps) q.step = 2.0f;
     std::vector<mixprec_opt_tensor> list;
     for (Param &q : ps) list.push_back(q.desc(true));

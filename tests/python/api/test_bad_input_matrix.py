@@ -719,3 +719,289 @@ def test_mixed_meta_never_runs_as_valid():
         torch.ops.mixprec.cross_entropy(torch.randn(4, 3), torch.zeros(4, dtype=I64, device="meta"), None, 1,
                                         -100, 0.0)
     assert math.isfinite(mixprec.ops.cross_entropy(torch.randn(4, 3), torch.zeros(4, dtype=I64)).item())
+
+
+# ---- argument conversion of the public Python API (issue 23) -------------------
+#
+# Every number argument of the public functions, classes and nn modules, one
+# bad value at a time on an otherwise valid call: NaN, inf where it means
+# nothing, a non-integral float or a string or a list for an integer, a bool
+# for a number. Each must raise TypeError, ValueError or RuntimeError naming
+# the argument (see [note: argument conversion] in mixprec/_args.py), leave
+# every input bitwise unchanged, and the valid call must still work. The
+# optimizers' own arguments are covered in tests/python/optim/.
+
+INT_BAD = [NAN, INF, -INF, 2.5, True, "3", [3]]
+FLOAT_BAD = [NAN, True, "0.5", [0.5]]
+FINITE_BAD = FLOAT_BAD + [INF, -INF]
+
+API = {}  # label -> builder(gen) -> (arguments dict, call(arguments), tensors to snapshot)
+API_CASES = []  # (label, argument, bad value, word expected in the message)
+
+
+def api(label, *specs):
+    """specs: (argument, bad values[, word the message must name])."""
+    def deco(fn):
+        API[label] = fn
+        for spec in specs:
+            arg, bad = spec[0], spec[1]
+            for v in bad:
+                API_CASES.append((label, arg, v, spec[2] if len(spec) > 2 else arg))
+        return fn
+
+    return deco
+
+
+def _scaled_model(gen, dtype=BF16):
+    torch.manual_seed(int(torch.randint(0, 2**30, (1,), generator=gen)))
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)).to(dtype)
+    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
+    scaler = mixprec.amp.GradScaler("cpu", init_scale=2.0**8)
+    x = torch.randn(5, 6, generator=gen).to(dtype)
+    loss = torch.nn.functional.cross_entropy(model(x).float(), torch.randint(0, 3, (5,), generator=gen))
+    return model, opt, scaler, loss
+
+
+def _params_and_grads(model):
+    return [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
+
+
+@api("amp.GradScaler", ("init_scale", FINITE_BAD + [0.0, -1.0]), ("growth_factor", FINITE_BAD),
+     ("backoff_factor", FINITE_BAD + [0.0]), ("growth_interval", INT_BAD + [0, 2**31]),
+     ("hysteresis", INT_BAD + [0]), ("min_scale", FINITE_BAD + [-1.0]), ("max_scale", FLOAT_BAD))
+def _api_scaler(gen):
+    a = dict(init_scale=1024.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=3, hysteresis=2,
+             min_scale=1.0, max_scale=2.0**20)
+
+    def call(a):
+        s = mixprec.amp.GradScaler("cpu", **a)
+        model, opt, _, loss = _scaled_model(gen)
+        s.scale(loss).backward()
+        s.step(opt)
+        s.update()
+        assert s.get_scale() == 1024.0
+
+    return a, call, []
+
+
+@api("amp.GradScaler.update", ("new_scale", FINITE_BAD + [0.0, -2.0]))
+def _api_scaler_update(gen):
+    model, opt, scaler, loss = _scaled_model(gen)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+
+    def call(a):
+        scaler.update(a["new_scale"])
+        assert scaler.get_scale() == 64.0
+
+    return dict(new_scale=64.0), call, [scaler._scale, scaler._growth_tracker]
+
+
+@api("amp.GradScaler.clip_grad_norm_", ("max_norm", FLOAT_BAD + [-1.0]), ("norm_type", [NAN, True, [2.0], "two"]))
+def _api_clip(gen):
+    model, opt, scaler, loss = _scaled_model(gen)
+    scaler.scale(loss).backward()
+
+    def call(a):
+        norm = scaler.clip_grad_norm_(opt, a["max_norm"], a["norm_type"])
+        assert torch.isfinite(norm)
+
+    return dict(max_norm=0.5, norm_type=2.0), call, _params_and_grads(model)
+
+
+@api("amp.GradScaler.clip_grad_norm_(parameters)", ("max_norm", FLOAT_BAD + [-1.0]),
+     ("norm_type", [NAN, True, [2.0], "two"]))
+def _api_clip_params(gen):
+    model, opt, scaler, loss = _scaled_model(gen)
+    scaler.scale(loss).backward()
+
+    def call(a):
+        norm = scaler.clip_grad_norm_(model.parameters(), a["max_norm"], a["norm_type"])
+        assert torch.isfinite(norm)
+
+    return dict(max_norm=0.5, norm_type=2.0), call, _params_and_grads(model)
+
+
+@api("amp.backward_and_step", ("max_norm", FLOAT_BAD + [-1.0]), ("set_to_none", [1, "yes"]), ("fold", [0, None]))
+def _api_backward_and_step(gen):
+    model, opt, scaler, loss = _scaled_model(gen)
+    for p in model.parameters():  # grads a backward would add into
+        p.grad = torch.randn(p.shape, generator=gen).to(p.dtype)
+
+    def call(a):
+        mixprec.amp.backward_and_step(loss, opt, scaler, **a)
+
+    return dict(max_norm=1.0, set_to_none=True, fold=True), call, _params_and_grads(model)
+
+
+@api("ops.update_scale_", ("growth_factor", FINITE_BAD), ("backoff_factor", FINITE_BAD),
+     ("growth_interval", INT_BAD), ("hysteresis", INT_BAD), ("min_scale", FINITE_BAD), ("max_scale", FLOAT_BAD))
+def _api_update_scale(gen):
+    t = dict(scale=torch.tensor(4.0), growth_tracker=torch.tensor(3, dtype=I32), found_inf=torch.tensor(1.0),
+             hysteresis_tracker=torch.tensor(1, dtype=I32))
+    a = dict(growth_factor=2.0, backoff_factor=0.5, growth_interval=10, hysteresis=1, min_scale=1.0, max_scale=1e9)
+
+    def call(a):
+        mixprec.ops.update_scale_(t["scale"], t["growth_tracker"], t["found_inf"], a["growth_factor"],
+                                  a["backoff_factor"], a["growth_interval"], hysteresis_tracker=t["hysteresis_tracker"],
+                                  hysteresis=a["hysteresis"], min_scale=a["min_scale"], max_scale=a["max_scale"])
+
+    return a, call, list(t.values())
+
+
+def _nms_api(name, with_idxs):
+    def build(gen):
+        n = 30
+        t = dict(boxes=boxes_of(gen, n), scores=torch.rand(n, generator=gen), idxs=torch.randint(0, 3, (n,), generator=gen))
+        fn = getattr(mixprec.ops, name)
+
+        def call(a):
+            if name == "nms":
+                fn(t["boxes"], t["scores"], a["iou_threshold"], score_threshold=a["score_threshold"],
+                   max_output=a["max_output"])
+            elif name == "batched_nms":
+                fn(t["boxes"], t["scores"], t["idxs"], a["iou_threshold"], score_threshold=a["score_threshold"],
+                   max_output=a["max_output"])
+            else:
+                fn(t["boxes"], t["scores"], a["iou_threshold"], t["idxs"], score_threshold=a["score_threshold"],
+                   max_output=a["max_output"])
+
+        return dict(iou_threshold=0.5, score_threshold=0.1, max_output=5), call, list(t.values())
+
+    return build
+
+
+for _n in ("nms", "batched_nms", "nms_padded"):
+    api(f"ops.{_n}", ("iou_threshold", FINITE_BAD), ("score_threshold", FLOAT_BAD), ("max_output", INT_BAD))(
+        _nms_api(_n, _n != "nms"))
+
+
+@api("ops.efficient_nms", ("iou_threshold", FINITE_BAD), ("score_threshold", FLOAT_BAD),
+     ("max_detections", INT_BAD), ("pre_nms_top_k", INT_BAD))
+def _api_efficient_nms(gen):
+    t = _detect_args(gen)
+
+    def call(a):
+        mixprec.ops.efficient_nms(t["boxes"], t["scores"], **a)
+
+    return (dict(iou_threshold=0.5, score_threshold=0.1, max_detections=10, pre_nms_top_k=15), call,
+            [t["boxes"], t["scores"]])
+
+
+def _roi_api(module):
+    def build(gen):
+        t = _roi_args(gen)
+
+        def call(a):
+            if module:
+                m = mixprec.ops.RoIAlign(a["output_size"], a["spatial_scale"], a["sampling_ratio"])
+                m(t["input"], t["rois"])
+            else:
+                mixprec.ops.roi_align(t["input"], t["rois"], a["output_size"], a["spatial_scale"], a["sampling_ratio"])
+
+        return dict(output_size=(3, 4), spatial_scale=0.5, sampling_ratio=2), call, [t["input"], t["rois"]]
+
+    return build
+
+
+for _label, _module in (("ops.roi_align", False), ("ops.RoIAlign", True)):
+    # output_size takes a pair too: a list is not a bad value there.
+    api(_label, ("output_size", [v for v in INT_BAD if not isinstance(v, list)] + [(3, 2.5), (NAN, 4), (3, True)]),
+        ("spatial_scale", FINITE_BAD),
+        ("sampling_ratio", INT_BAD))(_roi_api(_module))
+
+
+def _softmax_api(name, module):
+    def build(gen):
+        x = rnd(gen, 4, 7, dtype=BF16, scale=3.0)
+
+        def call(a):
+            if module:
+                getattr(mixprec.nn, name)(a["dim"])(x)
+            else:
+                getattr(mixprec.ops, {"Softmax": "softmax", "LogSoftmax": "log_softmax"}[name])(x, a["dim"])
+
+        return dict(dim=1), call, [x]
+
+    return build
+
+
+for _n, _f in (("Softmax", "softmax"), ("LogSoftmax", "log_softmax")):
+    api(f"ops.{_f}", ("dim", INT_BAD))(_softmax_api(_n, False))
+    api(f"nn.{_n}", ("dim", INT_BAD))(_softmax_api(_n, True))
+
+
+def _ce_api(module):
+    def build(gen):
+        t = dict(input=rnd(gen, 6, 5, dtype=F16, scale=3.0), target=torch.randint(0, 5, (6,), generator=gen))
+
+        def call(a):
+            if module:
+                mixprec.nn.CrossEntropyLoss(**a)(t["input"], t["target"])
+            else:
+                mixprec.ops.cross_entropy(t["input"], t["target"], **a)
+
+        return dict(ignore_index=-100, label_smoothing=0.1), call, list(t.values())
+
+    return build
+
+
+for _label, _module in (("ops.cross_entropy", False), ("nn.CrossEntropyLoss", True)):
+    api(_label, ("ignore_index", INT_BAD), ("label_smoothing", FINITE_BAD))(_ce_api(_module))
+
+
+# Cases that still fail on main, by owner: marked xfail(strict=False) so the
+# suite stays green while they are fixed in the owners' modules (a fixed one
+# passes as XPASS). Values as repr() spells them.
+_OWNERS = {"ops.nms": "geom", "ops.batched_nms": "geom", "ops.nms_padded": "geom", "ops.efficient_nms": "geom",
+           "ops.roi_align": "geom", "ops.RoIAlign": "geom", "ops.softmax": "rows", "ops.log_softmax": "rows",
+           "nn.Softmax": "rows", "nn.LogSoftmax": "rows", "ops.cross_entropy": "rows", "nn.CrossEntropyLoss": "rows",
+           "ops.update_scale_": "amppy"}
+_NMS_KNOWN = {"iou_threshold": ["True", "'0.5'", "[0.5]", "inf"], "score_threshold": ["True", "'0.5'", "[0.5]"]}
+_INT_ALL = ["nan", "inf", "-inf", "2.5", "True", "'3'", "[3]"]
+_KNOWN_FAILING = {
+    **{(f"ops.{n}", arg): vs for n in ("nms", "batched_nms", "nms_padded") for arg, vs in
+       {**_NMS_KNOWN, "max_output": _INT_ALL}.items()},
+    **{("ops.efficient_nms", arg): vs for arg, vs in
+       {**_NMS_KNOWN, "max_detections": _INT_ALL, "pre_nms_top_k": _INT_ALL}.items()},
+    **{(lab, arg): vs for lab in ("ops.roi_align", "ops.RoIAlign") for arg, vs in {
+        "output_size": ["nan", "inf", "-inf", "2.5", "True", "'3'", "(3, 2.5)", "(nan, 4)", "(3, True)"],
+        "spatial_scale": ["True", "'0.5'", "[0.5]"], "sampling_ratio": ["nan", "inf", "-inf", "True", "[3]"]}.items()},
+    **{(lab, "dim"): ["True"] for lab in ("ops.softmax", "ops.log_softmax", "nn.Softmax", "nn.LogSoftmax")},
+    **{(lab, arg): vs for lab in ("ops.cross_entropy", "nn.CrossEntropyLoss") for arg, vs in
+       {"ignore_index": _INT_ALL, "label_smoothing": ["True", "'0.5'", "[0.5]"]}.items()},
+    **{("ops.update_scale_", arg): ["True"] for arg in
+       ("growth_factor", "backoff_factor", "growth_interval", "hysteresis", "min_scale", "max_scale")},
+}
+
+
+def _api_param(label, arg, v, word):
+    marks = ()
+    if repr(v) in _KNOWN_FAILING.get((label, arg), ()):
+        marks = pytest.mark.xfail(strict=False, reason=f"argument conversion not yet in {label} (owner: {_OWNERS[label]})")
+    return pytest.param(label, arg, v, word, id=f"{label}-{arg}={v!r}", marks=marks)
+
+
+@pytest.mark.parametrize("label", sorted(API))
+def test_api_valid_call(label, gen):
+    a, call, _ = API[label](gen)
+    call(a)
+
+
+@pytest.mark.parametrize(
+    "label,arg,value,word",
+    [_api_param(label, arg, v, word) for label, arg, v, word in API_CASES],
+)
+def test_api_argument_conversion(label, arg, value, word, gen):
+    a, call, tensors = API[label](gen)
+    a[arg] = value
+    snap = [(t, _storage_bytes(t)) for t in tensors]
+    with pytest.raises((TypeError, ValueError, RuntimeError)) as info:
+        call(a)
+    assert word in str(info.value), f"{word!r} not in {info.value!r}"
+    _assert_unchanged(snap)
+    _valid_result(gen)
+
+
+def test_api_case_count():
+    assert len(API_CASES) >= 250, len(API_CASES)

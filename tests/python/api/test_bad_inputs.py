@@ -232,3 +232,46 @@ print("OK")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("OK")
+
+
+# ---- GradScaler's arguments (issue 23) -------------------------------------------
+
+
+def _one_scaled_step(gen, scaler):
+    model = torch.nn.Linear(4, 3).to(torch.bfloat16)
+    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randn(5, 4, generator=gen).to(torch.bfloat16)
+    scaler.scale(model(x).float().square().mean()).backward()
+    return model, opt
+
+
+@pytest.mark.parametrize("method", ["unscale_", "step", "clip_grad_norm_"])
+@pytest.mark.parametrize("bad", [None, "opt", 3])
+def test_scaler_methods_name_a_bad_optimizer(gen, method, bad):
+    s = mixprec.amp.GradScaler("cpu")
+    model, _ = _one_scaled_step(gen, s)
+    before = [p.grad.clone() for p in model.parameters()]
+    args = (bad, 1.0) if method == "clip_grad_norm_" else (bad,)
+    with pytest.raises(TypeError) as info:
+        getattr(s, method)(*args)
+    msg = str(info.value)
+    assert f"mixprec.amp.GradScaler.{method}" in msg and ("optimizer" in msg or "parameters" in msg), msg
+    _check_untouched(before, [p.grad for p in model.parameters()])
+
+
+def test_scaler_update_takes_an_int_scale(gen):
+    """torch's update() takes a float or a tensor (an int failed on
+    ``.device``); an integral number is a scale too."""
+    s = mixprec.amp.GradScaler("cpu")
+    _, opt = _one_scaled_step(gen, s)
+    s.step(opt)
+    s.update(1024)
+    assert s.get_scale() == 1024.0 and s._scale.dtype == torch.float32
+
+
+def test_disabled_scaler_checks_nothing_like_torch():
+    """torch checks the factors only when enabled; so does mixprec (a
+    disabled scaler never reads them)."""
+    for cls in (torch.amp.GradScaler, mixprec.amp.GradScaler):
+        s = cls("cpu", growth_factor=0.5, growth_interval=float("nan"), enabled=False)
+        assert not s.is_enabled()

@@ -740,3 +740,33 @@ def test_soft_target_cross_entropy_module_is_timms(gen, shape):
     ours.backward()
     theirs.backward()
     torch.testing.assert_close(xm.grad.float(), xr.grad, rtol=2**-7, atol=1e-7)
+
+
+@pytest.mark.parametrize("ignore_index", [-100, -1, -7, -(2**40), 0, 2, 4, 5, 10**9])
+def test_soft_ignore_index_accepted_and_refused_as_torch(gen, ignore_index):
+    # torch refuses ignore_index >= 0 with probability targets and takes any
+    # negative value (it then changes nothing); mixprec.ops and mixprec.nn alike.
+    x = (torch.randn(8, 5, 3, generator=gen) * 3).bfloat16()
+    t = soft_target((8, 5, 3), torch.float32, gen)
+    w = torch.rand(5, generator=gen) + 0.5
+    kwargs = dict(weight=w, ignore_index=ignore_index, label_smoothing=0.1)
+    try:
+        ref = F.cross_entropy(x.double(), t.double(), w.double(), ignore_index=ignore_index, label_smoothing=0.1)
+    except RuntimeError as e:
+        assert "ignore_index is not supported for floating point target" in str(e)
+        msg = rf"mixprec::cross_entropy_soft: ignore_index \({ignore_index}\) is not supported"
+        xs, ts = x.clone(), t.clone()
+        with pytest.raises(RuntimeError, match=msg):
+            mixprec.ops.cross_entropy(x, t, **kwargs)
+        with pytest.raises(RuntimeError, match=msg):
+            mixprec.nn.CrossEntropyLoss(**kwargs)(x, t)
+        assert torch.equal(x, xs) and torch.equal(t, ts)
+        assert ignore_index >= 0
+        return
+    assert ignore_index < 0
+    losses = [mixprec.ops.cross_entropy(x, t, **kwargs), mixprec.nn.CrossEntropyLoss(**kwargs)(x, t)]
+    # Same bits as the default ignore_index: a negative value is unused.
+    base = mixprec.ops.cross_entropy(x, t, w, label_smoothing=0.1)
+    for loss in losses:
+        assert loss.dtype == torch.float32 and torch.equal(loss, base)
+        assert abs(loss.item() - ref.item()) <= 1e-5 * (abs(ref.item()) + 1)

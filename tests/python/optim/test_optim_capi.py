@@ -49,6 +49,12 @@ class OptTensor(ctypes.Structure):
         ("numel", ctypes.c_int64),
         ("param_dtype", ctypes.c_int),
         ("grad_dtype", ctypes.c_int),
+        # The lean state (mixprec_state_dtype), zero: none.
+        ("remainder", ctypes.c_void_p),
+        ("exp_avg_dtype", ctypes.c_int),
+        ("exp_avg_sq_dtype", ctypes.c_int),
+        ("exp_avg_scale", ctypes.c_void_p),
+        ("exp_avg_sq_scale", ctypes.c_void_p),
     ]
 
 

@@ -1,0 +1,72 @@
+"""Conversion of the public Python API's number arguments, written once.
+
+[note: argument conversion] ``int(x)`` and ``float(x)`` accept what a
+training loop should never pass on: ``int(2.7)`` silently truncates,
+``int(nan)`` fails with "cannot convert float NaN to integer" (naming
+nothing), ``True`` is an int and ``"1e-3"`` a float to ``float()``, and a NaN
+scale or max_norm turns every gradient into NaN without an error. These
+helpers take what is unambiguous (Python and NumPy numbers, one-element
+tensors, integral floats for integers) and raise otherwise, before anything
+is written, with the function and the argument named: ``TypeError`` for a
+value of the wrong kind (bool, str, None, a list), ``ValueError`` for the
+right kind out of range (NaN, inf, non-integral, below a bound).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+__all__ = ["as_int", "as_float"]
+
+
+def _number(where: str, name: str, v, kind: str) -> float | int:
+    if isinstance(v, bool) or (isinstance(v, torch.Tensor) and v.dtype is torch.bool):
+        raise TypeError(f"{where}: {name} must be {kind}, got the bool {v!r}")
+    if isinstance(v, torch.Tensor):
+        if v.numel() != 1 or v.is_complex():
+            raise TypeError(f"{where}: {name} must be {kind}, got a tensor of shape {tuple(v.shape)} ({v.dtype})")
+        return v.item()
+    if isinstance(v, numbers.Real):
+        return v
+    raise TypeError(f"{where}: {name} must be {kind}, got {type(v).__name__} {v!r}")
+
+
+def as_int(where: str, name: str, v, *, low: int | None = None, high: int | None = None) -> int:
+    """``v`` as an int: an integer, or a float with an integral value
+    (2000.0); NaN, inf, 2.5, bools and non-numbers raise. ``low`` / ``high``:
+    inclusive bounds."""
+    x = _number(where, name, v, "an integer")
+    if not isinstance(x, numbers.Integral):
+        x = float(x)
+        if not math.isfinite(x) or not x.is_integer():
+            raise ValueError(f"{where}: {name} must be an integer, got {v!r}")
+    x = int(x)
+    if low is not None and x < low:
+        raise ValueError(f"{where}: {name} must be >= {low}, got {x}")
+    if high is not None and x > high:
+        raise ValueError(f"{where}: {name} must be <= {high}, got {x}")
+    return x
+
+
+def as_float(
+    where: str,
+    name: str,
+    v,
+    *,
+    finite: bool = True,
+    low: float | None = None,
+    above: float | None = None,
+) -> float:
+    """``v`` as a float; NaN always raises, inf unless ``finite=False``.
+    ``low``: inclusive bound; ``above``: exclusive bound."""
+    x = float(_number(where, name, v, "a real number"))
+    if math.isnan(x) or (finite and math.isinf(x)):
+        raise ValueError(f"{where}: {name} must be {'finite' if finite else 'a number, not NaN'}, got {v!r}")
+    if low is not None and x < low:
+        raise ValueError(f"{where}: {name} must be >= {low}, got {x!r}")
+    if above is not None and not x > above:
+        raise ValueError(f"{where}: {name} must be > {above}, got {x!r}")
+    return x

@@ -1,0 +1,111 @@
+"""Optimizer state and checkpoints: where ``mixprec.optim``'s optimizers
+create their per-param state (step count, FP32 master, FP32 state laid out
+like the param) and how a state dict loads (FP32 state stays FP32).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._distributed import is_dtensor, local
+
+_FP32_STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "master", "ema")
+
+
+class _StateAndCheckpoints:
+    """Mixed into ``mixprec.optim``'s base class (before
+    ``torch.optim.Optimizer``, whose ``__setstate__`` and
+    ``load_state_dict`` these extend)."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """As torch's optimizers do in theirs: a loaded (or unpickled) group
+        that lacks a newer key gets its default, so a state dict from an
+        older torch or mixprec steps."""
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for k, v in getattr(self, "defaults", {}).items():
+                group.setdefault(k, v)
+
+    def _base_state(self, p: torch.Tensor, master_weights: bool = True) -> dict[str, torch.Tensor]:
+        state = self.state[p]
+        if "step" not in state:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+        if p.dtype != torch.float32 and master_weights and "master" not in state:
+            state["master"] = p.detach().float()
+        if p.dtype == torch.bfloat16 and not master_weights:
+            # A master loaded from a checkpoint: its value lives on in the
+            # parameter (rounded); this mode keeps none.
+            state.pop("master", None)
+        return state
+
+    @staticmethod
+    def _fitted(st: dict[str, Any], key: str, op_p: torch.Tensor) -> torch.Tensor:
+        """``st[key]`` (local) laid out like ``op_p``. State created before
+        the param changed layout (``model.to(memory_format=channels_last)``
+        after some steps) is re-laid out once, values unchanged."""
+        t = st[key]
+        lt = local(t)
+        if lt.stride() != op_p.stride() and not is_dtensor(t) and lt.shape == op_p.shape:
+            lt = st[key] = torch.empty_like(op_p, dtype=lt.dtype).copy_(lt)
+        return lt
+
+    def _master_of(self, p: torch.Tensor, st: dict[str, torch.Tensor], op_p: torch.Tensor) -> torch.Tensor:
+        """The local FP32 master handed to the op (an empty tensor: none)."""
+        return self._fitted(st, "master", op_p) if "master" in st else op_p.new_empty(0, dtype=torch.float32)
+
+    @staticmethod
+    def _fp32_zeros(p: torch.Tensor) -> torch.Tensor:
+        """New FP32 state laid out like ``p``: a DTensor with the param's
+        mesh and placements when the param is one (so
+        torch.distributed.checkpoint saves and reshards it)."""
+        return torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+
+    def _op_state(self, states, key: str, op_params) -> list[torch.Tensor]:
+        return [self._fitted(st, key, w) for st, w in zip(states, op_params)]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads a state dict of this class or of torch's optimizer of the
+        same kind. torch casts floating state to each parameter's dtype;
+        this keeps FP32 state (and master weights) in FP32, exactly."""
+        # Saved state keys map to params by position in the groups' "params"
+        # lists, as torch's loader maps them: integers from state_dict(),
+        # parameter names (FQNs) from torch.distributed.checkpoint's
+        # set_optimizer_state_dict.
+        saved_groups = state_dict.get("param_groups", [])
+        id_map = dict(
+            zip(
+                (k for g in saved_groups for k in g["params"]),
+                (p for g in self.param_groups for p in g["params"]),
+            )
+        )
+        originals: dict[Any, dict[str, torch.Tensor]] = {}
+        for key, st in state_dict.get("state", {}).items():
+            if isinstance(st, dict):
+                originals[key] = {
+                    k: v for k, v in st.items() if k in _FP32_STATE_KEYS and isinstance(v, torch.Tensor)
+                }
+        super().load_state_dict(state_dict)
+        for key, saved in originals.items():
+            p = id_map.get(key)
+            if p is None:
+                continue
+            st = self.state[p]
+            for k, v in saved.items():
+                st[k] = v.to(device=p.device, dtype=torch.float32, copy=True)
+            if "step" in st:
+                step = st["step"]
+                st["step"] = (
+                    step.detach().to(device=local(p).device, dtype=torch.float32).reshape(()).clone()
+                    if isinstance(step, torch.Tensor)
+                    else torch.tensor(float(step), dtype=torch.float32, device=local(p).device)
+                )
+        # A loaded master is the truth about its param from here on (and the
+        # seeds are the checkpoint's, shared by every rank that loads it).
+        self._record_param_versions(list(id_map.values()))
+        self._drawn_seed_groups().clear()
+        self._after_load()
+
+    def _after_load(self) -> None:
+        pass

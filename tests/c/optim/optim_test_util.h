@@ -1,0 +1,86 @@
+// What the AdamW and SGD C tests (test_adamw.cc, test_sgd.cc) share: the
+// list of tensors they step (sizes straddling torch's body/tail split, every
+// dtype pair, an empty tensor), the check of the grads a step leaves, and
+// the fills. Each test's Param holds its own optimizer's state; these only
+// need its `grad` and `numel()`.
+#pragma once
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace optim_test {
+
+using mpt::Buf;
+
+struct Spec {
+  int64_t n;
+  mixprec_dtype pd, gd;
+};
+inline const std::vector<Spec> &specs() {
+  static const std::vector<Spec> s = {
+      {1, MIXPREC_F32, MIXPREC_F32},    {7, MIXPREC_BF16, MIXPREC_F16},
+      {4097, MIXPREC_F16, MIXPREC_BF16}, {100003, MIXPREC_BF16, MIXPREC_BF16},
+      {33, MIXPREC_F32, MIXPREC_BF16},  {0, MIXPREC_F16, MIXPREC_F16},
+      {515, MIXPREC_F32, MIXPREC_F16},  {64, MIXPREC_F16, MIXPREC_F32},
+  };
+  return s;
+}
+
+// What a step leaves in a grad that held `given`: g / *scale rounded to the
+// grad's dtype when unscale_grads had a grad_scale (scale != NULL), else the
+// grad untouched. A NaN must stay a NaN (its bits are compared across ISAs in
+// test_optim_isa.cc). Returns the mismatches (reported, at most 3).
+inline int64_t expect_grads(const Buf &got, const Buf &given, const float *scale) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < got.numel(); i++) {
+    const uint32_t want = scale ? Buf::narrow(given.dtype(), given.value(i) / *scale) : given.raw(i);
+    const bool ok = scale && Buf::is_nan_bits(given.dtype(), want) ? got.is_nan(i)
+                                                                    : got.raw(i) == want;
+    if (!ok && bad++ < 3)
+      ADD_FAILURE() << "grad element " << i << std::hex << ": 0x" << got.raw(i) << " want 0x"
+                    << want << " (given 0x" << given.raw(i) << ")";
+  }
+  return bad;
+}
+
+// The grads of a list before a step.
+template <class P>
+std::vector<Buf> grads_of(const std::vector<P> &ps) {
+  std::vector<Buf> g;
+  for (const P &q : ps) g.push_back(q.grad);
+  return g;
+}
+
+// After a step: checks each grad (expect_grads), then puts the given grads
+// back, which the references read.
+template <class P>
+void check_and_restore_grads(std::vector<P> &ps, const std::vector<Buf> &given,
+                             const float *written_scale) {
+  for (size_t t = 0; t < ps.size(); t++) {
+    SCOPED_TRACE("grads of tensor " + std::to_string(t));
+    EXPECT_EQ(expect_grads(ps[t].grad, given[t], written_scale), 0);
+    ps[t].grad = given[t];
+  }
+}
+
+template <class P>
+std::vector<P> make_params(std::mt19937 &rng) {
+  std::vector<P> ps;
+  for (const Spec &s : specs()) ps.emplace_back(s.n, s.pd, s.gd, rng);
+  return ps;
+}
+
+// Fresh random grads (magnitudes 2^-10 .. 2), times mult (a loss scale).
+template <class P>
+void fill_grads(std::vector<P> &ps, std::mt19937 &rng, float mult) {
+  for (P &q : ps) {
+    mpt::fill_random(q.grad, rng, -10, 1, /*random_bits=*/false);
+    if (mult != 1.0f)
+      for (int64_t i = 0; i < q.numel(); i++) q.grad.set_value(i, q.grad.value(i) * mult);
+  }
+}
+
+}  // namespace optim_test
