@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ._args import as_float, as_int
 from ._library import FLOAT_DTYPES as _FLOAT
 from ._registration import _bump_versions_on_mutation, _one_element, _refuse_sparse, _same_device
 
@@ -186,6 +187,15 @@ def update_scale_(
     needs an int32 ``hysteresis_tracker`` initialised to ``hysteresis``),
     ``min_scale`` / ``max_scale`` bounds, and an int64 ``skipped_steps``
     counter incremented on every overflowing step."""
+    # The dispatcher takes a bool for an int or float argument; the op checks
+    # the ranges (see [note: argument conversion] in _args.py).
+    where = "mixprec.ops.update_scale_"
+    growth_factor = as_float(where, "growth_factor", growth_factor)
+    backoff_factor = as_float(where, "backoff_factor", backoff_factor)
+    growth_interval = as_int(where, "growth_interval", growth_interval)
+    hysteresis = as_int(where, "hysteresis", hysteresis)
+    min_scale = as_float(where, "min_scale", min_scale)
+    max_scale = as_float(where, "max_scale", max_scale, finite=False)
     if hysteresis_tracker is None and skipped_steps is None and hysteresis == 1 \
             and min_scale == 0.0 and max_scale == float("inf"):
         torch.ops.mixprec.update_scale_(

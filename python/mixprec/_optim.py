@@ -145,6 +145,10 @@ def _sgd_step_fake(params, grads, masters, momentum_buffers, steps, lr, momentum
 # As the amp ops: the version counters of everything the step writes are
 # bumped (autograd sees a saved param overwritten), and a sparse argument
 # gets a message naming it.
+# Grads are written only on the unscale path (with a grad_scale): a step
+# without a scaler leaves their counters alone, as torch's optimizers do.
 for _name in ("adamw_step_", "sgd_step_"):
-    _bump_versions_on_mutation(_name)
+    _bump_versions_on_mutation(
+        _name, written_if={"grads": lambda arg: bool(arg("unscale_grads")) and arg("grad_scale") is not None}
+    )
     _refuse_sparse(_name)

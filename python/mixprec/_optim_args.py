@@ -6,6 +6,8 @@ each step (dtype, sparse gradients, a float16 param in a master-free group).
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -41,6 +43,15 @@ def _torch_flags(foreach, capturable, differentiable, fused) -> dict[str, Any]:
     return dict(foreach=foreach, capturable=bool(capturable), differentiable=False, fused=fused)
 
 
+def _check_scalars(**values) -> None:
+    """A tensor given for a scalar hyper-parameter has one element, said
+    in torch's words for ``lr`` (torch itself fails later, on the truth
+    value of a several-element tensor, naming nothing)."""
+    for name, v in values.items():
+        if isinstance(v, torch.Tensor) and v.numel() != 1:
+            raise ValueError(f"Tensor {name} must be 1-element")
+
+
 def _scalar(x, what: str) -> float:
     if isinstance(x, torch.Tensor):
         if x.numel() != 1:
@@ -49,34 +60,90 @@ def _scalar(x, what: str) -> float:
     return x
 
 
-def _ema_defaults(ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma, ema_warmup_power,
-                  ema_update_after_step, ema_update_every) -> dict[str, Any]:
-    """The EMA's group keys, checked (the ranges of the C API,
-    mixprec_ema_params)."""
-    if ema_decay is not None:
-        if not 0.0 <= ema_decay <= 1.0:
-            raise ValueError(f"Invalid ema_decay value: {ema_decay} (must be in [0, 1])")
-        if not 0.0 <= ema_min_decay <= 1.0:
-            raise ValueError(f"Invalid ema_min_decay value: {ema_min_decay} (must be in [0, 1])")
-        if ema_use_warmup:
-            for name, v in (("ema_warmup_gamma", ema_warmup_gamma), ("ema_warmup_power", ema_warmup_power)):
-                if not (math.isfinite(v) and v > 0):
-                    raise ValueError(f"Invalid {name} value: {v} (must be finite and > 0)")
-        if int(ema_update_after_step) != ema_update_after_step or ema_update_after_step < 0:
-            raise ValueError(f"Invalid ema_update_after_step value: {ema_update_after_step} (an integer >= 0)")
-        if int(ema_update_every) != ema_update_every or ema_update_every < 1:
-            raise ValueError(f"Invalid ema_update_every value: {ema_update_every} (an integer >= 1)")
-    return dict(
-        ema_decay=None if ema_decay is None else float(ema_decay), ema_min_decay=float(ema_min_decay),
-        ema_use_warmup=bool(ema_use_warmup), ema_warmup_gamma=float(ema_warmup_gamma),
-        ema_warmup_power=float(ema_warmup_power), ema_update_after_step=int(ema_update_after_step),
-        ema_update_every=int(ema_update_every),
+def _real(name: str, v, *, bools: bool = False) -> float:
+    """``v`` as a float: a real number (Python, NumPy, or a one-element
+    tensor); a string, None, a list (and a bool, unless ``bools``: torch's
+    own arguments take one as 0/1) is refused naming ``name``."""
+    if isinstance(v, torch.Tensor):
+        if v.numel() != 1:
+            raise ValueError(f"Invalid {name} value: a tensor of {v.numel()} elements (a number)")
+        v = v.item()
+    if (isinstance(v, bool) and not bools) or not isinstance(v, numbers.Real):
+        raise TypeError(f"Invalid {name} value: {v!r} (a real number)")
+    return float(v)
+
+
+def _integer(name: str, v, minimum: int | None) -> int:
+    """``v`` as an int (>= ``minimum`` unless None): an integer, or a float
+    with an integral value; NaN, inf, a bool or a fractional value is
+    refused with a ValueError naming ``name`` (not int()'s message, which
+    names nothing)."""
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        v = v.item()
+    ok = (
+        not isinstance(v, bool) and isinstance(v, numbers.Real)
+        and math.isfinite(v) and float(v).is_integer() and (minimum is None or v >= minimum)
     )
+    if not ok:
+        want = "an integer" if minimum is None else f"an integer >= {minimum}"
+        raise ValueError(f"Invalid {name} value: {v!r} ({want})")
+    return int(v)
+
+
+def _flag(name: str, v) -> bool:
+    """``v`` as a bool: True/False (or 0/1); anything else (a string, which
+    bool() would take as True, NaN, None) is refused naming ``name``."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, numbers.Integral) and v in (0, 1):
+        return bool(v)
+    raise TypeError(f"Invalid {name} value: {v!r} (True or False)")
+
+
+def _seed(v) -> int | None:
+    """The stochastic-rounding seed: None (drawn when the group is added)
+    or an integer."""
+    return None if v is None else _integer("seed", v, None)
+
+
+def _own_group_keys(group: Mapping[str, Any]) -> dict[str, Any]:
+    """mixprec's own group keys (the EMA's, ``master_weights``, ``seed``)
+    converted and checked: the one place for them, run on the constructor's
+    defaults and on every param group added (a group may set any of them).
+    The EMA's ranges are those of the C API (mixprec_ema_params), checked
+    when the group keeps an EMA; the conversions always."""
+    decay = group.get("ema_decay")
+    out = dict(
+        ema_decay=None if decay is None else _real("ema_decay", decay),
+        ema_min_decay=_real("ema_min_decay", group.get("ema_min_decay", 0.0)),
+        ema_use_warmup=_flag("ema_use_warmup", group.get("ema_use_warmup", False)),
+        ema_warmup_gamma=_real("ema_warmup_gamma", group.get("ema_warmup_gamma", 1.0)),
+        ema_warmup_power=_real("ema_warmup_power", group.get("ema_warmup_power", 2 / 3)),
+        ema_update_after_step=_integer("ema_update_after_step", group.get("ema_update_after_step", 0), 0),
+        ema_update_every=_integer("ema_update_every", group.get("ema_update_every", 1), 1),
+        master_weights=_flag("master_weights", group.get("master_weights", True)),
+        seed=_seed(group.get("seed")),
+    )
+    if out["ema_decay"] is not None:
+        for name in ("ema_decay", "ema_min_decay"):
+            if not 0.0 <= out[name] <= 1.0:
+                raise ValueError(f"Invalid {name} value: {out[name]} (must be in [0, 1])")
+        if out["ema_use_warmup"]:
+            for name in ("ema_warmup_gamma", "ema_warmup_power"):
+                if not (math.isfinite(out[name]) and out[name] > 0):
+                    raise ValueError(f"Invalid {name} value: {out[name]} (must be finite and > 0)")
+    return out
 
 
 class _ParamChecks:
     """The checks an optimizer makes on its params (mixed into
     ``mixprec.optim``'s base class)."""
+
+    def _check_group_args(self, group: dict[str, Any]) -> None:
+        """A group just added: its own keys converted in place (a group may
+        give any of them, see :func:`_own_group_keys`), then its mode."""
+        group.update(_own_group_keys(group))
+        self._check_group_mode(group)
 
     def _check_group_mode(self, group: dict[str, Any]) -> None:
         if group.get("master_weights", True):

@@ -26,8 +26,7 @@ class _WeightsEma:
             return {}
         for p, st in zip(params, states):
             if "ema" not in st:
-                src = st["master"] if "master" in st else p
-                st["ema"] = src.detach().to(dtype=torch.float32, copy=True)
+                st["ema"] = self._fp32_weights(p, st)
         return dict(
             emas=self._op_state(states, "ema", op_params), ema_decay=float(group["ema_decay"]),
             ema_min_decay=float(group["ema_min_decay"]), ema_use_warmup=bool(group["ema_use_warmup"]),
@@ -44,6 +43,22 @@ class _WeightsEma:
                 if st and "ema" in st:
                     yield p, st["ema"]
 
+    def _keeps_ema(self) -> bool:
+        return any(g.get("ema_decay") is not None for g in self.param_groups)
+
+    def _refuse_step_in_swap(self) -> None:
+        """[note: step in swap_ema] Inside ``swap_ema()`` the params hold the
+        EMA weights, so the gradients of a backward taken there are the EMA
+        model's: applying them to the training weights (or to the EMA) would
+        be an update nobody asked for, and letting the restore throw it away
+        is what happened silently before. The step raises instead, before
+        anything is written; step after the block."""
+        if self.__dict__.get("_mixprec_in_swap_ema"):
+            raise RuntimeError(
+                f"{type(self).__name__}.step() inside swap_ema(): the params hold the EMA weights there (and "
+                "gradients taken there are the EMA's); leave the with-block first, then step on the training weights"
+            )
+
     @contextlib.contextmanager
     @torch.no_grad()
     def swap_ema(self) -> Iterator[None]:
@@ -56,8 +71,17 @@ class _WeightsEma:
         (the optimizer never sees buffers). Params without an EMA yet (no
         step taken) keep their values. Masters and state are untouched; the
         restore is recorded as the optimizer's own write, so the next step
-        does not take it for an outside one. Do not step inside the block."""
+        does not take it for an outside one. ``step()`` inside the block
+        raises ([note: step in swap_ema]); so does ``swap_ema()`` on an
+        optimizer that keeps no EMA (no group has ``ema_decay``)."""
+        if not self._keeps_ema():
+            raise RuntimeError(
+                f"{type(self).__name__}.swap_ema(): this optimizer keeps no EMA of the weights; build it with "
+                "ema_decay=... (or give a param group an ema_decay)"
+            )
         saved = []
+        depth = self.__dict__.get("_mixprec_in_swap_ema", 0)
+        self.__dict__["_mixprec_in_swap_ema"] = depth + 1
         try:
             for p, ema in self._ema_pairs():
                 saved.append((p, p.detach().clone()))
@@ -67,6 +91,7 @@ class _WeightsEma:
             for p, v in saved:
                 p.detach().copy_(v)
             self._record_param_versions([p for p, _ in saved])
+            self.__dict__["_mixprec_in_swap_ema"] = depth
 
 
 @torch.no_grad()
@@ -81,12 +106,31 @@ def ema_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     floating parameter and buffer of the copy FP32). Buffers (BatchNorm
     running stats) are the model's, copied as they are now (timm's
     ``exclude_buffers=True``). A snapshot: call again for a fresh one after
-    more steps (or use :meth:`AdamW.swap_ema`, which needs no copy)."""
+    more steps (or use :meth:`AdamW.swap_ema`, which needs no copy).
+
+    Raises when ``optimizer`` is not one of mixprec's, keeps no EMA, or
+    optimizes none of ``model``'s parameters (another model: a plain copy
+    would pass for the EMA). A model the optimizer trains only part of (a
+    frozen backbone) is fine: the rest is copied as it is."""
+    if not isinstance(optimizer, _WeightsEma):
+        raise TypeError(
+            f"mixprec.optim.ema_model: optimizer must be mixprec.optim.AdamW or SGD, got {type(optimizer).__name__}"
+        )
+    if not optimizer._keeps_ema():
+        raise RuntimeError(
+            "mixprec.optim.ema_model: the optimizer keeps no EMA of the weights; build it with ema_decay=..."
+        )
+    trained = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    if not any(id(p) in trained for p in model.parameters()):
+        raise RuntimeError(
+            "mixprec.optim.ema_model: none of model's parameters is optimized by this optimizer; pass the "
+            "model it trains"
+        )
     emas = {id(p): e for p, e in optimizer._ema_pairs()}
     copy_ = copy.deepcopy(model)
     if dtype is not None:
         copy_.to(dtype)
-    for (name, p), q in zip(model.named_parameters(), copy_.parameters()):
+    for p, q in zip(model.parameters(), copy_.parameters()):
         e = emas.get(id(p))
         if e is not None:
             q.detach().copy_(e)

@@ -16,9 +16,11 @@ class _RoundingSeeds:
     """Mixed into ``mixprec.optim``'s base class."""
 
     def _draw_seed(self, group: dict[str, Any]) -> None:
-        """A master-free group without a seed gets one drawn from torch's
-        default generator, so torch.manual_seed makes it reproducible."""
-        if group.get("seed") is None and not group.get("master_weights", True):
+        """A group that rounds stochastically (master-free, or BF16 moments:
+        ``_rounds_stochastically``) without a seed gets one drawn from
+        torch's default generator, so torch.manual_seed makes it
+        reproducible."""
+        if group.get("seed") is None and self._rounds_stochastically(group):
             group["seed"] = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
             self._drawn_seed_groups().append(group)
 

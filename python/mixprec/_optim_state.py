@@ -22,11 +22,16 @@ class _StateAndCheckpoints:
     def __setstate__(self, state: dict[str, Any]) -> None:
         """As torch's optimizers do in theirs: a loaded (or unpickled) group
         that lacks a newer key gets its default, so a state dict from an
-        older torch or mixprec steps."""
+        older torch or mixprec steps. Inside :meth:`load_state_dict` (torch's
+        loader calls this with the state it built) the FP32 state is put
+        back: see [note: load hooks]."""
         super().__setstate__(state)
         for group in self.param_groups:
             for k, v in getattr(self, "defaults", {}).items():
                 group.setdefault(k, v)
+        loading = self.__dict__.get("_mixprec_loading")
+        if loading:
+            self._restore_fp32_state(loading.pop())
 
     def _base_state(self, p: torch.Tensor, master_weights: bool = True) -> dict[str, torch.Tensor]:
         state = self.state[p]
@@ -65,35 +70,60 @@ class _StateAndCheckpoints:
     def _op_state(self, states, key: str, op_params) -> list[torch.Tensor]:
         return [self._fitted(st, key, w) for st, w in zip(states, op_params)]
 
+    # [note: load hooks] torch's load_state_dict runs the pre-hooks (which
+    # may edit or replace the incoming state dict), casts every floating
+    # tensor of the state to its param's dtype, installs the state through
+    # __setstate__, then runs the post-hooks (which may edit the state in
+    # place, or add entries that are not a param's dict). The FP32 state of
+    # a BF16/FP16 param must not go through that cast, so: a pre-hook added
+    # last, for this call only, keeps the state dict the user's pre-hooks
+    # made; __setstate__ (called by torch's loader before any post-hook)
+    # puts that dict's FP32 state back uncast. The hooks run exactly as
+    # with torch's optimizers, and nothing done after them undoes a post-
+    # hook's edit.
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads a state dict of this class or of torch's optimizer of the
-        same kind. torch casts floating state to each parameter's dtype;
-        this keeps FP32 state (and master weights) in FP32, exactly."""
+        same kind, through torch's loader and its hooks. torch casts
+        floating state to each parameter's dtype; this keeps FP32 state (and
+        master weights) in FP32, exactly ([note: load hooks])."""
+        loading: list[dict[str, Any]] = []
+
+        def keep(optimizer, sd):
+            loading.append(sd)
+
+        hooks = self._optimizer_load_state_dict_pre_hooks
+        handle = torch.utils.hooks.RemovableHandle(hooks)
+        hooks[handle.id] = keep
+        self.__dict__["_mixprec_loading"] = loading
+        try:
+            super().load_state_dict(state_dict)
+        finally:
+            handle.remove()
+            self.__dict__.pop("_mixprec_loading", None)
+
+    def _restore_fp32_state(self, state_dict: dict[str, Any]) -> None:
+        """The FP32 state and the step counts of the state dict torch's
+        loader just installed (after the pre-hooks), as FP32 tensors on
+        each param's device."""
         # Saved state keys map to params by position in the groups' "params"
         # lists, as torch's loader maps them: integers from state_dict(),
         # parameter names (FQNs) from torch.distributed.checkpoint's
         # set_optimizer_state_dict.
-        saved_groups = state_dict.get("param_groups", [])
         id_map = dict(
             zip(
-                (k for g in saved_groups for k in g["params"]),
+                (k for g in state_dict.get("param_groups", []) for k in g["params"]),
                 (p for g in self.param_groups for p in g["params"]),
             )
         )
-        originals: dict[Any, dict[str, torch.Tensor]] = {}
-        for key, st in state_dict.get("state", {}).items():
-            if isinstance(st, dict):
-                originals[key] = {
-                    k: v for k, v in st.items() if k in _FP32_STATE_KEYS and isinstance(v, torch.Tensor)
-                }
-        super().load_state_dict(state_dict)
-        for key, saved in originals.items():
+        for key, saved in state_dict.get("state", {}).items():
             p = id_map.get(key)
-            if p is None:
+            if p is None or not isinstance(saved, dict):
                 continue
             st = self.state[p]
             for k, v in saved.items():
-                st[k] = v.to(device=p.device, dtype=torch.float32, copy=True)
+                if k in _FP32_STATE_KEYS and isinstance(v, torch.Tensor):
+                    st[k] = v.to(device=p.device, dtype=torch.float32, copy=True)
             if "step" in st:
                 step = st["step"]
                 st["step"] = (

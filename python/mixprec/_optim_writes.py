@@ -49,13 +49,19 @@ class _OutsideWrites:
     def sync_master_weights(self) -> None:
         """Makes every FP32 master follow its parameter wherever the
         parameter no longer equals the rounded master: for writes the
-        version counter cannot see (through ``p.data``)."""
+        version counter cannot see (through ``p.data``). A param held with a
+        remainder (``param_remainders``) gets its remainder reset: its
+        master becomes the param's value (see [note: remainder encoding] in
+        _optim_lean.py)."""
         synced = []
         for group in self.param_groups:
             for p in group["params"]:
                 st = self.state.get(p)
                 if st and "master" in st:
                     self._follow_param(local(p), local(st["master"]))
+                    synced.append(p)
+                elif st and "remainder" in st:
+                    self._forget_remainder(st)
                     synced.append(p)
         self._record_param_versions(synced)
 
@@ -75,6 +81,8 @@ class _OutsideWrites:
         for p_local, st, v, old in zip(locs, states, cur, seen):
             if v != old and "master" in st:
                 self._follow_param(p_local, local(st["master"]))
+            elif v != old and "remainder" in st:
+                self._forget_remainder(st)
 
     def _record_versions(self, key, params, locs) -> None:
         versions = self._versions()

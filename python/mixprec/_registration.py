@@ -8,6 +8,7 @@ another family's module.
 from __future__ import annotations
 
 import warnings
+from typing import Any, Callable
 
 import torch
 import torch._library.utils as _library_utils
@@ -47,7 +48,11 @@ def _one_element(op, name, t, dtype):
 _IMPL_LIB = torch.library.Library("mixprec", "IMPL")
 
 
-def _bump_versions_on_mutation(name: str, lib: torch.library.Library = _IMPL_LIB) -> None:
+def _bump_versions_on_mutation(
+    name: str,
+    lib: torch.library.Library = _IMPL_LIB,
+    written_if: dict[str, Callable[[Callable[[str], Any]], bool]] | None = None,
+) -> None:
     """Registers an ADInplaceOrView kernel for ``mixprec::<name>`` that
     increments the version counter of every argument its schema marks as
     written (``Tensor(a!)``, ``Tensor(a!)[]``), then redispatches to the
@@ -57,18 +62,49 @@ def _bump_versions_on_mutation(name: str, lib: torch.library.Library = _IMPL_LIB
     saved was overwritten. It runs for ``torch.ops.mixprec.<name>`` called
     directly too, and under torch.compile (the compiled graph calls the op
     through the dispatcher); inference tensors have no version counter and
-    skip the key, as with torch's ops."""
+    skip the key, as with torch's ops.
+
+    ``written_if`` is for an argument the op writes only in some calls:
+    ``{arg name: predicate}``, the predicate given a function from an
+    argument's name to its value in the call (its default when not passed);
+    the argument is bumped only when the predicate is true. An op that
+    writes a list only on one path (the optimizers' grads, written only with
+    ``unscale_grads`` and a ``grad_scale``) then leaves the counters of
+    tensors it only read alone, as torch's optimizers do. What is decided on
+    the device (a step skipped by ``found_inf``) cannot be seen here: such a
+    write counts as made."""
     op = getattr(torch.ops.mixprec, name).default
+    schema_args = op._schema.arguments
     idxs, keys = _library_utils.mutated_args_kwargs(op._schema)
+    names = [a.name for a in schema_args]
+    defaults = {a.name: a.default_value for a in schema_args if a.has_default_value()}
+    conditional = dict(written_if or {})
+    unknown = set(conditional) - {names[i] for i in idxs} - set(keys)
+    if unknown:
+        raise ValueError(f"mixprec::{name}: written_if names {sorted(unknown)}, which the schema does not mark as written")
+    always_idx = [i for i in idxs if names[i] not in conditional]
+    always_keys = [k for k in keys if k not in conditional]
     after = torch._C._after_ADInplaceOrView_keyset
 
     def ad_inplace_or_view(keyset, *args, **kwargs):
         written = []  # one call for all of them: the loop over a list runs in C++
-        for v in [args[i] for i in idxs if i < len(args)] + [kwargs[k] for k in keys if k in kwargs]:
+
+        def take(v):
             if isinstance(v, torch.Tensor):
                 written.append(v)
             elif isinstance(v, (list, tuple)):
                 written.extend(t for t in v if isinstance(t, torch.Tensor))
+
+        for v in [args[i] for i in always_idx if i < len(args)] + [kwargs[k] for k in always_keys if k in kwargs]:
+            take(v)
+        if conditional:
+            def value(arg):
+                i = names.index(arg)
+                return args[i] if i < len(args) else kwargs.get(arg, defaults.get(arg))
+
+            for arg, pred in conditional.items():
+                if pred(value):
+                    take(value(arg))
         torch.autograd.graph.increment_version(written)
         return op.redispatch(keyset & after, *args, **kwargs)
 

@@ -42,27 +42,30 @@ evaluation; :func:`ema_model` builds a separate EMA module.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from ._amp_grads import is_dense
 from ._distributed import local
-from ._optim_args import _ParamChecks, _check_lr, _ema_defaults, _scalar, _torch_flags
+from ._optim_args import _own_group_keys, _ParamChecks, _check_lr, _check_scalars, _real, _scalar, _torch_flags
 from ._optim_ema import _WeightsEma, ema_model
+from ._optim_lean import ADAMW_MOMENTS, SGD_MOMENTS, LeanState, MemoryReport, lean_defaults
 from ._optim_seeds import _RoundingSeeds
 from ._optim_state import _StateAndCheckpoints
 from ._optim_writes import _OutsideWrites
 
-__all__ = ["AdamW", "SGD", "ema_model"]
+__all__ = ["AdamW", "SGD", "ema_model", "MemoryReport"]
 
 
-class _FusedMasterWeightOptimizer(_StateAndCheckpoints, _RoundingSeeds, _OutsideWrites, _WeightsEma, _ParamChecks,
-                                  torch.optim.Optimizer):
+class _FusedMasterWeightOptimizer(LeanState, _StateAndCheckpoints, _RoundingSeeds, _OutsideWrites, _WeightsEma,
+                                  _ParamChecks, torch.optim.Optimizer):
     """Shared machinery: per-device grouping, GradScaler hand-over and the
     step; state and checkpoints (``_optim_state``), rounding seeds
     (``_optim_seeds``), outside writes (``_optim_writes``), the EMA
-    (``_optim_ema``) and the param checks (``_optim_args``) are mixed in."""
+    (``_optim_ema``), the param checks (``_optim_args``) and the lean state
+    formats (``_optim_lean``) are mixed in."""
 
     _step_supports_amp_scaling = True
     # FP32 master weights and state: float16 gradients are safe here (see
@@ -76,7 +79,8 @@ class _FusedMasterWeightOptimizer(_StateAndCheckpoints, _RoundingSeeds, _Outside
         reproducible)."""
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        self._check_group_mode(group)
+        self._check_group_args(group)
+        self._check_lean_group(group)
         self._draw_seed(group)
 
     @staticmethod
@@ -139,14 +143,16 @@ class _FusedMasterWeightOptimizer(_StateAndCheckpoints, _RoundingSeeds, _Outside
     def step(self, closure=None):
         """One fused step per param group and device (grads, masters and
         state of the group's params on that device in one op call)."""
+        self._refuse_step_in_swap()
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         self._share_drawn_seeds()
         for gi, group in enumerate(self.param_groups):
-            master_weights = group.get("master_weights", True)
+            master_weights = self._keeps_master(group)
             for device, (first, params) in self._by_device(group, gi).items():
+                self._lean_prepare(group, params)
                 states = [self._base_state(p, master_weights) for p in params]
                 locs = list(map(local, params))
                 self._follow_outside_writes((gi, device), params, locs, states)
@@ -209,7 +215,28 @@ class AdamW(_FusedMasterWeightOptimizer):
     params: the EMA is of the FP32 value before its stochastic rounding
     (the unbiased value the rounding scatters around). The EMA is in
     ``state_dict()``; :meth:`swap_ema` and :func:`ema_model` use it.
+
+    Lean state (keywords, per param group too; Transformer Engine's names):
+    ``param_remainders`` (False) keeps each BF16 param's FP32 master as the
+    param plus a 16-bit remainder (``state[p]["remainder"]``): 2 bytes per
+    param instead of 4, the master and training bit-identical to the
+    FP32-master mode (the param differs from the master rounded to nearest
+    even only at exact ties, by one ulp: it is rounded ties-away); float16
+    params are refused, float32 ones have no master to shrink.
+    ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` (torch.float32): torch.bfloat16
+    (2 bytes, written with stochastic rounding seeded by ``seed``) or
+    torch.uint8 (8-bit blockwise: 1 byte plus an FP32 scale per 256
+    elements, ``state[p]["exp_avg_scale"]``; bitsandbytes' / torchao's
+    dynamic map). The rounding and the map are in mixprec/optim.h.
+    :meth:`memory_report` counts the bytes; :meth:`fp32_state` and
+    :meth:`fp32_state_dict` give the state in FP32 (torch's format, with the
+    FP32 master), ``state_dict()`` saves the compact form (8-bit moments in
+    FP32, so that distributed checkpoints reshard) and ``load_state_dict``
+    takes either, and torch's own (quantised to the group's formats).
     """
+
+    _MOMENTS = ADAMW_MOMENTS
+    _SCALE_ARGS = {"exp_avg": "exp_avg_scales", "exp_avg_sq": "exp_avg_sq_scales"}
 
     def __init__(
         self,
@@ -222,6 +249,9 @@ class AdamW(_FusedMasterWeightOptimizer):
         *,
         maximize: bool = False,
         master_weights: bool = True,
+        param_remainders: bool = False,
+        exp_avg_dtype: torch.dtype = torch.float32,
+        exp_avg_sq_dtype: torch.dtype = torch.float32,
         seed: int | None = None,
         ema_decay: float | None = None,
         ema_min_decay: float = 0.0,
@@ -236,8 +266,13 @@ class AdamW(_FusedMasterWeightOptimizer):
         fused: bool | None = None,
     ) -> None:
         _check_lr(lr)
-        ema = _ema_defaults(ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma, ema_warmup_power,
-                            ema_update_after_step, ema_update_every)
+        own = _own_group_keys(dict(
+            ema_decay=ema_decay, ema_min_decay=ema_min_decay, ema_use_warmup=ema_use_warmup,
+            ema_warmup_gamma=ema_warmup_gamma, ema_warmup_power=ema_warmup_power,
+            ema_update_after_step=ema_update_after_step, ema_update_every=ema_update_every,
+            master_weights=master_weights, seed=seed,
+        ))
+        _check_scalars(eps=eps, weight_decay=weight_decay)
         betas = (_scalar(betas[0], "betas[0]"), _scalar(betas[1], "betas[1]"))
         if not 0.0 <= eps:
             raise ValueError(f"Invalid epsilon value: {eps}")
@@ -247,9 +282,11 @@ class AdamW(_FusedMasterWeightOptimizer):
             raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        lean = lean_defaults("AdamW", param_remainders, master_weights,
+                             dict(exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_sq_dtype))
         defaults = dict(
-            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
-            master_weights=bool(master_weights), seed=seed, **ema,
+            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize, **own,
+            **lean,
             **_torch_flags(foreach, capturable, differentiable, fused),
         )
         super().__init__(params, defaults)
@@ -258,18 +295,18 @@ class AdamW(_FusedMasterWeightOptimizer):
                      found_inf, sr_seed, unscale_grads, ema) -> None:
         for p, st in zip(params, states):
             if "exp_avg" not in st:
-                st["exp_avg"] = self._fp32_zeros(p)
-                st["exp_avg_sq"] = self._fp32_zeros(p)
+                self._new_moment(st, "exp_avg", p, group)
+                self._new_moment(st, "exp_avg_sq", p, group)
             if group["amsgrad"] and "max_exp_avg_sq" not in st:
                 st["max_exp_avg_sq"] = self._fp32_zeros(p)
         beta1, beta2 = group["betas"]
         torch.ops.mixprec.adamw_step_(
             op_params, grads, masters,
-            self._op_state(states, "exp_avg", op_params), self._op_state(states, "exp_avg_sq", op_params),
+            self._lean_state(states, "exp_avg", op_params), self._lean_state(states, "exp_avg_sq", op_params),
             self._op_state(states, "max_exp_avg_sq", op_params) if group["amsgrad"] else [],
             steps, lr, float(beta1), float(beta2), float(group["weight_decay"]), float(group["eps"]),
             bool(group["amsgrad"]), bool(group["maximize"]), lr_tensor, grad_scale, found_inf, sr_seed,
-            unscale_grads, **ema,
+            unscale_grads, **ema, **self._lean_kwargs(group, states, op_params),
         )
 
 
@@ -281,8 +318,13 @@ class SGD(_FusedMasterWeightOptimizer):
     Args are torch's: ``lr`` 1e-3, ``momentum`` 0, ``dampening`` 0,
     ``weight_decay`` 0, ``nesterov`` False, keyword ``maximize`` False;
     keywords ``master_weights``, ``seed`` and the ``ema_*`` ones as in
-    :class:`AdamW`.
+    :class:`AdamW`; ``param_remainders`` as in :class:`AdamW`, and
+    ``momentum_dtype`` (torch.float32, torch.bfloat16 or torch.uint8) the
+    momentum buffer's format, as :class:`AdamW`'s ``exp_avg_dtype``.
     """
+
+    _MOMENTS = SGD_MOMENTS
+    _SCALE_ARGS = {"momentum_buffer": "buf_scales"}
 
     def __init__(
         self,
@@ -295,6 +337,8 @@ class SGD(_FusedMasterWeightOptimizer):
         *,
         maximize: bool = False,
         master_weights: bool = True,
+        param_remainders: bool = False,
+        momentum_dtype: torch.dtype = torch.float32,
         seed: int | None = None,
         ema_decay: float | None = None,
         ema_min_decay: float = 0.0,
@@ -309,17 +353,27 @@ class SGD(_FusedMasterWeightOptimizer):
         fused: bool | None = None,
     ) -> None:
         _check_lr(lr)
-        ema = _ema_defaults(ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma, ema_warmup_power,
-                            ema_update_after_step, ema_update_every)
+        own = _own_group_keys(dict(
+            ema_decay=ema_decay, ema_min_decay=ema_min_decay, ema_use_warmup=ema_use_warmup,
+            ema_warmup_gamma=ema_warmup_gamma, ema_warmup_power=ema_warmup_power,
+            ema_update_after_step=ema_update_after_step, ema_update_every=ema_update_every,
+            master_weights=master_weights, seed=seed,
+        ))
+        _check_scalars(momentum=momentum, dampening=dampening, weight_decay=weight_decay)
         if not 0.0 <= momentum:
             raise ValueError(f"Invalid momentum value: {momentum}")
+        if not math.isfinite(_real("dampening", dampening, bools=True)):
+            # torch checks nothing here: a NaN or inf turns the weights NaN
+            # at the second step.
+            raise ValueError(f"Invalid dampening value: {dampening}")
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        lean = lean_defaults("SGD", param_remainders, master_weights, dict(momentum_dtype=momentum_dtype))
         defaults = dict(
             lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-            nesterov=nesterov, maximize=maximize, master_weights=bool(master_weights), seed=seed, **ema,
+            nesterov=nesterov, maximize=maximize, **own, **lean,
             **_torch_flags(foreach, capturable, differentiable, fused),
         )
         super().__init__(params, defaults)
@@ -328,6 +382,8 @@ class SGD(_FusedMasterWeightOptimizer):
         # torch's SGD keeps no step count: a loaded momentum buffer means the
         # first step is behind us.
         for st in self.state.values():
+            if not isinstance(st, dict):
+                continue  # an entry a load_state_dict hook added (torch's own tests add some)
             buf = st.get("momentum_buffer")
             if isinstance(buf, torch.Tensor) and "step" not in st:
                 st["step"] = torch.ones((), dtype=torch.float32, device=buf.device)
@@ -339,11 +395,12 @@ class SGD(_FusedMasterWeightOptimizer):
         if momentum != 0.0:
             for p, st in zip(params, states):
                 if st.get("momentum_buffer") is None:
-                    st["momentum_buffer"] = self._fp32_zeros(p)
-            bufs = self._op_state(states, "momentum_buffer", op_params)
+                    self._new_moment(st, "momentum_buffer", p, group)
+            bufs = self._lean_state(states, "momentum_buffer", op_params)
         torch.ops.mixprec.sgd_step_(
             op_params, grads, masters, bufs, steps,
             lr, momentum, float(group["dampening"]), float(group["weight_decay"]),
             bool(group["nesterov"]), bool(group["maximize"]),
             lr_tensor, grad_scale, found_inf, sr_seed, unscale_grads, **ema,
+            **self._lean_kwargs(group, states, op_params),
         )

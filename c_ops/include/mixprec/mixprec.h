@@ -185,5 +185,6 @@ typedef struct mixprec_tensor {
 #include "mixprec/efficient_nms.h"  /* batched detection post-processing */
 #include "mixprec/softmax.h" /* softmax, log_softmax, cross-entropy */
 #include "mixprec/roi_align.h" /* RoIAlign forward and backward */
+#include "mixprec/overflow.h" /* forward-overflow check (mixprec.guard) */
 
 #endif /* MIXPREC_MIXPREC_H */

@@ -955,8 +955,7 @@ for _label, _module in (("ops.cross_entropy", False), ("nn.CrossEntropyLoss", Tr
 # passes as XPASS). Values as repr() spells them.
 _OWNERS = {"ops.nms": "geom", "ops.batched_nms": "geom", "ops.nms_padded": "geom", "ops.efficient_nms": "geom",
            "ops.roi_align": "geom", "ops.RoIAlign": "geom", "ops.softmax": "rows", "ops.log_softmax": "rows",
-           "nn.Softmax": "rows", "nn.LogSoftmax": "rows", "ops.cross_entropy": "rows", "nn.CrossEntropyLoss": "rows",
-           "ops.update_scale_": "amppy"}
+           "nn.Softmax": "rows", "nn.LogSoftmax": "rows", "ops.cross_entropy": "rows", "nn.CrossEntropyLoss": "rows"}
 _NMS_KNOWN = {"iou_threshold": ["True", "'0.5'", "[0.5]", "inf"], "score_threshold": ["True", "'0.5'", "[0.5]"]}
 _INT_ALL = ["nan", "inf", "-inf", "2.5", "True", "'3'", "[3]"]
 _KNOWN_FAILING = {
@@ -970,8 +969,6 @@ _KNOWN_FAILING = {
     **{(lab, "dim"): ["True"] for lab in ("ops.softmax", "ops.log_softmax", "nn.Softmax", "nn.LogSoftmax")},
     **{(lab, arg): vs for lab in ("ops.cross_entropy", "nn.CrossEntropyLoss") for arg, vs in
        {"ignore_index": _INT_ALL, "label_smoothing": ["True", "'0.5'", "[0.5]"]}.items()},
-    **{("ops.update_scale_", arg): ["True"] for arg in
-       ("growth_factor", "backoff_factor", "growth_interval", "hysteresis", "min_scale", "max_scale")},
 }
 
 

@@ -1,0 +1,115 @@
+"""mixprec's optimizers under Lightning's Trainer with AMP and gradient
+clipping (issue 23 item 13): through mixprec.lightning.MixedPrecision they
+train as torch.optim.AdamW / SGD do under Lightning's own plugin, for
+bf16-mixed and 16-mixed, norm and value clipping; Lightning's own plugin
+refuses them (it refuses torch's fused AdamW alike). A tiny model, a few
+steps on the CPU."""
+
+import warnings
+
+import pytest
+import torch
+
+import mixprec
+
+L = pytest.importorskip("lightning.pytorch")
+from mixprec.lightning import MixedPrecision  # noqa: E402
+
+STEPS = 6
+
+
+class _Net(L.LightningModule):
+    def __init__(self, make_opt, seed):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.body = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.GELU(), torch.nn.Linear(16, 3))
+        with torch.no_grad():
+            for p in self.body.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.7)
+        self.make_opt = make_opt
+        self.grad_norms = []
+
+    def training_step(self, batch, _):
+        x, y = batch
+        # Large targets: the gradient norm is far above the clip value.
+        return torch.nn.functional.mse_loss(self.body(x).float(), y)
+
+    def on_before_optimizer_step(self, optimizer):
+        self.grad_norms.append(torch.cat([p.grad.float().flatten() for p in self.parameters()]).norm().item())
+
+    def configure_optimizers(self):
+        return self.make_opt(self.parameters())
+
+
+def _data(seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(STEPS * 8, 12, generator=g)
+    y = torch.randn(STEPS * 8, 3, generator=g) * 30
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+
+
+def _fit(make_opt, clip_val, algorithm, **trainer_kw):
+    net = _Net(make_opt, seed=5)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=STEPS, gradient_clip_val=clip_val,
+        gradient_clip_algorithm=algorithm, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, **trainer_kw,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's hints about workers and the like
+        trainer.fit(net, _data(6))
+    return net
+
+
+OPTS = {
+    "adamw": (lambda ps: mixprec.optim.AdamW(ps, lr=1e-2), lambda ps: torch.optim.AdamW(ps, lr=1e-2)),
+    "sgd": (lambda ps: mixprec.optim.SGD(ps, lr=1e-3, momentum=0.9),
+            lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9)),
+}
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_clipping_trains_like_torch_optimizer(precision, algorithm, kind):
+    ours, theirs = OPTS[kind]
+    # A scale the FP16 backward does not overflow at (every step is taken).
+    scaler = {} if precision == "bf16-mixed" else {"scaler": mixprec.amp.GradScaler("cpu", init_scale=256.0)}
+    ref_scaler = {} if precision == "bf16-mixed" else {"scaler": torch.amp.GradScaler("cpu", init_scale=256.0)}
+    a = _fit(ours, 1.0, algorithm, plugins=[MixedPrecision(precision, "cpu", **scaler)])
+    b = _fit(theirs, 1.0, algorithm, plugins=[
+        L.plugins.precision.MixedPrecision(precision, "cpu", **ref_scaler)])
+    assert a.trainer.global_step == b.trainer.global_step == STEPS
+    # The clip saw the unscaled grads, as with torch's optimizer: the norms
+    # Lightning's hook sees before the clip are the true ones (far above 1).
+    assert len(a.grad_norms) == STEPS
+    torch.testing.assert_close(torch.tensor(a.grad_norms), torch.tensor(b.grad_norms), rtol=1e-4, atol=0)
+    assert min(a.grad_norms) > 5
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+
+
+def test_without_clipping_hooks_see_unscaled_grads_as_with_torch():
+    """Lightning's order: unscale after the closure, then
+    on_before_optimizer_step (which sees the true grads), then the step;
+    the default scalers (2**16: the first steps overflow and are skipped by
+    both alike, inf/NaN norms in the same places)."""
+    a = _fit(OPTS["adamw"][0], None, None, plugins=[MixedPrecision("16-mixed", "cpu")])
+    b = _fit(OPTS["adamw"][1], None, None,
+             plugins=[L.plugins.precision.MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))])
+    torch.testing.assert_close(torch.tensor(a.grad_norms), torch.tensor(b.grad_norms), rtol=1e-4, atol=0,
+                               equal_nan=True)
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_lightning_own_plugin_refuses_clipping_as_for_torch_fused(precision):
+    """What the plugin is for: Lightning's refusal, the same for torch's
+    fused AdamW (the flag has torch's meaning)."""
+    # Lightning's plugin given as an object: precision="16-mixed" on the CPU
+    # would quietly become bf16-mixed.
+    scaler = torch.amp.GradScaler("cpu") if precision == "16-mixed" else None
+    for make in (OPTS["adamw"][0], lambda ps: torch.optim.AdamW(ps, lr=1e-2, fused=True)):
+        with pytest.raises(RuntimeError, match="does not allow for gradient clipping"):
+            _fit(make, 1.0, "norm", plugins=[L.plugins.precision.MixedPrecision(precision, "cpu", scaler)])
