@@ -10,6 +10,8 @@ Rows (AdamW, lr 1e-3, the same random params and gradients in each):
   mixprec rem           param_remainders=True
   mixprec rem+bf16      + exp_avg_dtype = exp_avg_sq_dtype = torch.bfloat16
   mixprec rem+8bit      + torch.uint8 (8-bit blockwise) moments
+  mixprec SR+bf16       master_weights=False + BF16 moments (torchao _AdamW's
+                        bf16_stochastic_round mode, 8 B/param)
   torchao _AdamW SR     torchao.optim._AdamW(bf16_stochastic_round=True) on
                         BF16 params (BF16 moments)
   torchao AdamW8bit / AdamW4bit on BF16 params
@@ -58,6 +60,7 @@ ROWS = {
     "mixprec rem": (torch.bfloat16, 26),
     "mixprec rem+bf16": (torch.bfloat16, 18),
     "mixprec rem+8bit": (torch.bfloat16, 14 + 16 / 256),
+    "mixprec SR+bf16": (torch.bfloat16, 14),
     "torchao _AdamW SR": (torch.bfloat16, 14),
     "torchao AdamW8bit": (torch.bfloat16, 10 + 16 / 256),
     "torchao AdamW4bit": (torch.bfloat16, 8 + 16 / 128),
@@ -91,6 +94,8 @@ def make_optimizer(name: str, params):
             "mixprec rem+bf16": dict(param_remainders=True, exp_avg_dtype=torch.bfloat16,
                                      exp_avg_sq_dtype=torch.bfloat16, seed=0),
             "mixprec rem+8bit": dict(param_remainders=True, exp_avg_dtype=torch.uint8, exp_avg_sq_dtype=torch.uint8),
+            "mixprec SR+bf16": dict(master_weights=False, exp_avg_dtype=torch.bfloat16,
+                                    exp_avg_sq_dtype=torch.bfloat16, seed=0),
         }[name]
         return mixprec.optim.AdamW(params, **kw, **lean)
     if name.startswith("torchao"):

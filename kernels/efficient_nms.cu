@@ -77,16 +77,22 @@ bool efficient_nms_plan(int64_t batch, int64_t nc, int64_t cap, efficient_nms_la
   return true;
 }
 
-__global__ void efficient_nms_keys(const void *scores, mixprec_dtype dt, int total, int nc, int use_thr,
-                            float thr, uint32_t *keys, int32_t *vals, int *valid) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= total) return;
-  const float s = mixprec__nms_load_any(scores, dt, i);
+/* Thread t covers score (b, q, c) of flat index i = b * nc + q * classes + c;
+ * with class rows (score stride 1 along n, a channels-first head) q runs
+ * fastest over the threads, so a warp's reads are contiguous. */
+__global__ void efficient_nms_keys(const void *scores, mixprec_dtype dt, mixprec_detect_layout L,
+                                   int total, int n, int classes, int cfirst, int use_thr,
+                                   float thr, uint32_t *keys, int32_t *vals, int *valid) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= total) return;
+  const int nc = n * classes, b = t / nc, r = t % nc;
+  const int q = cfirst ? r % n : r / classes, c = cfirst ? r / n : r % classes;
+  const int i = b * nc + q * classes + c;
+  const float s = mixprec__nms_load_any(scores, dt, mixprec__efficient_nms_score_at(&L, b, q, c));
   const bool ok = s == s && (!use_thr || s > thr);
   keys[i] = ok ? mixprec__nms_score_key(s) : 0u;
   vals[i] = i;
   /* One atomic per (warp, image): lanes grouped by their image. */
-  const int b = i / nc;
   const unsigned active = __activemask();
   const unsigned group = __match_any_sync(active, b);
   const unsigned hits = __ballot_sync(active, ok) & group;
@@ -102,21 +108,23 @@ __device__ __forceinline__ int candidates(const int *valid, int64_t b, int64_t c
   return (int)min((int64_t)valid[b], cap);
 }
 
-__global__ void efficient_nms_gather(const void *boxes, mixprec_dtype dt, int class_boxes,
-                              const int32_t *order, const int *valid, int64_t n, int64_t classes,
-                              int64_t cap, int agnostic, float4 *sboxes, float *sarea,
-                              int64_t *scls, int32_t *src) {
+/* Each candidate's box read in place and decoded in float32, as the CPU
+ * does (nms_rules.h's mixprec__box_corners). */
+__global__ void efficient_nms_gather(const void *boxes, mixprec_dtype dt, mixprec_detect_layout L,
+                                     const int32_t *order, const int *valid, int64_t n,
+                                     int64_t classes, int64_t cap, int agnostic, float4 *sboxes,
+                                     float *sarea, int64_t *scls, int32_t *src) {
   const int64_t b = blockIdx.y, p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   const int64_t nc = n * classes;
   if (p >= candidates(valid, b, cap)) return;
   const int64_t i = order[b * nc + p]; /* global flat index of (b, n, c) */
   const int64_t j = i - b * nc;
-  const int64_t row = class_boxes ? i : b * n + j / classes;
-  float4 q;
-  q.x = mixprec__nms_load_any(boxes, dt, 4 * row + 0);
-  q.y = mixprec__nms_load_any(boxes, dt, 4 * row + 1);
-  q.z = mixprec__nms_load_any(boxes, dt, 4 * row + 2);
-  q.w = mixprec__nms_load_any(boxes, dt, 4 * row + 3);
+  const int64_t first = mixprec__efficient_nms_box_at(&L, b, j / classes, j % classes);
+  float v[4], corner[4];
+  for (int e = 0; e < 4; e++)
+    v[e] = mixprec__nms_load_any(boxes, dt, first + e * L.box_strides[3]);
+  mixprec__box_corners(L.box_coding == MIXPREC_BOX_CENTER, v, corner);
+  const float4 q = make_float4(corner[0], corner[1], corner[2], corner[3]);
   const int64_t at = b * cap + p;
   sboxes[at] = q;
   sarea[at] = mixprec__nms_area(q.x, q.y, q.z, q.w);
@@ -141,6 +149,14 @@ __device__ __forceinline__ void copy_value(const void *from, int64_t fi, void *t
     ((uint16_t *)to)[ti] = ((const uint16_t *)from)[fi];
 }
 
+__device__ __forceinline__ void store_value(void *to, int64_t ti, mixprec_dtype dt, float v) {
+  switch (dt) {
+    case MIXPREC_F16: ((uint16_t *)to)[ti] = mixprec__f32_to_f16(v); break;
+    case MIXPREC_BF16: ((uint16_t *)to)[ti] = mixprec__f32_to_bf16(v); break;
+    default: ((float *)to)[ti] = v; break;
+  }
+}
+
 /* All-zero bits: +0 in float32, float16 and bfloat16. */
 __device__ __forceinline__ void zero_value(void *to, int64_t ti, int es) {
   if (es == 4)
@@ -151,21 +167,33 @@ __device__ __forceinline__ void zero_value(void *to, int64_t ti, int es) {
 
 __global__ void __launch_bounds__(MIXPREC__EFFICIENT_NMS_REDUCE_THREADS)
     efficient_nms_reduce(const unsigned long long *mask, const int32_t *src, const int *valid,
-                  int64_t cap, int64_t col_blocks, const void *boxes, int box_es,
-                  int class_boxes, const void *scores, int score_es, int64_t n, int64_t classes,
-                  int64_t k, void *out_boxes, void *out_scores, int64_t *out_classes,
-                  int64_t *out_indices, int64_t *counts) {
+                         int64_t cap, int64_t col_blocks, const void *boxes,
+                         mixprec_dtype boxes_dtype, int box_es, mixprec_detect_layout L,
+                         const float4 *sboxes, const void *scores, int score_es, int64_t classes,
+                         int64_t k, void *out_boxes, void *out_scores, int64_t *out_classes,
+                         int64_t *out_indices, int64_t *counts) {
   extern __shared__ unsigned long long removed[];
-  const int64_t b = blockIdx.x, nc = n * classes;
+  const int64_t b = blockIdx.x;
   const int m = candidates(valid, b, cap);
   const int32_t *src_b = src + b * cap;
   const long long count = mixprec__nms_walk(
       mask + b * cap * col_blocks, m, col_blocks, removed, k, [&](long long pos, int64_t p) {
         const int64_t j = src_b[p], nn = j / classes, c = j % classes;
-        const int64_t row = class_boxes ? b * nc + j : b * n + nn;
         const int64_t o = b * k + pos;
-        for (int e = 0; e < 4; e++) copy_value(boxes, 4 * row + e, out_boxes, 4 * o + e, box_es);
-        copy_value(scores, b * nc + j, out_scores, o, score_es);
+        if (L.box_coding == MIXPREC_BOX_CENTER) {
+          /* The decoded corners the NMS used, rounded to the boxes' dtype. */
+          const float4 q = sboxes[b * cap + p];
+          store_value(out_boxes, 4 * o + 0, boxes_dtype, q.x);
+          store_value(out_boxes, 4 * o + 1, boxes_dtype, q.y);
+          store_value(out_boxes, 4 * o + 2, boxes_dtype, q.z);
+          store_value(out_boxes, 4 * o + 3, boxes_dtype, q.w);
+        } else {
+          const int64_t first = mixprec__efficient_nms_box_at(&L, b, nn, c);
+          for (int e = 0; e < 4; e++)
+            copy_value(boxes, first + e * L.box_strides[3], out_boxes, 4 * o + e, box_es);
+        }
+        copy_value(scores, mixprec__efficient_nms_score_at(&L, b, nn, c), out_scores, o,
+                   score_es);
         out_classes[o] = c;
         out_indices[o] = nn;
       });
@@ -196,16 +224,18 @@ int64_t mixprec_cuda_efficient_nms_workspace_size(int64_t batch, int64_t n, int6
   return (int64_t)L.total;
 }
 
-mixprec_status mixprec_cuda_efficient_nms(
-    const void *boxes, mixprec_dtype boxes_dtype, int class_boxes, const void *scores,
-    mixprec_dtype scores_dtype, int64_t batch, int64_t n, int64_t classes,
+mixprec_status mixprec_cuda_efficient_nms_strided(
+    const void *boxes, mixprec_dtype boxes_dtype, const void *scores, mixprec_dtype scores_dtype,
+    const mixprec_detect_layout *layout, int64_t batch, int64_t n, int64_t classes,
     const mixprec_detect_params *p, void *out_boxes, void *out_scores, int64_t *out_classes,
     int64_t *out_indices, int64_t *counts, void *workspace, int64_t workspace_bytes,
     void *stream) {
   mixprec_status st =
       mixprec__efficient_nms_check(boxes, boxes_dtype, scores, scores_dtype, batch, n, classes, p,
-                            out_boxes, out_scores, out_classes, out_indices, counts);
+                                   out_boxes, out_scores, out_classes, out_indices, counts);
+  if (st == MIXPREC_OK) st = mixprec__efficient_nms_check_layout(layout, batch, n, classes);
   if (st != MIXPREC_OK) return st;
+  const mixprec_detect_layout lay = *layout;
   if (batch == 0) return MIXPREC_OK;
   const int64_t nc = n * classes, cap = mixprec__efficient_nms_cap(n, classes, p);
   if (nc > 0 && batch > INT32_MAX / nc) return MIXPREC_ERR_BAD_SIZE;
@@ -239,7 +269,8 @@ mixprec_status mixprec_cuda_efficient_nms(
   if (total > 0) {
     const unsigned grid = (unsigned)((total + 255) / 256);
     efficient_nms_keys<<<grid, 256, 0, s>>>(
-        scores, scores_dtype, total, (int)nc, p->use_score_threshold,
+        scores, scores_dtype, lay, total, (int)n, (int)classes,
+        lay.score_strides[1] == 1 && classes > 1, p->use_score_threshold,
         p->use_score_threshold ? mixprec__cuda_nms_float_floor(p->score_threshold) : 0.0f,
         keys_in, vals_in, valid);
     if (mixprec__cuda_launch_status() != MIXPREC_OK) return MIXPREC_ERR_CUDA;
@@ -256,7 +287,7 @@ mixprec_status mixprec_cuda_efficient_nms(
                                         vals_in, total, 0, id_bits(batch), s) != cudaSuccess)
       return MIXPREC_ERR_CUDA;
     efficient_nms_gather<<<dim3((unsigned)((cap + 255) / 256), (unsigned)batch), 256, 0, s>>>(
-        boxes, boxes_dtype, class_boxes != 0, vals_in, valid, n, classes, cap,
+        boxes, boxes_dtype, lay, vals_in, valid, n, classes, cap,
         p->class_agnostic != 0, sboxes, sarea, scls, src);
     if (mixprec__cuda_launch_status() != MIXPREC_OK) return MIXPREC_ERR_CUDA;
     efficient_nms_mask<<<dim3((unsigned)cb, (unsigned)cb, (unsigned)batch), MIXPREC__NMS_TILE, 0, s>>>(
@@ -265,10 +296,27 @@ mixprec_status mixprec_cuda_efficient_nms(
     if (mixprec__cuda_launch_status() != MIXPREC_OK) return MIXPREC_ERR_CUDA;
   }
   efficient_nms_reduce<<<(unsigned)batch, MIXPREC__EFFICIENT_NMS_REDUCE_THREADS, (size_t)(cb > 0 ? cb : 1) * 8,
-                  s>>>(mask, src, valid, cap, cb, boxes, box_es, class_boxes != 0, scores,
-                       score_es, n, classes, k, out_boxes, out_scores, out_classes, out_indices,
+                  s>>>(mask, src, valid, cap, cb, boxes, boxes_dtype, box_es, lay, sboxes, scores,
+                       score_es, classes, k, out_boxes, out_scores, out_classes, out_indices,
                        counts);
   return mixprec__cuda_launch_status();
+}
+
+mixprec_status mixprec_cuda_efficient_nms(
+    const void *boxes, mixprec_dtype boxes_dtype, int class_boxes, const void *scores,
+    mixprec_dtype scores_dtype, int64_t batch, int64_t n, int64_t classes,
+    const mixprec_detect_params *p, void *out_boxes, void *out_scores, int64_t *out_classes,
+    int64_t *out_indices, int64_t *counts, void *workspace, int64_t workspace_bytes,
+    void *stream) {
+  const mixprec_status st =
+      mixprec__efficient_nms_check(boxes, boxes_dtype, scores, scores_dtype, batch, n, classes, p,
+                                   out_boxes, out_scores, out_classes, out_indices, counts);
+  if (st != MIXPREC_OK) return st;
+  const mixprec_detect_layout l = mixprec__efficient_nms_contiguous(n, classes, class_boxes);
+  return mixprec_cuda_efficient_nms_strided(boxes, boxes_dtype, scores, scores_dtype, &l, batch,
+                                            n, classes, p, out_boxes, out_scores, out_classes,
+                                            out_indices, counts, workspace, workspace_bytes,
+                                            stream);
 }
 
 }  /* extern "C" */

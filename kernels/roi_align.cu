@@ -1,6 +1,6 @@
 /* RoIAlign forward and backward on CUDA, with the CPU's float operations
- * (roi_align_internal.h, every operation a _rn intrinsic: no FMA), so the
- * results equal the CPU's bit for bit.
+ * (roi_align_internal.h, every operation a _rn intrinsic: no FMA), written
+ * to match the CPU bit for bit; not yet run on a GPU.
  *
  * Forward: one thread per output element (roi, channel, bin), grid-strided.
  * Backward: a gather, deterministic and without atomics. A first kernel

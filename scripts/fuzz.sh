@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 SECS="${1:-20}"
 [ $# -gt 0 ] && shift
 FAMILIES=("$@")
-[ ${#FAMILIES[@]} -gt 0 ] || FAMILIES=(unscale update_scale optim nms softmax)
+[ ${#FAMILIES[@]} -gt 0 ] || FAMILIES=(unscale update_scale optim nms softmax efficient_nms roi_align)
 BUILD="${MIXPREC_FUZZ_BUILD:-build-fuzz}"
 
 cmake -S . -B "$BUILD" -DMIXPREC_FUZZ=ON -DMIXPREC_TORCH=OFF -DMIXPREC_CUDA=OFF \

@@ -32,8 +32,8 @@ struct CudaBackend {
     Tensor workspace =
         torch::stable::new_empty(o.counts, {ws_bytes > 0 ? ws_bytes : 1}, ScalarType::Byte);
     const bool any = a.batch > 0;
-    check_status(mixprec_cuda_efficient_nms(
-                     a.boxes, a.boxes_dtype, a.class_boxes, a.scores, a.scores_dtype, a.batch,
+    check_status(mixprec_cuda_efficient_nms_strided(
+                     a.boxes, a.boxes_dtype, a.scores, a.scores_dtype, &a.layout, a.batch,
                      a.n, a.classes, &a.params, any ? o.boxes.data_ptr() : nullptr,
                      any ? o.scores.data_ptr() : nullptr,
                      any ? static_cast<int64_t*>(o.classes.data_ptr()) : nullptr,

@@ -15,12 +15,12 @@ namespace mixprec_shim {
 namespace efficient_nms {
 
 // The C arguments after every check. boxes: (B, N, 4) or (B, N, C, 4)
-// contiguous float32/float16/bfloat16; scores: (B, N, C) contiguous, one of
-// those dtypes; one device.
+// float32/float16/bfloat16; scores: (B, N, C), one of those dtypes; any
+// strides (read in place, see mixprec_detect_layout); one device.
 struct EfficientNmsArgs {
   const void* boxes;
   mixprec_dtype boxes_dtype;
-  int class_boxes;
+  mixprec_detect_layout layout;
   const void* scores;
   mixprec_dtype scores_dtype;
   int64_t batch, n, classes;
@@ -48,14 +48,12 @@ inline void efficient_nms_check_tensor(const char* op, const char* arg, const Te
                 " must be a defined strided tensor");
   MIXPREC_CHECK(where(t) == dev, "mixprec::", op, ": ", arg, " is on ", describe(where(t)),
                 " but boxes is on ", describe(dev));
-  MIXPREC_CHECK(t.is_contiguous(), "mixprec::", op, ": ", arg,
-                " must be contiguous; call .contiguous() on it");
 }
 
 inline EfficientNmsArgs efficient_nms_args(const char* op, const Tensor& boxes, const Tensor& scores,
                               double iou_threshold, std::optional<double> score_threshold,
                               int64_t max_detections, int64_t pre_nms_top_k,
-                              bool class_agnostic) {
+                              bool class_agnostic, int64_t box_coding) {
   EfficientNmsArgs a;
   a.device = where(boxes);
   efficient_nms_check_tensor(op, "boxes", boxes, a.device);
@@ -78,7 +76,15 @@ inline EfficientNmsArgs efficient_nms_args(const char* op, const Tensor& boxes, 
                 "mixprec::", op, ": boxes has shape (", boxes.size(0), ", ", boxes.size(1),
                 per_class ? ", " : "", per_class ? std::to_string(boxes.size(2)) : std::string(),
                 ", 4) but scores has shape (", a.batch, ", ", a.n, ", ", a.classes, ")");
-  a.class_boxes = per_class ? 1 : 0;
+  MIXPREC_CHECK(box_coding == MIXPREC_BOX_CORNER || box_coding == MIXPREC_BOX_CENTER,
+                "mixprec::", op, ": box_coding must be 0 (x1, y1, x2, y2) or 1 (cx, cy, w, h), got ",
+                box_coding);
+  a.layout.box_strides[0] = boxes.stride(0);
+  a.layout.box_strides[1] = boxes.stride(1);
+  a.layout.box_strides[2] = per_class ? boxes.stride(2) : 0;
+  a.layout.box_strides[3] = boxes.stride(per_class ? 3 : 2);
+  for (int d = 0; d < 3; d++) a.layout.score_strides[d] = scores.stride(d);
+  a.layout.box_coding = (int)box_coding;
   MIXPREC_CHECK(a.classes == 0 || a.n <= INT32_MAX / a.classes, "mixprec::", op,
                 ": N * C = ", a.n, " * ", a.classes, " exceeds 2^31 - 1 candidates per image");
   MIXPREC_CHECK(a.batch <= INT32_MAX, "mixprec::", op, ": batch size ", a.batch,
@@ -118,10 +124,11 @@ inline EfficientNmsOut efficient_nms_outputs(const EfficientNmsArgs& a, const Te
 template <class B>
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> efficient_nms_op(
     Tensor boxes, Tensor scores, double iou_threshold, std::optional<double> score_threshold,
-    int64_t max_detections, int64_t pre_nms_top_k, bool class_agnostic) {
+    int64_t max_detections, int64_t pre_nms_top_k, bool class_agnostic, int64_t box_coding) {
   const char* op = "efficient_nms";
-  EfficientNmsArgs a = efficient_nms_args(op, boxes, scores, iou_threshold, score_threshold, max_detections,
-                             pre_nms_top_k, class_agnostic);
+  EfficientNmsArgs a = efficient_nms_args(op, boxes, scores, iou_threshold, score_threshold,
+                                          max_detections, pre_nms_top_k, class_agnostic,
+                                          box_coding);
   B::check_device(op, a.device);
   EfficientNmsOut o = efficient_nms_outputs(a, boxes, scores);
   B::run(op, a, o);

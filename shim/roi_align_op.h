@@ -38,10 +38,11 @@ inline mixprec_dtype roi_float_dtype(const char* op, const char* arg, const Tens
   return d;
 }
 
-// The rois and the options (shared by both ops); rois_c is the contiguous
-// rois tensor the kernel reads (kept alive by the caller).
+// The rois and the options (shared by both ops). Nothing is copied here:
+// an expanded rois of absurd size must fail its checks (or the output's
+// allocation) before any copy of it is tried (read_rois comes last).
 inline void roi_common(const char* op, const char* ref, RoiArgs& a, const Tensor& rois,
-                       const Tensor& rois_c, double spatial_scale, int64_t pooled_height, int64_t pooled_width,
+                       double spatial_scale, int64_t pooled_height, int64_t pooled_width,
                        int64_t sampling_ratio, bool aligned) {
   a.rois_dtype = roi_float_dtype(op, "rois", rois);
   same_device(op, "rois", rois, a.device, ref);
@@ -62,7 +63,15 @@ inline void roi_common(const char* op, const char* ref, RoiArgs& a, const Tensor
   a.params.spatial_scale = spatial_scale;
   a.params.sampling_ratio = sampling_ratio;
   a.params.aligned = aligned ? 1 : 0;
+  a.rois = nullptr;
+}
+
+// The contiguous rois the kernel reads, after every check and allocation;
+// the caller keeps it alive.
+inline Tensor read_rois(RoiArgs& a, const Tensor& rois) {
+  Tensor rois_c = dense(rois);
   a.rois = a.n_rois ? rois_c.data_ptr() : nullptr;
+  return rois_c;
 }
 
 inline void check_map(const char* op, const RoiArgs& a) {
@@ -85,13 +94,13 @@ Tensor roi_align_op(Tensor input, Tensor rois, double spatial_scale, int64_t poo
   a.channels = input.size(1);
   a.height = input.size(2);
   a.width = input.size(3);
-  Tensor rois_c = rois.defined() && rois.layout() == Layout::Strided ? dense(rois) : rois;
-  roi_common(op, "input", a, rois, rois_c, spatial_scale, pooled_height, pooled_width,
-             sampling_ratio, aligned);
+  roi_common(op, "input", a, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio,
+             aligned);
   check_map(op, a);
   B::check_device(op, a.device);
   Tensor output = torch::stable::new_empty(input, {a.n_rois, a.channels, pooled_height, pooled_width});
   if (output.numel() == 0) return output;
+  Tensor rois_c = read_rois(a, rois);
   B::check_rois(op, a);
   Tensor input_c = dense(input);
   B::forward(op, a, input_c.data_ptr(), in_dtype, output);
@@ -114,9 +123,8 @@ Tensor roi_align_backward_op(Tensor grad, Tensor rois, double spatial_scale,
   a.channels = channels;
   a.height = height;
   a.width = width;
-  Tensor rois_c = rois.defined() && rois.layout() == Layout::Strided ? dense(rois) : rois;
-  roi_common(op, "grad", a, rois, rois_c, spatial_scale, pooled_height, pooled_width,
-             sampling_ratio, aligned);
+  roi_common(op, "grad", a, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio,
+             aligned);
   MIXPREC_CHECK(grad.dim() == 4 && grad.size(0) == a.n_rois && grad.size(1) == channels &&
                     grad.size(2) == pooled_height && grad.size(3) == pooled_width,
                 "mixprec::", op, ": grad must have shape (K, channels, pooled_height, "
@@ -126,7 +134,11 @@ Tensor roi_align_backward_op(Tensor grad, Tensor rois, double spatial_scale,
   B::check_device(op, a.device);
   Tensor grad_input = torch::stable::new_empty(grad, {batch_size, channels, height, width});
   if (grad_input.numel() == 0) return grad_input;
-  if (grad.numel() > 0) B::check_rois(op, a);
+  Tensor rois_c;
+  if (grad.numel() > 0) {
+    rois_c = read_rois(a, rois);
+    B::check_rois(op, a);
+  }
   B::backward(op, a, grad, g_dtype, grad_input);
   return grad_input;
 }

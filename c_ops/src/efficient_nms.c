@@ -93,18 +93,17 @@ int64_t mixprec__efficient_nms_score_avx2(const void *scores, mixprec_dtype dt, 
                                    float thr, uint32_t *keys, int32_t *idx);
 #endif
 
-static int64_t score_candidates(const void *scores, mixprec_dtype dt, int64_t nc, int use_thr,
-                                float thr, uint32_t *keys, int32_t *idx, int64_t hist[256]) {
+/* The candidates of nc contiguous scores, (~key, position) in position
+ * order; returns their count. */
+static int64_t score_run(const void *scores, mixprec_dtype dt, int64_t nc, int use_thr,
+                         float thr, uint32_t *keys, int32_t *idx) {
   uint32_t lk[EFFICIENT_NMS_BLOCK];
   int32_t li[EFFICIENT_NMS_BLOCK];
   int64_t m = 0;
 #if defined(MIXPREC_X86)
   const mixprec_cpu_isa isa = mixprec__active_isa();
-  if (isa == MIXPREC_ISA_AVX2 || isa == MIXPREC_ISA_AVX512) {
-    m = mixprec__efficient_nms_score_avx2(scores, dt, nc, use_thr, thr, keys, idx);
-    for (int64_t i = 0; i < m; i++) hist[keys[i] >> 24]++;
-    return m;
-  }
+  if (isa == MIXPREC_ISA_AVX2 || isa == MIXPREC_ISA_AVX512)
+    return mixprec__efficient_nms_score_avx2(scores, dt, nc, use_thr, thr, keys, idx);
 #endif
   switch (dt) {
     case MIXPREC_F16: {
@@ -123,11 +122,50 @@ static int64_t score_candidates(const void *scores, mixprec_dtype dt, int64_t nc
       break;
     }
   }
-  for (int64_t i = 0; i < m; i++) hist[keys[i] >> 24]++;
   return m;
 }
 #undef EFFICIENT_NMS_SCORE_LOOP
 #undef EFFICIENT_NMS_BLOCK
+
+/* The candidates of one image's n x classes scores (score (q, c) at element
+ * q * sn + c * sc of `scores`): (~key, flat index q * classes + c) in flat
+ * index order, and the histogram of the keys' top bytes. Row-major scores
+ * are one contiguous run; class rows (sn == 1, a channels-first head) run
+ * class by class, contiguous, and are put back in flat order by a radix sort
+ * of the indices; any other layout is read element by element. Returns the
+ * count, or -1 when out of memory. */
+static int64_t score_candidates(const uint8_t *scores, mixprec_dtype dt, size_t es, int64_t n,
+                                int64_t classes, int64_t sn, int64_t sc, int use_thr, float thr,
+                                uint32_t *keys, int32_t *idx, int64_t hist[256]) {
+  int64_t m = 0;
+  if ((sc == 1 || classes == 1) && (sn == classes || n == 1)) {
+    m = score_run(scores, dt, n * classes, use_thr, thr, keys, idx);
+  } else if (sn == 1 && classes > 1) {
+    for (int64_t c = 0; c < classes; c++) {
+      const int64_t mc = score_run(scores + (size_t)(c * sc) * es, dt, n, use_thr, thr, keys + m,
+                                   idx + m);
+      for (int64_t i = m; i < m + mc; i++) idx[i] = (int32_t)((int64_t)idx[i] * classes + c);
+      m += mc;
+    }
+    uint8_t *tmp = (uint8_t *)malloc(((size_t)m + 1) * 8);
+    if (!tmp) return -1;
+    /* Sort by index: the index is the key, the score key rides along. */
+    mixprec__nms_radix_sort((uint32_t *)idx, (int32_t *)keys, (uint32_t *)tmp,
+                            (int32_t *)(tmp + ((size_t)m + 1) * 4), m);
+    free(tmp);
+  } else {
+    for (int64_t q = 0; q < n; q++)
+      for (int64_t c = 0; c < classes; c++) {
+        const float s = mixprec__load_f32(scores, dt, q * sn + c * sc);
+        if (s != s || (use_thr && !(s > thr))) continue;
+        keys[m] = ~mixprec__nms_score_key(s);
+        idx[m] = (int32_t)(q * classes + c);
+        m++;
+      }
+  }
+  for (int64_t i = 0; i < m; i++) hist[keys[i] >> 24]++;
+  return m;
+}
 
 /* Keeps in place, in index order, the k (< m) candidates with the smallest
  * keys (equal keys by position), given the histogram of their top bytes:
@@ -166,7 +204,7 @@ typedef struct efficient_nms_args {
   const uint8_t *boxes;
   size_t box_es; /* bytes of one box coordinate */
   mixprec_dtype boxes_dtype;
-  int class_boxes;
+  const mixprec_detect_layout *layout;
   const uint8_t *scores;
   size_t score_es;
   mixprec_dtype scores_dtype;
@@ -178,7 +216,9 @@ typedef struct efficient_nms_args {
 } efficient_nms_args;
 
 static mixprec_status efficient_nms_image(const efficient_nms_args *a, int64_t b, int threads) {
+  const mixprec_detect_layout *L = a->layout;
   const int64_t nc = a->n * a->classes, k = a->k;
+  const int center = L->box_coding == MIXPREC_BOX_CENTER;
   uint8_t *ob = a->out_boxes + (size_t)(b * k * 4) * a->box_es;
   uint8_t *os = a->out_scores + (size_t)(b * k) * a->score_es;
   int64_t *ocls = a->out_classes + b * k, *oidx = a->out_indices + b * k;
@@ -187,38 +227,52 @@ static mixprec_status efficient_nms_image(const efficient_nms_args *a, int64_t b
     /* Two allocations: keys and idx for every score (under glibc's 32 MiB
      * mmap ceiling up to 4M scores, so repeated calls reuse heap pages
      * instead of faulting fresh ones in), then the rest for the m
-     * candidates only: tk (u32); tv, rows (i32); cls (i64); flags (u8). */
+     * candidates only: fb (4 f32); cls (i64); tk (u32); tv, rows (i32);
+     * flags (u8). */
     const size_t nn = (size_t)nc + 8;
     uint8_t *mem = (uint8_t *)malloc(nn * (4 + 4) + 64);
     if (!mem) return MIXPREC_ERR_OUT_OF_MEMORY;
     uint32_t *keys = (uint32_t *)mem;
     int32_t *idx = (int32_t *)(keys + nn);
 
-    const void *scores = a->scores + (size_t)(b * nc) * a->score_es;
+    const uint8_t *scores = a->scores + (size_t)(b * L->score_strides[0]) * a->score_es;
     int64_t hist[256] = {0};
-    int64_t m = score_candidates(scores, a->scores_dtype, nc, a->p->use_score_threshold,
-                                 a->score_thr, keys, idx, hist);
+    int64_t m = score_candidates(scores, a->scores_dtype, a->score_es, a->n, a->classes,
+                                 L->score_strides[1], L->score_strides[2],
+                                 a->p->use_score_threshold, a->score_thr, keys, idx, hist);
+    if (m < 0) {
+      free(mem);
+      return MIXPREC_ERR_OUT_OF_MEMORY;
+    }
     const size_t mm = (size_t)m + 8;
-    uint8_t *mem2 = (uint8_t *)malloc(mm * (4 + 4 * 2 + 8 + 1) + 64);
+    uint8_t *mem2 = (uint8_t *)malloc(mm * (16 + 8 + 4 + 4 * 2 + 1) + 64);
     if (!mem2) {
       free(mem);
       return MIXPREC_ERR_OUT_OF_MEMORY;
     }
-    int64_t *cls = (int64_t *)mem2;
+    float *fb = (float *)mem2;
+    int64_t *cls = (int64_t *)(fb + 4 * mm);
     uint32_t *tk = (uint32_t *)(cls + mm);
     int32_t *tv = (int32_t *)(tk + mm), *rows = tv + mm;
     uint8_t *flags = (uint8_t *)(rows + mm);
     if (a->p->pre_nms_top_k > 0 && m > a->p->pre_nms_top_k)
       m = select_top(keys, idx, m, a->p->pre_nms_top_k, hist, tk, tv);
     mixprec__nms_radix_sort(keys, idx, tk, tv, m);
+    /* Each candidate's box, read in place and decoded in float32: the NMS
+     * then runs on contiguous float32 corners. */
+    const uint8_t *boxes = a->boxes + (size_t)(b * L->box_strides[0]) * a->box_es;
     for (int64_t r = 0; r < m; r++) {
-      const int64_t j = idx[r];
-      rows[r] = (int32_t)(a->class_boxes ? j : j / a->classes);
-      cls[r] = j % a->classes;
+      const int64_t j = idx[r], q = j / a->classes, c = j % a->classes;
+      const int64_t at = q * L->box_strides[1] + c * L->box_strides[2];
+      float v[4];
+      for (int e = 0; e < 4; e++)
+        v[e] = mixprec__load_f32(boxes, a->boxes_dtype, at + e * L->box_strides[3]);
+      mixprec__box_corners(center, v, fb + 4 * r);
+      rows[r] = (int32_t)r;
+      cls[r] = c;
     }
-    const void *boxes = a->boxes + (size_t)(b * (a->class_boxes ? nc : a->n) * 4) * a->box_es;
     const mixprec_status st =
-        mixprec__nms_sorted(boxes, a->boxes_dtype, rows, a->p->class_agnostic ? NULL : cls, m,
+        mixprec__nms_sorted(fb, MIXPREC_F32, rows, a->p->class_agnostic ? NULL : cls, m,
                             a->iou_thr, k, threads, flags);
     if (st != MIXPREC_OK) {
       free(mem2);
@@ -227,13 +281,20 @@ static mixprec_status efficient_nms_image(const efficient_nms_args *a, int64_t b
     }
     for (int64_t r = 0; r < m && count < k; r++) {
       if (!flags[r]) continue;
-      const int64_t j = idx[r];
-      memcpy(ob + (size_t)(count * 4) * a->box_es,
-             (const uint8_t *)boxes + (size_t)(rows[r] * 4) * a->box_es, 4 * a->box_es);
-      memcpy(os + (size_t)count * a->score_es, (const uint8_t *)scores + (size_t)j * a->score_es,
+      const int64_t j = idx[r], q = j / a->classes, c = j % a->classes;
+      const int64_t at = q * L->box_strides[1] + c * L->box_strides[2];
+      for (int e = 0; e < 4; e++) {
+        if (center)
+          mixprec__store_f32(ob, a->boxes_dtype, count * 4 + e, fb[4 * r + e]);
+        else
+          memcpy(ob + (size_t)(count * 4 + e) * a->box_es,
+                 boxes + (size_t)(at + e * L->box_strides[3]) * a->box_es, a->box_es);
+      }
+      memcpy(os + (size_t)count * a->score_es,
+             scores + (size_t)(q * L->score_strides[1] + c * L->score_strides[2]) * a->score_es,
              a->score_es);
-      ocls[count] = j % a->classes;
-      oidx[count] = j / a->classes;
+      ocls[count] = c;
+      oidx[count] = q;
       count++;
     }
     free(mem2);
@@ -247,22 +308,27 @@ static mixprec_status efficient_nms_image(const efficient_nms_args *a, int64_t b
   return MIXPREC_OK;
 }
 
-mixprec_status mixprec_efficient_nms(const void *boxes, mixprec_dtype boxes_dtype,
-                                     int class_boxes, const void *scores,
-                                     mixprec_dtype scores_dtype, int64_t batch, int64_t n,
-                                     int64_t classes, const mixprec_detect_params *p,
-                                     void *out_boxes, void *out_scores, int64_t *out_classes,
-                                     int64_t *out_indices, int64_t *counts) {
-  const mixprec_status st =
+mixprec_detect_layout mixprec_detect_layout_contiguous(int64_t n, int64_t classes,
+                                                       int class_boxes) {
+  return mixprec__efficient_nms_contiguous(n, classes, class_boxes);
+}
+
+mixprec_status mixprec_efficient_nms_strided(
+    const void *boxes, mixprec_dtype boxes_dtype, const void *scores, mixprec_dtype scores_dtype,
+    const mixprec_detect_layout *layout, int64_t batch, int64_t n, int64_t classes,
+    const mixprec_detect_params *p, void *out_boxes, void *out_scores, int64_t *out_classes,
+    int64_t *out_indices, int64_t *counts) {
+  mixprec_status st =
       mixprec__efficient_nms_check(boxes, boxes_dtype, scores, scores_dtype, batch, n, classes, p,
-                            out_boxes, out_scores, out_classes, out_indices, counts);
+                                   out_boxes, out_scores, out_classes, out_indices, counts);
+  if (st == MIXPREC_OK) st = mixprec__efficient_nms_check_layout(layout, batch, n, classes);
   if (st != MIXPREC_OK) return st;
   if (batch == 0) return MIXPREC_OK;
   efficient_nms_args a;
   a.boxes = (const uint8_t *)boxes;
   a.box_es = (size_t)mixprec_dtype_size(boxes_dtype);
   a.boxes_dtype = boxes_dtype;
-  a.class_boxes = class_boxes != 0;
+  a.layout = layout;
   a.scores = (const uint8_t *)scores;
   a.score_es = (size_t)mixprec_dtype_size(scores_dtype);
   a.scores_dtype = scores_dtype;
@@ -290,4 +356,21 @@ mixprec_status mixprec_efficient_nms(const void *boxes, mixprec_dtype boxes_dtyp
       if (efficient_nms_image(&a, b, 1) != MIXPREC_OK) failed |= 1;
   }
   return failed ? MIXPREC_ERR_OUT_OF_MEMORY : MIXPREC_OK;
+}
+
+mixprec_status mixprec_efficient_nms(const void *boxes, mixprec_dtype boxes_dtype,
+                                     int class_boxes, const void *scores,
+                                     mixprec_dtype scores_dtype, int64_t batch, int64_t n,
+                                     int64_t classes, const mixprec_detect_params *p,
+                                     void *out_boxes, void *out_scores, int64_t *out_classes,
+                                     int64_t *out_indices, int64_t *counts) {
+  /* The sizes first: the layout's products must not overflow. */
+  const mixprec_status st =
+      mixprec__efficient_nms_check(boxes, boxes_dtype, scores, scores_dtype, batch, n, classes, p,
+                                   out_boxes, out_scores, out_classes, out_indices, counts);
+  if (st != MIXPREC_OK) return st;
+  const mixprec_detect_layout l = mixprec__efficient_nms_contiguous(n, classes, class_boxes);
+  return mixprec_efficient_nms_strided(boxes, boxes_dtype, scores, scores_dtype, &l, batch, n,
+                                       classes, p, out_boxes, out_scores, out_classes,
+                                       out_indices, counts);
 }

@@ -58,9 +58,6 @@ MIXPREC__FORCE_INLINE int64_t score_loop(const void *scores, mixprec_dtype dt, i
 
 int64_t mixprec__efficient_nms_score_avx2(const void *scores, mixprec_dtype dt, int64_t nc, int use_thr,
                                    float thr, uint32_t *keys, int32_t *idx) {
-  switch (dt) {
-    case MIXPREC_F16: return score_loop(scores, MIXPREC_F16, nc, use_thr, thr, keys, idx);
-    case MIXPREC_BF16: return score_loop(scores, MIXPREC_BF16, nc, use_thr, thr, keys, idx);
-    default: return score_loop(scores, MIXPREC_F32, nc, use_thr, thr, keys, idx);
-  }
+  MIXPREC__DISPATCH(dt, D, return score_loop(scores, D, nc, use_thr, thr, keys, idx));
+  return 0;
 }

@@ -30,6 +30,64 @@ MIXPREC__INLINE mixprec_status mixprec__efficient_nms_check(
   return MIXPREC_OK;
 }
 
+/* The layout's own checks (after mixprec__efficient_nms_check): strides
+ * >= 0, a known coding, every byte offset within int64. */
+MIXPREC__INLINE mixprec_status mixprec__efficient_nms_check_layout(const mixprec_detect_layout *l,
+                                                                   int64_t batch, int64_t n,
+                                                                   int64_t classes) {
+  if (!l) return MIXPREC_ERR_NULL_POINTER;
+  if (l->box_coding != MIXPREC_BOX_CORNER && l->box_coding != MIXPREC_BOX_CENTER)
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  for (int d = 0; d < 4; d++)
+    if (l->box_strides[d] < 0) return MIXPREC_ERR_BAD_ARGUMENT;
+  for (int d = 0; d < 3; d++)
+    if (l->score_strides[d] < 0) return MIXPREC_ERR_BAD_ARGUMENT;
+  if (batch == 0 || n == 0 || classes == 0) return MIXPREC_OK;
+  const int64_t bsz[4] = {batch - 1, n - 1, classes - 1, 3};
+  int64_t bmax = 0, smax = 0;
+  for (int d = 0; d < 4; d++) {
+    if (bsz[d] > 0 && l->box_strides[d] > (INT64_MAX - bmax) / bsz[d]) return MIXPREC_ERR_BAD_SIZE;
+    bmax += bsz[d] * l->box_strides[d];
+  }
+  for (int d = 0; d < 3; d++) {
+    if (bsz[d] > 0 && l->score_strides[d] > (INT64_MAX - smax) / bsz[d])
+      return MIXPREC_ERR_BAD_SIZE;
+    smax += bsz[d] * l->score_strides[d];
+  }
+  /* The byte offsets too (4 bytes: the largest element). */
+  if (bmax > INT64_MAX / 4 || smax > INT64_MAX / 4) return MIXPREC_ERR_BAD_SIZE;
+  return MIXPREC_OK;
+}
+
+/* Element offset of box (n, c)'s first coordinate / of score (n, c) within
+ * image b. */
+MIXPREC__HD int64_t mixprec__efficient_nms_box_at(const mixprec_detect_layout *l, int64_t b,
+                                                  int64_t n, int64_t c) {
+  return b * l->box_strides[0] + n * l->box_strides[1] + c * l->box_strides[2];
+}
+MIXPREC__HD int64_t mixprec__efficient_nms_score_at(const mixprec_detect_layout *l, int64_t b,
+                                                    int64_t n, int64_t c) {
+  return b * l->score_strides[0] + n * l->score_strides[1] + c * l->score_strides[2];
+}
+
+/* mixprec_detect_layout_contiguous(), for both backends. */
+MIXPREC__INLINE mixprec_detect_layout mixprec__efficient_nms_contiguous(int64_t n, int64_t classes,
+                                                                       int class_boxes) {
+  /* Unsigned products: sizes too large for any buffer wrap instead of
+   * overflowing (the entry points refuse them before using a layout). */
+  const uint64_t un = (uint64_t)n, uc = (uint64_t)classes;
+  mixprec_detect_layout l;
+  l.box_strides[3] = 1;
+  l.box_strides[2] = class_boxes ? 4 : 0;
+  l.box_strides[1] = (int64_t)(class_boxes ? 4u * uc : 4u);
+  l.box_strides[0] = (int64_t)(un * (uint64_t)l.box_strides[1]);
+  l.score_strides[2] = 1;
+  l.score_strides[1] = classes;
+  l.score_strides[0] = (int64_t)(un * uc);
+  l.box_coding = MIXPREC_BOX_CORNER;
+  return l;
+}
+
 /* Candidates per image that can reach the NMS: min(n * classes, top-k). */
 MIXPREC__INLINE int64_t mixprec__efficient_nms_cap(int64_t n, int64_t classes,
                                             const mixprec_detect_params *p) {

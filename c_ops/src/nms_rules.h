@@ -58,6 +58,21 @@ MIXPREC__HD int mixprec__nms_suppresses(float kx1, float ky1, float kx2, float k
   return MIXPREC__NMS_DIV(inter, uni) > thr;
 }
 
+/* A box's corners from its stored coordinates v[0..3] (mixprec_box_coding):
+ * as stored for corner coding; for centre coding ultralytics' xywh2xyxy in
+ * float32 (w * 0.5f is w / 2 exactly). */
+MIXPREC__HD void mixprec__box_corners(int center, const float v[4], float out[4]) {
+  if (!center) {
+    out[0] = v[0], out[1] = v[1], out[2] = v[2], out[3] = v[3];
+    return;
+  }
+  const float hw = MIXPREC__NMS_MUL(v[2], 0.5f), hh = MIXPREC__NMS_MUL(v[3], 0.5f);
+  out[0] = MIXPREC__NMS_SUB(v[0], hw);
+  out[1] = MIXPREC__NMS_SUB(v[1], hh);
+  out[2] = MIXPREC__NMS_ADD(v[0], hw);
+  out[3] = MIXPREC__NMS_ADD(v[1], hh);
+}
+
 /* Sort key of a score: larger key = earlier in the output. NaN above +inf
  * (torch.sort's order), -0 equal to +0. Every real key is >= 0x007fffff, so
  * the CUDA kernels use 0 for "no candidate"; the CPU sorts ~key ascending. */

@@ -120,11 +120,7 @@ void mixprec__roi_fwd_scalar(const void *in, mixprec_dtype dt, int64_t C, int64_
                              int64_t c1, int64_t bins, int64_t samples, const mixprec__roi_pc *pc,
                              void *out, mixprec_dtype od) {
   (void)total_planes;
-  switch (dt) {
-    case MIXPREC_F16: fwd_channels(in, MIXPREC_F16, C, plane, r, k, c0, c1, bins, samples, pc, out, od); break;
-    case MIXPREC_BF16: fwd_channels(in, MIXPREC_BF16, C, plane, r, k, c0, c1, bins, samples, pc, out, od); break;
-    default: fwd_channels(in, MIXPREC_F32, C, plane, r, k, c0, c1, bins, samples, pc, out, od); break;
-  }
+  MIXPREC__DISPATCH(dt, D, fwd_channels(in, D, C, plane, r, k, c0, c1, bins, samples, pc, out, od));
 }
 
 static int threads_for(int64_t work) {
@@ -267,11 +263,7 @@ MIXPREC__FORCE_INLINE void bwd_roi(const void *grad, mixprec_dtype gd, const int
 static void bwd_item(const void *grad, mixprec_dtype gd, const int64_t *gs, int64_t plane,
                      const mixprec__roi *r, int64_t k, int64_t c0, int64_t c1,
                      const mixprec_roi_align_params *p, const mixprec__roi_pc *pc, float *acc) {
-  switch (gd) {
-    case MIXPREC_F16: bwd_roi(grad, MIXPREC_F16, gs, plane, r, k, c0, c1, p, pc, acc); break;
-    case MIXPREC_BF16: bwd_roi(grad, MIXPREC_BF16, gs, plane, r, k, c0, c1, p, pc, acc); break;
-    default: bwd_roi(grad, MIXPREC_F32, gs, plane, r, k, c0, c1, p, pc, acc); break;
-  }
+  MIXPREC__DISPATCH(gd, D, bwd_roi(grad, D, gs, plane, r, k, c0, c1, p, pc, acc));
 }
 
 mixprec_status mixprec_roi_align_backward(const void *grad_output, mixprec_dtype grad_dtype,

@@ -23,6 +23,7 @@ load()
 # ops defined, so after load()).
 from . import _amp, _cross_entropy, _efficient_nms, _nms, _optim, _softmax  # noqa: E402,F401
 from . import _roi_align  # noqa: E402,F401
+from . import _overflow  # noqa: E402,F401
 from . import _distributed  # noqa: E402
 
 _distributed.register_dtensor_handlers()
@@ -30,12 +31,14 @@ from . import amp  # noqa: E402
 from . import ops  # noqa: E402
 from . import optim  # noqa: E402
 from . import nn  # noqa: E402
+from . import guard  # noqa: E402
 
 __all__ = [
     "amp",
     "ops",
     "optim",
     "nn",
+    "guard",
     "library_path",
     "cuda_library_path",
     "capi_library_path",

@@ -53,6 +53,7 @@ class TrainingHealth:
     skipped: list[bool]  # the step overflowed (optimizer step skipped)
     grad_norm: list[float]  # global L2 norm of the unscaled gradients (before clipping)
     overflow_counts: dict[str, int] = field(default_factory=dict)  # name -> overflowing steps, most first
+    forward: str | None = None  # the summary of listeners such as mixprec.guard.ForwardGuard
 
     @property
     def steps(self) -> int:
@@ -83,6 +84,8 @@ class TrainingHealth:
         worst = self.most_overflowed()
         if worst:
             lines.append("  overflowed most often: " + ", ".join(f"{n} ({c}x)" for n, c in worst))
+        if self.forward:
+            lines.append(self.forward)
         return "\n".join(lines)
 
 
@@ -141,6 +144,24 @@ class Recorder:
         self._counts: torch.Tensor | None = None
         self._rows: list[torch.Tensor] = []  # per step: [scale, skipped, grad_norm] (float64)
         self._history: torch.Tensor | None = None
+        self._listeners: list[weakref.ref] = []
+
+    # ---- step listeners (mixprec.guard) ------------------------------------------
+    # An object with on_scaler_step(found_inf) (called at every update(), with
+    # the step's combined found_inf on the scale's device) and
+    # health_summary() -> str | None (appended to health()). Held weakly.
+    def add_listener(self, listener) -> None:
+        if not any(r() is listener for r in self._listeners):
+            self._listeners.append(weakref.ref(listener))
+
+    def _notify(self, found_inf: torch.Tensor) -> None:
+        self._listeners = [r for r in self._listeners if r() is not None]
+        for r in self._listeners:
+            r().on_scaler_step(found_inf)
+
+    def _listener_summary(self) -> str | None:
+        parts = [s for s in (r().health_summary() for r in self._listeners if r() is not None) if s]
+        return "\n".join(parts) or None
 
     # ---- registration ----------------------------------------------------------
     def _name(self, p: torch.Tensor, index: int) -> str:
@@ -209,6 +230,8 @@ class Recorder:
             self._last = None
             total = torch.full((), math.nan, dtype=torch.float64, device=dev)
         self._pending = []
+        if self._listeners:
+            self._notify(found_inf)
         row = torch.stack([scale.detach().double().reshape(()), (found_inf.to(dev) != 0).double().reshape(()), total])
         self._rows.append(row)
         if len(self._rows) >= _COMPACT_EVERY:
@@ -247,14 +270,16 @@ class Recorder:
     def health(self) -> TrainingHealth:
         self._compact()
         if self._history is None:
-            return TrainingHealth([], [], [], {})
+            return TrainingHealth([], [], [], {}, self._listener_summary())
         scale, skipped, norm = self._history.cpu().unbind(1)
         counts: dict[str, int] = {}
         if self._counts is not None:
             for name, c in zip(self._slot_names, self._counts.tolist()):
                 counts[name] = counts.get(name, 0) + c
         ordered = dict(sorted(counts.items(), key=lambda kv: -kv[1]))
-        return TrainingHealth(scale.tolist(), [bool(s) for s in skipped.tolist()], norm.tolist(), ordered)
+        return TrainingHealth(
+            scale.tolist(), [bool(s) for s in skipped.tolist()], norm.tolist(), ordered, self._listener_summary()
+        )
 
     def __getstate__(self):
         # Parameters are matched by identity, which does not survive

@@ -42,12 +42,23 @@ Choices (documented, tested):
   gradients scatter-add back into ``boxes`` and ``scores`` (a box kept for
   two classes gets both); no autocast rule: the op computes in float32
   whatever the input dtype.
+- Layouts: ``boxes`` and ``scores`` are read in place whatever their
+  strides (no copy). The raw head of a YOLO model, ``(B, 4 + C, N)``
+  channels-first, goes in as one tensor, ``efficient_nms(head,
+  box_coding="center")``: ``head[:, :4]`` are the boxes, ``head[:, 4:]`` the
+  scores. ``box_coding="center"`` (TensorRT's ``box_coding=1``) reads boxes as
+  ``cx, cy, w, h`` and decodes each candidate's box in float32 as
+  ultralytics' ``xywh2xyxy`` (``cx - w / 2``, ...); the NMS then runs on
+  those corners and the output boxes are them, rounded to the boxes' dtype.
 - CUDA: the whole batch in one fixed set of launches, nothing copied to the
-  host, no synchronisation: capturable in a CUDA graph.
+  host, no synchronisation: capturable in a CUDA graph. Written to match the
+  CPU bit for bit; not yet run on a GPU.
 """
 
 from __future__ import annotations
 
+import math
+import operator
 from typing import NamedTuple
 
 import torch
@@ -71,7 +82,27 @@ class Detections(NamedTuple):
     counts: torch.Tensor  #: (B,) int64 detections per image
 
 
-def _check(boxes, scores, iou_threshold, score_threshold, max_detections, pre_nms_top_k):
+_CODINGS = {"corner": 0, "center": 1}
+
+
+def _int_arg(name, value):
+    """An integer argument as torch's argument parser takes it (an int, a
+    numpy or 0-dim integer tensor), plus integral floats; a bool, NaN, inf
+    or 1.5 is a TypeError naming the argument."""
+    op = "mixprec.ops.efficient_nms"
+    if isinstance(value, bool):
+        raise TypeError(f"{op}: {name} must be an int, not bool ({value})")
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != math.floor(value):
+            raise TypeError(f"{op}: {name} must be an integer, got {value!r}")
+        return int(value)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{op}: {name} must be an int, not {type(value).__name__}") from None
+
+
+def _check(boxes, scores, iou_threshold, score_threshold, max_detections, pre_nms_top_k, box_coding=0):
     """The checks of the real kernels (shim/efficient_nms_op.h), so traced and meta
     calls fail the same way; the public function runs them before
     ``.contiguous()``. The messages' lambdas close over plain values only
@@ -105,13 +136,24 @@ def _check(boxes, scores, iou_threshold, score_threshold, max_detections, pre_nm
         lambda: f"mixprec::{op}: max_detections must be in 1 .. 2^31 - 1, got {max_detections}",
     )
     torch._check(pre_nms_top_k != 0, lambda: f"mixprec::{op}: pre_nms_top_k must be >= 1, or -1 for all candidates, got 0")
+    torch._check(
+        box_coding in (0, 1),
+        lambda: f"mixprec::{op}: box_coding must be 0 (x1, y1, x2, y2) or 1 (cx, cy, w, h), got {box_coding}",
+    )
 
 
 @torch.library.register_fake("mixprec::efficient_nms")
 def _efficient_nms_fake(
-    boxes, scores, iou_threshold=0.5, score_threshold=None, max_detections=100, pre_nms_top_k=-1, class_agnostic=False
+    boxes,
+    scores,
+    iou_threshold=0.5,
+    score_threshold=None,
+    max_detections=100,
+    pre_nms_top_k=-1,
+    class_agnostic=False,
+    box_coding=0,
 ):
-    _check(boxes, scores, iou_threshold, score_threshold, max_detections, pre_nms_top_k)
+    _check(boxes, scores, iou_threshold, score_threshold, max_detections, pre_nms_top_k, box_coding)
     b, k = scores.shape[0], max_detections
     return (
         boxes.new_empty((b, k, 4)),
@@ -125,12 +167,15 @@ def _efficient_nms_fake(
 def _setup_context(ctx, inputs, output):
     boxes, scores = inputs[0], inputs[1]
     ctx.box_shape, ctx.score_shape = boxes.shape, scores.shape
+    ctx.center = len(inputs) > 7 and inputs[7] == 1
     ctx.save_for_backward(output[2], output[3])
 
 
 def _backward(ctx, g_boxes, g_scores, _g_classes, _g_indices, _g_counts):
     """The output boxes and scores are gathered input values: their gradients
-    scatter-add back to the rows they came from (padding adds nothing)."""
+    scatter-add back to the rows they came from (padding adds nothing). With
+    centre coding an output box is (cx - w/2, cy - h/2, cx + w/2, cy + h/2):
+    its gradient maps back through that."""
     classes, indices = ctx.saved_tensors
     bsz, k = indices.shape
     valid = indices >= 0
@@ -139,13 +184,15 @@ def _backward(ctx, g_boxes, g_scores, _g_classes, _g_indices, _g_counts):
     grad_boxes = grad_scores = None
     if g_boxes is not None and ctx.needs_input_grad[0]:
         g = torch.where(valid[..., None], g_boxes, torch.zeros_like(g_boxes))
+        if ctx.center:
+            g = torch.cat((g[..., :2] + g[..., 2:], 0.5 * (g[..., 2:] - g[..., :2])), -1)
         grad_boxes = g_boxes.new_zeros(ctx.box_shape)
         where = (img, n) if len(ctx.box_shape) == 3 else (img, n, c)
         grad_boxes = grad_boxes.index_put(where, g, accumulate=True)
     if g_scores is not None and ctx.needs_input_grad[1]:
         g = torch.where(valid, g_scores, torch.zeros_like(g_scores))
         grad_scores = g_scores.new_zeros(ctx.score_shape).index_put((img, n, c), g, accumulate=True)
-    return grad_boxes, grad_scores, None, None, None, None, None
+    return grad_boxes, grad_scores, None, None, None, None, None, None
 
 
 torch.library.register_autograd("mixprec::efficient_nms", _backward, setup_context=_setup_context)
@@ -153,13 +200,14 @@ torch.library.register_autograd("mixprec::efficient_nms", _backward, setup_conte
 
 def efficient_nms(
     boxes: torch.Tensor,
-    scores: torch.Tensor,
+    scores: torch.Tensor | None = None,
     *,
     iou_threshold: float = 0.5,
     score_threshold: float | None = None,
     max_detections: int = 100,
     pre_nms_top_k: int | None = None,
     class_agnostic: bool = False,
+    box_coding: str = "corner",
 ) -> Detections:
     """Batched post-processing of a detector's outputs (TensorRT's
     EfficientNMS): per image, candidates (box, class) with score >
@@ -167,18 +215,28 @@ def efficient_nms(
     ``class_agnostic``) NMS at ``iou_threshold`` with the IoU in float32, and
     the first ``max_detections`` survivors by decreasing score.
 
-    ``boxes``: (B, N, 4) or (B, N, C, 4), ``x1, y1, x2, y2``; ``scores``:
-    (B, N, C). Returns :class:`Detections` ``(boxes (B, K, 4), scores (B, K),
+    ``boxes``: (B, N, 4) or (B, N, C, 4); ``scores``: (B, N, C); any strides.
+    ``scores=None``: ``boxes`` is a YOLO head (B, 4 + C, N), channels first.
+    ``box_coding``: ``"corner"`` (x1, y1, x2, y2) or ``"center"`` (cx, cy, w,
+    h). Returns :class:`Detections` ``(boxes (B, K, 4), scores (B, K),
     classes (B, K), indices (B, K), counts (B,))`` with fixed shapes (see the
     module docstring for the exact semantics and the padding)."""
+    op = "mixprec.ops.efficient_nms"
+    if box_coding not in _CODINGS:
+        raise ValueError(f"{op}: box_coding must be 'corner' or 'center', got {box_coding!r}")
+    if scores is None:
+        if not isinstance(boxes, torch.Tensor) or boxes.dim() != 3 or boxes.shape[1] < 5:
+            shape = tuple(boxes.shape) if isinstance(boxes, torch.Tensor) else type(boxes).__name__
+            raise ValueError(f"{op}: without scores, boxes must be a head (B, 4 + C, N) with C >= 1, got {shape}")
+        boxes, scores = boxes[:, :4].transpose(1, 2), boxes[:, 4:].transpose(1, 2)
     iou_threshold = float(iou_threshold)
     score_threshold = None if score_threshold is None else float(score_threshold)
-    max_detections = int(max_detections)
-    top_k = -1 if pre_nms_top_k is None else int(pre_nms_top_k)
-    _check(boxes, scores, iou_threshold, score_threshold, max_detections, top_k)
+    max_detections = _int_arg("max_detections", max_detections)
+    top_k = -1 if pre_nms_top_k is None else _int_arg("pre_nms_top_k", pre_nms_top_k)
+    coding = _CODINGS[box_coding]
+    _check(boxes, scores, iou_threshold, score_threshold, max_detections, top_k, coding)
     out = torch.ops.mixprec.efficient_nms(
-        boxes.contiguous(), scores.contiguous(), iou_threshold, score_threshold, max_detections, top_k,
-        bool(class_agnostic),
+        boxes, scores, iou_threshold, score_threshold, max_detections, top_k, bool(class_agnostic), coding
     )
     return Detections(*out)
 

@@ -600,6 +600,8 @@ class LeanState:
         the form that reshards and that torch's optimizers load)."""
         sd = super().state_dict()
         for i, st in sd["state"].items():
+            if not isinstance(st, dict):
+                continue  # an entry a hook added (torch's own tests add some)
             for key in self._MOMENTS:
                 if isinstance(st.get(key), torch.Tensor) and st[key].dtype == torch.uint8:
                     st = sd["state"][i] = dict(st)
@@ -607,9 +609,11 @@ class LeanState:
                     st.pop(scale_key(key))
         return sd
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """The base class's load (which keeps FP32 state FP32 where torch
-        would cast it), keeping the compact state as saved (remainders,
+    def _restore_fp32_state(self, state_dict: dict[str, Any]) -> None:
+        """Inside load_state_dict, on the state dict the pre-hooks made and
+        before the post-hooks ([note: load hooks]): the base class's restore
+        (FP32 state kept FP32 where torch would cast it), keeping the
+        compact state as saved (remainders,
         BF16 / 8-bit moments, FP32 scales); each param's state is then
         converted to its group's options at its next step (torch's FP32
         moments quantised, a saved master split into a remainder, ...)."""
@@ -624,7 +628,7 @@ class LeanState:
                     k: v for k, v in st.items()
                     if k in keep and isinstance(v, torch.Tensor) and (k in LEAN_STATE_KEYS or v.dtype != torch.float32)
                 }
-        super().load_state_dict(state_dict)
+        super()._restore_fp32_state(state_dict)
         for key, saved in compact.items():
             p = id_map.get(key)
             if p is None:

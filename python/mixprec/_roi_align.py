@@ -204,12 +204,13 @@ def roi_align(
         rois = _boxes_to_rois(boxes)
     # The checks run before .contiguous() (which could copy a huge expanded
     # tensor first); TorchScript does not compile this branch, and under
-    # torch.compile the fake kernel makes them.
+    # torch.compile the fake kernel makes them. rois goes in as it is: the op
+    # copies it only after its checks and the output's allocation.
     if not torch.jit.is_scripting():
         if not torch.compiler.is_compiling():
             _check_forward(input, rois, float(spatial_scale), int(size[0]), int(size[1]), int(sampling_ratio))
     return torch.ops.mixprec.roi_align(
-        input.contiguous(), rois.contiguous(), float(spatial_scale), size[0], size[1], sampling_ratio, aligned
+        input.contiguous(), rois, float(spatial_scale), size[0], size[1], sampling_ratio, aligned
     )
 
 

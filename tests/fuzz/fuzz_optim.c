@@ -21,9 +21,10 @@
 #include "fuzz_common.h"
 
 #define MAX_T 6
-enum { B_PARAM, B_GRAD, B_MASTER, B_M, B_V, B_VMAX, B_EMA, N_BUF };
+enum { B_PARAM, B_GRAD, B_MASTER, B_M, B_V, B_VMAX, B_EMA, B_REM, B_MSC, B_VSC, N_BUF };
 static const char *const buf_name[N_BUF] = {"param", "grad", "master", "exp_avg/momentum_buffer",
-                                            "exp_avg_sq", "max_exp_avg_sq", "ema"};
+                                            "exp_avg_sq", "max_exp_avg_sq", "ema", "remainder",
+                                            "exp_avg_scale", "exp_avg_sq_scale"};
 
 typedef struct tensor {
   mixprec_opt_tensor d; /* pointers filled per run */
@@ -51,8 +52,25 @@ typedef struct result {
   float steps[MAX_T];
 } result;
 
+/* The dtype a buffer's bits are compared as (NaNs equal): a remainder or a
+ * BF16 moment as BF16, 8-bit codes as raw BF16 pairs (bit-exact but for
+ * NaN-looking pairs, which codes never form in practice). */
 static mixprec_dtype buf_dtype(const tensor *t, int b) {
-  return b == B_PARAM ? t->d.param_dtype : b == B_GRAD ? t->d.grad_dtype : MIXPREC_F32;
+  if (b == B_PARAM) return t->d.param_dtype;
+  if (b == B_GRAD) return t->d.grad_dtype;
+  if (b == B_REM) return MIXPREC_BF16;
+  if (b == B_M && t->d.exp_avg_dtype != MIXPREC_STATE_F32) return MIXPREC_BF16;
+  if (b == B_V && t->d.exp_avg_sq_dtype != MIXPREC_STATE_F32) return MIXPREC_BF16;
+  return MIXPREC_F32;
+}
+
+/* Elements of buffer b as buf_dtype counts them. */
+static int64_t buf_elems(const tensor *t, int b) {
+  return (int64_t)(t->bytes[b] / fz_dsize(buf_dtype(t, b)));
+}
+
+static size_t state_size(mixprec_state_dtype f) {
+  return f == MIXPREC_STATE_BF16 ? 2 : f == MIXPREC_STATE_Q8 ? 1 : 4;
 }
 
 static mixprec_status run(const call *c, int unscale_grads, int with_ema, result *r) {
@@ -67,8 +85,11 @@ static mixprec_status run(const call *c, int unscale_grads, int with_ema, result
     list[i].param = r->buf[i][B_PARAM];
     list[i].grad = r->buf[i][B_GRAD];
     list[i].master = (float *)r->buf[i][B_MASTER];
-    list[i].exp_avg = (float *)r->buf[i][B_M];
-    list[i].exp_avg_sq = (float *)r->buf[i][B_V];
+    list[i].exp_avg_data = r->buf[i][B_M];
+    list[i].exp_avg_sq_data = r->buf[i][B_V];
+    list[i].remainder = (int16_t *)r->buf[i][B_REM];
+    list[i].exp_avg_scale = (float *)r->buf[i][B_MSC];
+    list[i].exp_avg_sq_scale = (float *)r->buf[i][B_VSC];
     list[i].max_exp_avg_sq = (float *)r->buf[i][B_VMAX];
     list[i].step = t->step_slot >= 0 ? &r->steps[t->step_slot] : NULL;
     ema_bufs[i] = with_ema ? (float *)r->buf[i][B_EMA] : NULL;
@@ -136,7 +157,7 @@ static void describe(const call *c, int unscale_grads, fz_allowed errors) {
       const mixprec_dtype k[N_BUF] = {t->d.param_dtype, t->d.grad_dtype, MIXPREC_F32,
                                       MIXPREC_F32, MIXPREC_F32, MIXPREC_F32};
       for (int b = 0; b < N_BUF; b++)
-        if (t->buf[b]) fprintf(stderr, " %s=%a", buf_name[b], (double)fz_load(t->buf[b], k[b], e));
+        if (b < B_REM && t->buf[b]) fprintf(stderr, " %s=%a", buf_name[b], (double)fz_load(t->buf[b], k[b], e));
       fputc('\n', stderr);
     }
   }
@@ -262,18 +283,40 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int master = d->param_dtype == MIXPREC_F16 || (d->param_dtype == MIXPREC_BF16 && (tf & 1)) ||
                  !fz_dtype_ok(d->param_dtype);
     if (faults && (tf & 0x40)) master = !master;
-    int present[N_BUF] = {1, 1, master, 1, 1, 1, c.ema_on && (tf & 2)};
-    for (int b = 0; b < N_BUF; b++)
+    /* The lean state: moment formats (3: an unknown one, faults only),
+     * a remainder for a BF16 param without a master (any param with
+     * faults), Q8 scales exactly for Q8 moments (flipped with faults). */
+    const uint8_t lb = fz_u8(&f);
+    int mf = lb & 3, vf = (lb >> 2) & 3;
+    if (!faults && mf == 3) mf = 0;
+    if (!faults && vf == 3) vf = 0;
+    if (c.sgd && !faults) vf = 0;
+    d->exp_avg_dtype = (mixprec_state_dtype)(mf == 3 ? 5 : mf);
+    d->exp_avg_sq_dtype = (mixprec_state_dtype)(vf == 3 ? 5 : vf);
+    const int rem = (lb & 0x10) && (faults || (d->param_dtype == MIXPREC_BF16 && !master));
+    int msc = mf == MIXPREC_STATE_Q8, vsc = vf == MIXPREC_STATE_Q8;
+    if (faults && (lb & 0x40)) msc = !msc;
+    if (faults && (lb & 0x80)) vsc = !vsc;
+    int present[N_BUF] = {1, 1, master, 1, 1, 1, c.ema_on && (tf & 2), rem, msc, vsc};
+    for (int b = 0; b < 7; b++)
       if (nulls & (1 << b)) present[b] = 0;
     const mixprec_dtype pd = fz_dtype_ok(d->param_dtype) ? d->param_dtype : MIXPREC_F32;
     const mixprec_dtype gd = fz_dtype_ok(d->grad_dtype) ? d->grad_dtype : MIXPREC_F32;
     const mixprec_dtype kind[N_BUF] = {pd, gd, MIXPREC_F32, MIXPREC_F32, MIXPREC_F32, MIXPREC_F32,
-                                       MIXPREC_F32};
+                                       MIXPREC_F32, MIXPREC_BF16, MIXPREC_F32, MIXPREC_F32};
     for (int b = 0; b < N_BUF; b++) {
       t->bytes[b] = (size_t)ne * fz_dsize(kind[b]);
+      if (b == B_M && mf != 0) t->bytes[b] = (size_t)ne * state_size((mixprec_state_dtype)(mf & 3));
+      if (b == B_V && vf != 0) t->bytes[b] = (size_t)ne * state_size((mixprec_state_dtype)(vf & 3));
+      if (b == B_MSC || b == B_VSC) t->bytes[b] = (size_t)((ne + 255) / 256) * 4;
       if (!present[b] || (ne == 0 && (fz_u8(&f) & 1) && b != B_MASTER && b != B_EMA)) continue;
       t->buf[b] = fz_alloc(t->bytes[b]);
-      fz_fill(&f, t->buf[b], kind[b], ne);
+      if ((b == B_M && mf != 0) || (b == B_V && vf != 0)) {
+        /* BF16 moments or 8-bit codes: random bits (any code is valid) */
+        for (size_t k = 0; k < t->bytes[b]; k++) ((uint8_t *)t->buf[b])[k] = fz_u8(&f);
+        continue;
+      }
+      fz_fill(&f, t->buf[b], kind[b], (int64_t)(t->bytes[b] / fz_dsize(kind[b])));
       if (b == B_V || b == B_VMAX) /* a second moment is >= 0 unless faulted */
         for (int64_t e = 0; e < ne && !(tf & 0x20); e++) {
           float v = fz_load(t->buf[b], MIXPREC_F32, e);
@@ -295,8 +338,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       errors |= FZ_BIT(MIXPREC_ERR_BAD_DTYPE);
     if (d->param_dtype == MIXPREC_F32 && t->buf[B_MASTER]) errors |= FZ_BIT(MIXPREC_ERR_BAD_ARGUMENT);
     if (!c.sgd && t->step_slot < 0) errors |= FZ_BIT(MIXPREC_ERR_NULL_POINTER);
+    /* The lean state (mixprec_state_dtype). */
+    if (mf == 3 || (!c.sgd && vf == 3)) errors |= FZ_BIT(MIXPREC_ERR_BAD_DTYPE);
+    if (t->buf[B_REM] && (d->param_dtype != MIXPREC_BF16 || t->buf[B_MASTER]))
+      errors |= FZ_BIT(MIXPREC_ERR_BAD_ARGUMENT);
+    if ((t->buf[B_MSC] && mf != MIXPREC_STATE_Q8) ||
+        (t->buf[B_VSC] && (c.sgd || vf != MIXPREC_STATE_Q8)))
+      errors |= FZ_BIT(MIXPREC_ERR_BAD_ARGUMENT);
+    if (d->numel > 0 && ((mf == MIXPREC_STATE_Q8 && !t->buf[B_MSC]) ||
+                         (!c.sgd && vf == MIXPREC_STATE_Q8 && !t->buf[B_VSC]) ||
+                         ((mf == MIXPREC_STATE_BF16 || (!c.sgd && vf == MIXPREC_STATE_BF16)) &&
+                          t->step_slot < 0)))
+      errors |= FZ_BIT(MIXPREC_ERR_NULL_POINTER);
     if (d->numel > 0) {
-      const int sr = d->param_dtype == MIXPREC_BF16 && !t->buf[B_MASTER];
+      const int sr = d->param_dtype == MIXPREC_BF16 && !t->buf[B_MASTER] && !t->buf[B_REM];
       int missing = !t->buf[B_PARAM] || !t->buf[B_GRAD] ||
                     (d->param_dtype == MIXPREC_F16 && !t->buf[B_MASTER]);
       if (c.sgd) {
@@ -338,7 +393,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       for (int b = 0; b < N_BUF; b++)
         if (c.t[i].buf[b] && c.t[i].d.numel > 0)
           fz_same_nan(buf_name[b], i, ref.buf[i][b], r.buf[i][b], buf_dtype(&c.t[i], b),
-                      c.t[i].d.numel, cfg[0], cfg[k]);
+                      buf_elems(&c.t[i], b), cfg[0], cfg[k]);
     fz_same("step counts", ref.steps, r.steps, sizeof r.steps, cfg[0], cfg[k]);
     free_result(&r, c.n_alloc);
   }
@@ -395,6 +450,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int i = 0; i < c.n_alloc; i++) {
       const tensor *t = &c.t[i];
       if (!t->buf[B_EMA] || t->d.numel <= 0) continue;
+      /* master-free: p before its stochastic rounding is not observable;
+       * remainders: p is the master they hold, checked by the C tests */
       const int sr = t->d.param_dtype == MIXPREC_BF16 && !t->buf[B_MASTER];
       const double step = (double)ref.steps[t->step_slot];
       const mixprec_ema_params *e = &c.ema;
@@ -403,7 +460,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fz_unchanged("ema (not an EMA step)", t->buf[B_EMA], ref.buf[i][B_EMA], t->bytes[B_EMA], MIXPREC_OK);
         continue;
       }
-      if (sr) continue; /* p before its stochastic rounding is not observable */
+      if (sr) continue;
       const double sd = step - (double)e->update_after_step - 1.0;
       double decay;
       if (!(sd > 0.0)) {

@@ -91,6 +91,53 @@ MIXPREC_API mixprec_status mixprec_efficient_nms(
     const mixprec_detect_params *p, void *out_boxes, void *out_scores, int64_t *out_classes,
     int64_t *out_indices, int64_t *counts);
 
+/* How the boxes are coded (TensorRT EfficientNMS's box_coding). */
+typedef enum mixprec_box_coding {
+  MIXPREC_BOX_CORNER = 0, /* x1, y1, x2, y2 */
+  MIXPREC_BOX_CENTER = 1  /* cx, cy, w, h: decoded per candidate in float32 as
+                           * x1 = cx - w * 0.5f, x2 = cx + w * 0.5f (y alike),
+                           * ultralytics' xywh2xyxy in float32 */
+} mixprec_box_coding;
+
+/* Where the values of mixprec_efficient_nms_strided() live, strides in
+ * elements (>= 0). Box (b, n, c) coordinate e is boxes[b * box_strides[0] +
+ * n * box_strides[1] + c * box_strides[2] + e * box_strides[3]] (class stride
+ * 0: one box per n for all its classes); score (b, n, c) is scores[b *
+ * score_strides[0] + n * score_strides[1] + c * score_strides[2]]. A YOLO
+ * head (B, 4 + C, N), channels first, in one buffer P: boxes = P, strides
+ * {(4 + C) * N, 1, 0, N}, scores = P + 4 * N, strides {(4 + C) * N, 1, N},
+ * MIXPREC_BOX_CENTER. */
+typedef struct mixprec_detect_layout {
+  int64_t box_strides[4];   /* batch, n, class, coordinate */
+  int64_t score_strides[3]; /* batch, n, class */
+  int box_coding;           /* a mixprec_box_coding */
+} mixprec_detect_layout;
+
+/*! mixprec_detect_layout_contiguous() :
+ *  @return : the layout of mixprec_efficient_nms()'s contiguous arguments:
+ *            boxes (batch, n, 4) (class_boxes 0) or (batch, n, classes, 4),
+ *            scores (batch, n, classes), corner coded. */
+MIXPREC_API mixprec_detect_layout mixprec_detect_layout_contiguous(int64_t n, int64_t classes,
+                                                                   int class_boxes);
+
+/*! mixprec_efficient_nms_strided() :
+ *  mixprec_efficient_nms() on boxes and scores laid out as `layout` says,
+ *  read in place (no copy of either). With MIXPREC_BOX_CENTER the NMS and
+ *  out_boxes use the decoded corners (out_boxes: those float32 corners
+ *  rounded to boxes_dtype; a NaN coordinate gives NaN corners, their
+ *  payload unspecified); with MIXPREC_BOX_CORNER out_boxes holds the input
+ *  values bit for bit. Results equal mixprec_efficient_nms() on the
+ *  same values stored contiguously (corner coded: after decoding).
+ *  @return : as mixprec_efficient_nms(); MIXPREC_ERR_NULL_POINTER for a NULL
+ *            layout; MIXPREC_ERR_BAD_ARGUMENT for a negative stride or an
+ *            unknown box_coding; MIXPREC_ERR_BAD_SIZE when the byte offset
+ *            of an element (as 4-byte elements) would exceed INT64_MAX. */
+MIXPREC_API mixprec_status mixprec_efficient_nms_strided(
+    const void *boxes, mixprec_dtype boxes_dtype, const void *scores, mixprec_dtype scores_dtype,
+    const mixprec_detect_layout *layout, int64_t batch, int64_t n, int64_t classes,
+    const mixprec_detect_params *p, void *out_boxes, void *out_scores, int64_t *out_classes,
+    int64_t *out_indices, int64_t *counts);
+
 /* ---- CUDA (libmixprec_cuda) ---------------------------------------------- */
 
 /* Most candidates per image the CUDA path takes into its IoU bitmask:
@@ -112,7 +159,7 @@ MIXPREC_API int64_t mixprec_cuda_efficient_nms_workspace_size(int64_t batch, int
  *  scores, one IoU-bitmask grid over all images, one reduction block per
  *  image). All pointers but p are device pointers; nothing is copied to the
  *  host and nothing synchronises, so it is capturable in a CUDA graph.
- *  Results equal the CPU's exactly.
+ *  CUDA: written to match the CPU bit for bit; not yet run on a GPU.
  *  @param workspace : mixprec_cuda_efficient_nms_workspace_size() bytes,
  *                     256-byte aligned.
  *  @return : as mixprec_efficient_nms(); MIXPREC_ERR_BAD_SIZE also when the
@@ -122,6 +169,18 @@ MIXPREC_API int64_t mixprec_cuda_efficient_nms_workspace_size(int64_t batch, int
 MIXPREC_API mixprec_status mixprec_cuda_efficient_nms(
     const void *boxes, mixprec_dtype boxes_dtype, int class_boxes, const void *scores,
     mixprec_dtype scores_dtype, int64_t batch, int64_t n, int64_t classes,
+    const mixprec_detect_params *p, void *out_boxes, void *out_scores, int64_t *out_classes,
+    int64_t *out_indices, int64_t *counts, void *workspace, int64_t workspace_bytes,
+    void *stream);
+
+/*! mixprec_cuda_efficient_nms_strided() :
+ *  mixprec_efficient_nms_strided() on the current device, with the
+ *  workspace and stream of mixprec_cuda_efficient_nms().
+ *  @return : as mixprec_cuda_efficient_nms() and
+ *            mixprec_efficient_nms_strided(). */
+MIXPREC_API mixprec_status mixprec_cuda_efficient_nms_strided(
+    const void *boxes, mixprec_dtype boxes_dtype, const void *scores, mixprec_dtype scores_dtype,
+    const mixprec_detect_layout *layout, int64_t batch, int64_t n, int64_t classes,
     const mixprec_detect_params *p, void *out_boxes, void *out_scores, int64_t *out_classes,
     int64_t *out_indices, int64_t *counts, void *workspace, int64_t workspace_bytes,
     void *stream);

@@ -187,5 +187,6 @@ typedef struct mixprec_tensor {
 #include "mixprec/softmax.h" /* softmax, log_softmax */
 #include "mixprec/cross_entropy.h" /* cross-entropy */
 #include "mixprec/roi_align.h" /* RoIAlign forward and backward */
+#include "mixprec/overflow.h" /* forward-overflow check (mixprec.guard) */
 
 #endif /* MIXPREC_MIXPREC_H */

@@ -118,8 +118,9 @@ MIXPREC_API int64_t mixprec_cuda_nms_workspace_size(int64_t n);
 /*! mixprec_cuda_nms() :
  *  mixprec_nms() / mixprec_batched_nms() (classes NULL: one class) on the
  *  current device: boxes, scores, classes, keep and n_keep (one int64) are
- *  device pointers; p stays on the host. Results equal the CPU's exactly
- *  (same float operations, correctly rounded division). Scores are sorted
+ *  device pointers; p stays on the host. The IoU test is the CPU's
+ *  (nms_rules.h); CUDA: written to match the CPU bit for bit, not yet run
+ *  on a GPU. Scores are sorted
  *  on the device (CUB radix sort, stable); the IoU bitmask is built in 64x64
  *  tiles and reduced by one block on the device: nothing is copied to the
  *  host and nothing synchronises, so the call is capturable in a CUDA graph

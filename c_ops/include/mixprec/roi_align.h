@@ -48,7 +48,8 @@
  * block of 16 channels) backward, each output element written by one thread
  * in the fixed order above: results never depend on the thread count. The
  * forward's AVX2 + F16C path (8 channels per vector, chosen at run time)
- * gives the scalar path's bits.
+ * gives the scalar path's bits, a NaN's sign and payload aside (when NaN
+ * inputs of both signs meet in one sum either may be kept).
  */
 #ifndef MIXPREC_ROI_ALIGN_H
 #define MIXPREC_ROI_ALIGN_H
@@ -134,8 +135,8 @@ MIXPREC_API mixprec_status mixprec_roi_align_backward(
 /*! mixprec_cuda_roi_align() :
  *  mixprec_roi_align() on the current device (input, rois, output are device
  *  pointers; p stays on the host), one thread per output element, the same
- *  float operations (no FMA contraction): results equal the CPU's bit for
- *  bit. The batch index is not checked against the batch on the host (that
+ *  float operations (roi_align_internal.h, no FMA contraction). CUDA:
+ *  written to match the CPU bit for bit; not yet run on a GPU. The batch index is not checked against the batch on the host (that
  *  would synchronise): a roi whose index is out of range gives NaN outputs
  *  instead (and no gradient), never a read outside the input.
  *  @return : as mixprec_roi_align() (without the batch index check);
@@ -151,8 +152,8 @@ MIXPREC_API mixprec_status mixprec_cuda_roi_align(const void *input, mixprec_dty
 
 /*! mixprec_cuda_roi_align_backward_workspace_size() :
  *  @return : bytes of device scratch mixprec_cuda_roi_align_backward()
- *            needs (the rois sorted by image: about 16 bytes per roi plus
- *            per-image offsets), or -1 for negative sizes. Host-only. */
+ *            needs (each roi's geometry, under 64 bytes per roi), or -1 for
+ *            negative sizes. Host-only. */
 MIXPREC_API int64_t mixprec_cuda_roi_align_backward_workspace_size(int64_t n_rois,
                                                                    int64_t batch);
 
@@ -161,7 +162,8 @@ MIXPREC_API int64_t mixprec_cuda_roi_align_backward_workspace_size(int64_t n_roi
  *  without atomics: a gather, one thread per grad_input element, which
  *  visits the rois of its image in order and adds the contributions of the
  *  samples that touch its pixel in the CPU's order (roi, bin, sample), in
- *  float, rounded once: results equal the CPU's bit for bit.
+ *  float, rounded once. CUDA: written to match the CPU bit for bit; not yet
+ *  run on a GPU.
  *  @param workspace : mixprec_cuda_roi_align_backward_workspace_size() bytes,
  *                     256-byte aligned.
  *  @return : as mixprec_roi_align_backward(); MIXPREC_ERR_BAD_ARGUMENT also

@@ -171,6 +171,143 @@ TEST_P(EfficientNms, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, EfficientNms, ::testing::Values(MIXPREC_F32, MIXPREC_F16, MIXPREC_BF16),
                          [](const auto &info) { return std::string(mpt::dtype_name(info.param)); });
 
+// Strided layouts read in place give the contiguous call's results: a YOLO
+// head (B, 4 + C, N) channels first (the class-rows path), padded strides
+// (the element-by-element path), and centre coding, whose decoded float32
+// corners are checked against the contiguous call on those corners.
+Run CallStrided(Buf &boxes, Buf &scores, mixprec_dtype bd, mixprec_dtype sd,
+                const mixprec_detect_layout &l, int64_t B, int64_t N, int64_t C,
+                const mixprec_detect_params &p) {
+  const int64_t K = p.max_detections;
+  Run r{Buf(bd, B * K * 4), Buf(sd, B * K), {}, {}, {}, MIXPREC_OK};
+  for (int64_t i = 0; i < B * K * 4; i++) r.ob.set_raw(i, 0x3c01u);
+  for (int64_t i = 0; i < B * K; i++) r.os.set_raw(i, 0x3c01u);
+  r.classes.assign(size_t(B * K), 77);
+  r.indices.assign(size_t(B * K), 77);
+  r.counts.assign(size_t(B), 77);
+  r.st = mixprec_efficient_nms_strided(boxes.data(), bd, scores.data(), sd, &l, B, N, C, &p,
+                                       r.ob.data(), r.os.data(), r.classes.data(),
+                                       r.indices.data(), r.counts.data());
+  return r;
+}
+
+void ExpectSameRun(const Run &got, const Run &want, mixprec_dtype bd, bool round_boxes) {
+  ASSERT_EQ(got.st, MIXPREC_OK);
+  ASSERT_EQ(want.st, MIXPREC_OK);
+  EXPECT_EQ(got.counts, want.counts);
+  EXPECT_EQ(got.classes, want.classes);
+  EXPECT_EQ(got.indices, want.indices);
+  Buf one(bd, 1);
+  for (int64_t i = 0; i < want.ob.numel(); i++) {
+    if (round_boxes) one.set_value(0, want.ob.value(i));
+    ASSERT_EQ(got.ob.raw(i), round_boxes ? one.raw(0) : want.ob.raw(i)) << i;
+  }
+  for (int64_t i = 0; i < want.os.numel(); i++) ASSERT_EQ(got.os.raw(i), want.os.raw(i)) << i;
+}
+
+TEST_P(EfficientNms, StridedLayouts) {
+  Guard guard;
+  const mixprec_dtype dt = GetParam();
+  std::mt19937 rng(99 + int(dt));
+  const int64_t B = 3, N = 301, C = 7, S = (4 + C) * N;
+  Buf boxes(dt, B * N * 4), scores(dt, B * N * C);
+  Make(rng, B, N, C, false, boxes, scores);
+  // The head: corners as stored, and centre-coded values of the same boxes.
+  Buf head(dt, B * S), chead(dt, B * S), padded_b(dt, B * N * 8), padded_s(dt, B * N * C * 2);
+  Buf decoded(MIXPREC_F32, B * N * 4);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t n = 0; n < N; n++) {
+      float v[4];
+      for (int e = 0; e < 4; e++) v[e] = boxes.value((b * N + n) * 4 + e);
+      const float cv[4] = {0.5f * (v[0] + v[2]), 0.5f * (v[1] + v[3]), v[2] - v[0], v[3] - v[1]};
+      for (int e = 0; e < 4; e++) {
+        head.set_raw(b * S + e * N + n, boxes.raw((b * N + n) * 4 + e));
+        chead.set_value(b * S + e * N + n, cv[e]);
+        padded_b.set_raw((b * N + n) * 8 + 2 * e, boxes.raw((b * N + n) * 4 + e));
+      }
+      // Decoded as the header says, from the values the head stores.
+      float sv[4];
+      for (int e = 0; e < 4; e++) sv[e] = chead.value(b * S + e * N + n);
+      const float hw = sv[2] * 0.5f, hh = sv[3] * 0.5f;
+      const float dv[4] = {sv[0] - hw, sv[1] - hh, sv[0] + hw, sv[1] + hh};
+      for (int e = 0; e < 4; e++) decoded.set_value((b * N + n) * 4 + e, dv[e]);
+      for (int64_t c = 0; c < C; c++) {
+        const uint32_t raw = scores.raw((b * N + n) * C + c);
+        head.set_raw(b * S + (4 + c) * N + n, raw);
+        chead.set_raw(b * S + (4 + c) * N + n, raw);
+        padded_s.set_raw(((b * N + n) * C + c) * 2, raw);
+      }
+    }
+  Buf head_scores(dt, B * S - 4 * N), chead_scores(dt, B * S - 4 * N);
+  for (int64_t i = 0; i < B * S - 4 * N; i++) {
+    head_scores.set_raw(i, head.raw(i + 4 * N));
+    chead_scores.set_raw(i, chead.raw(i + 4 * N));
+  }
+  mixprec_detect_layout yolo;
+  yolo.box_strides[0] = S, yolo.box_strides[1] = 1, yolo.box_strides[2] = 0, yolo.box_strides[3] = N;
+  yolo.score_strides[0] = S, yolo.score_strides[1] = 1, yolo.score_strides[2] = N;
+  yolo.box_coding = MIXPREC_BOX_CORNER;
+  mixprec_detect_layout centre = yolo;
+  centre.box_coding = MIXPREC_BOX_CENTER;
+  mixprec_detect_layout pad;
+  pad.box_strides[0] = N * 8, pad.box_strides[1] = 8, pad.box_strides[2] = 0, pad.box_strides[3] = 2;
+  pad.score_strides[0] = N * C * 2, pad.score_strides[1] = C * 2, pad.score_strides[2] = 2;
+  pad.box_coding = MIXPREC_BOX_CORNER;
+  for (int agn : {0, 1})
+    for (auto [thr, top_k, k] : {std::tuple<double, int64_t, int64_t>{0.3, 300, 50}, {-1, -1, 3000}}) {
+      mixprec_detect_params p = mixprec_detect_params_default();
+      p.use_score_threshold = thr >= 0, p.score_threshold = thr;
+      p.pre_nms_top_k = top_k, p.max_detections = k, p.class_agnostic = agn, p.iou_threshold = 0.5;
+      const auto want = Call(boxes, false, scores, B, N, C, p);
+      const auto want_c = Call(decoded, false, scores, B, N, C, p);
+      for (mixprec_cpu_isa isa : {MIXPREC_ISA_SCALAR, MIXPREC_ISA_AVX2}) {
+        if (!mixprec_cpu_isa_supported(isa)) continue;
+        ASSERT_EQ(mixprec_set_cpu_isa(isa), MIXPREC_OK);
+        for (int threads : {1, 2}) {
+          mixprec_set_num_threads(threads);
+          ExpectSameRun(CallStrided(head, head_scores, dt, dt, yolo, B, N, C, p), want, dt, false);
+          ExpectSameRun(CallStrided(padded_b, padded_s, dt, dt, pad, B, N, C, p), want, dt, false);
+          ExpectSameRun(CallStrided(chead, chead_scores, dt, dt, centre, B, N, C, p), want_c, dt,
+                        true);
+        }
+      }
+    }
+}
+
+TEST(EfficientNmsArgs, BadLayoutsWriteNothing) {
+  Buf boxes(MIXPREC_F32, 2 * 4 * 4), scores(MIXPREC_F32, 2 * 4 * 3);
+  std::mt19937 rng(8);
+  Make(rng, 2, 4, 3, false, boxes, scores);
+  mixprec_detect_params p = mixprec_detect_params_default();
+  p.max_detections = 4;
+  auto bad = [&](const mixprec_detect_layout *l, mixprec_status want) {
+    std::vector<uint32_t> ob(2 * 4 * 4, 5u), os(2 * 4, 5u);
+    std::vector<int64_t> oc(2 * 4, 5), oi(2 * 4, 5), cnt(2, 5);
+    EXPECT_EQ(mixprec_efficient_nms_strided(boxes.data(), MIXPREC_F32, scores.data(), MIXPREC_F32, l,
+                                            2, 4, 3, &p, ob.data(), os.data(), oc.data(), oi.data(),
+                                            cnt.data()),
+              want);
+    for (auto v : ob) EXPECT_EQ(v, 5u);
+    for (auto v : os) EXPECT_EQ(v, 5u);
+    for (auto v : oc) EXPECT_EQ(v, 5);
+    for (auto v : oi) EXPECT_EQ(v, 5);
+    for (auto v : cnt) EXPECT_EQ(v, 5);
+  };
+  const mixprec_detect_layout ok = mixprec_detect_layout_contiguous(4, 3, 0);
+  bad(nullptr, MIXPREC_ERR_NULL_POINTER);
+  mixprec_detect_layout l = ok;
+  l.box_coding = 2;
+  bad(&l, MIXPREC_ERR_BAD_ARGUMENT);
+  l = ok, l.box_strides[3] = -1;
+  bad(&l, MIXPREC_ERR_BAD_ARGUMENT);
+  l = ok, l.score_strides[0] = -4;
+  bad(&l, MIXPREC_ERR_BAD_ARGUMENT);
+  l = ok, l.score_strides[0] = INT64_MAX / 2 + 1;
+  bad(&l, MIXPREC_ERR_BAD_SIZE);
+  l = ok, l.box_strides[1] = INT64_MAX / 3;
+  bad(&l, MIXPREC_ERR_BAD_SIZE);
+}
+
 TEST(EfficientNmsArgs, ErrorsWriteNothing) {
   Buf boxes(MIXPREC_F32, 2 * 4 * 4), scores(MIXPREC_F32, 2 * 4 * 3);
   std::mt19937 rng(7);

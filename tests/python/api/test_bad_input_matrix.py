@@ -440,11 +440,7 @@ for label in ("efficient_nms", "ops.efficient_nms"):
     case(label, "scores-zero-size-N0", put("scores", lambda t, a, g: t[:, :0].clone()), "boxes", "scores")
     case(label, "boxes-sparse", put("boxes", lambda t, a, g: t.to_sparse()), "boxes", "strided")
     case(label, "scores-sparse", put("scores", lambda t, a, g: t.to_sparse()), "scores", "strided")
-    if not label.startswith("ops."):
-        case(label, "boxes-strided", put("boxes", lambda t, a, g: torch.cat([t, t], 2)[..., ::2]), "boxes",
-             "contiguous")
-        case(label, "scores-strided", put("scores", lambda t, a, g: t.transpose(1, 2).contiguous().transpose(1, 2)),
-             "scores", "contiguous")
+    # Strided boxes and scores are valid input (read in place; tests/python/efficient_nms/test_efficient_nms_layouts.py).
     scalar_cases(label, "iou_threshold", [NAN, -0.1, -INF])
     scalar_cases(label, "score_threshold", [NAN])
     scalar_cases(label, "max_detections", [0, -1, 2**31])

@@ -88,3 +88,23 @@ def test_cuda_opcheck(gen):
     boxes, scores = make(gen, 2, 50, 4)
     opcheck(torch.ops.mixprec.efficient_nms.default, (boxes.cuda().half(), scores.cuda(), 0.5, 0.1, 20))
     opcheck(torch.ops.mixprec.efficient_nms.default, (boxes.cuda(), scores.cuda().bfloat16(), 0.4, None, 30, 100, True))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("coding", ["corner", "center"])
+def test_cuda_head_and_strided_equal_cpu(gen, dtype, coding):
+    """The raw YOLO head (B, 4 + C, N) and strided views, read in place on
+    the GPU, give the CPU's bits (class-rows reads, the decode)."""
+    from test_efficient_nms_layouts import yolo_head
+
+    head = yolo_head(gen, 4, 2000, 80, dtype)
+    for thr, top_k, k in ((0.25, None, 300), (0.001, 8000, 300)):
+        want = efficient_nms(head, score_threshold=thr, max_detections=k, pre_nms_top_k=top_k, iou_threshold=0.7,
+                             box_coding=coding)
+        got = efficient_nms(head.cuda(), score_threshold=thr, max_detections=k, pre_nms_top_k=top_k,
+                            iou_threshold=0.7, box_coding=coding)
+        assert_same(got, want)
+    boxes, scores = make(gen, 3, 300, 6, dtype)
+    sv = scores.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+    want = efficient_nms(boxes, sv, score_threshold=0.3, max_detections=80)
+    assert_same(efficient_nms(boxes.cuda(), sv.cuda(), score_threshold=0.3, max_detections=80), want)

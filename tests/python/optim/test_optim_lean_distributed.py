@@ -243,10 +243,12 @@ def test_fsdp2_shards_state_and_steps_like_unsharded(results, name):
         assert res["dtensor_state"]
         for k, (pm, pa, pv) in res["plain"].items():
             sm, sa, sv = res["sharded"][k]
-            # The same FP32 math on the same gradients up to the order of the
-            # gradient reduction (FSDP2's reduce-scatter averages the ranks').
-            torch.testing.assert_close(sm, pm, rtol=1e-5, atol=1e-6)
-            torch.testing.assert_close(sa, pa, rtol=2e-2, atol=1e-6)
+            # The same math on gradients that differ by BF16 rounding (the
+            # BF16 model sums 8 + 8 rows per rank and FSDP2 averages them in
+            # BF16, the plain one 16 rows): the 3 updates of lr 1e-2 agree
+            # to 10% (measured: 0.7%), the moments to 5% of their size.
+            assert float((sm - pm).abs().max()) <= 0.1 * 1e-2 * 3, k
+            assert float((sa - pa).norm() / pa.norm()) <= 0.05, k
 
 
 def _assert_loaded(loaded, saved, name):

@@ -249,6 +249,27 @@ def test_bad_inputs_direct_op(gen):
         g.sum().backward()
 
 
+def test_absurd_expanded_rois_never_copied(gen):
+    """Issue 23 item 11: a broadcast rois of absurd size fails its shape
+    check, or the output's allocation, before any copy of it is tried (a
+    copy of these would be terabytes), through the function and the op."""
+    import time
+
+    x, rois = make(gen, n=2, k=4)
+    wrong = rois[:1, None].expand(2**20, 2**20, 5)  # 2^40 rois of the wrong shape
+    huge = rois[:1].expand(2**40, 5)  # the right shape: 22 TB as a copy
+    for call in (lambda r: roi_align(x, r, (7, 7)), lambda r: torch.ops.mixprec.roi_align(x, r, 1.0, 7, 7, -1, False)):
+        t0 = time.perf_counter()
+        with pytest.raises(RuntimeError, match=r"mixprec::roi_align: rois must have shape \(K, 5\)"):
+            call(wrong)
+        with pytest.raises(RuntimeError):
+            call(huge)
+        assert time.perf_counter() - t0 < 5.0
+    # A moderately expanded rois is read after its copy, like torchvision.
+    rep = rois[:1].expand(6, 5)
+    assert_same(roi_align(x, rep, (3, 3), 1.0, 2), tv.ops.roi_align(x, rep.contiguous(), (3, 3), 1.0, 2))
+
+
 # ---- patch_torchvision ------------------------------------------------------------
 
 

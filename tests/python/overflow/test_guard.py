@@ -1,0 +1,257 @@
+"""mixprec.guard.ForwardGuard on real FP16 forward overflow (a ViT-style
+block whose attention logits exceed 65504): plain torch AMP skips every step
+and the scale collapses; the guard names the module at the first overflow,
+the fallback restores training and tracks the FP32 run; a healthy run is
+bit-identical with the guard on; checkpoints pin the fallback set."""
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mixprec
+from mixprec.guard import ForwardGuard
+
+from _models import batches, blow_up_attention, vit
+
+STEPS = 10
+
+
+
+def _train_fp32(model, data, lr=1e-3):
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for x, y in data:
+        loss = F.cross_entropy(model(x), y)
+        losses.append(loss.item())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return losses
+
+
+def _train_amp(model, data, guard=None, lr=1e-3, scaler=None, opt=None, hook=None):
+    opt = opt or torch.optim.AdamW(model.parameters(), lr=lr)
+    scaler = scaler or mixprec.amp.GradScaler("cpu", diagnostics=True)
+    if guard is not None:
+        guard.attach(scaler)
+    losses, skipped = [], []
+    for i, (x, y) in enumerate(data):
+        if hook:
+            hook(i)
+        before = scaler.get_scale()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.cross_entropy(model(x).float(), y)
+        losses.append(loss.item())
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        skipped.append(scaler.get_scale() < before)
+        opt.zero_grad()
+    return losses, skipped, scaler
+
+
+def test_plain_torch_amp_skips_every_step_and_the_scale_collapses():
+    model, data = vit(), batches(STEPS)
+    with torch.no_grad():
+        assert torch.isfinite(model(data[0][0])).all()  # FP32 is fine
+    start = copy.deepcopy(model.state_dict())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    for x, y in data:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.cross_entropy(model(x).float(), y)
+        assert not math.isfinite(loss.item())
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    assert scaler.get_scale() == 65536.0 * 0.5**STEPS
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, start[k]), k  # not one step was taken
+
+
+def test_guard_names_the_module_at_the_first_overflow():
+    model, data = vit(overflow=False), batches(6)
+    guard = ForwardGuard(model)
+    losses, skipped, scaler = _train_amp(model, data, guard, hook=lambda i: i == 3 and blow_up_attention(model))
+    assert skipped == [False, False, False, True, True, True]
+    rep = guard.report()
+    assert guard.reports()[0].step == 3 and rep.kind == "forward"
+    assert rep.module == "blocks.1.attn" and rep.module_type == "Attention" and rep.dtype == "float16"
+    assert 0 < rep.amax <= 65504
+    text = str(rep)
+    assert "forward overflow in blocks.1.attn (Attention)" in text and "float16" in text
+    health = str(scaler.health())
+    assert "forward guard: 3 overflowing steps" in health and "blocks.1.attn" in health
+    assert guard.fallback_set == {} and guard.events == []
+
+
+def test_fallback_restores_training_and_tracks_fp32():
+    data = batches(STEPS + 1)
+    ref = vit()
+    fp32 = _train_fp32(ref, data[1:])  # the AMP run skips step 0 (the overflow), then takes these updates
+    model = vit()
+    guard = ForwardGuard(model, fallback=True, after=1)
+    losses, skipped, _ = _train_amp(model, data, guard)
+    assert skipped == [True] + [False] * STEPS
+    assert guard.fallback_set == {"blocks.1.attn": torch.float32}
+    assert [(e.module, e.step, e.dtype) for e in guard.events] == [("blocks.1.attn", 0, "float32")]
+    gaps = [abs(a - b) / abs(b) for a, b in zip(losses[1:], fp32)]
+    assert max(gaps) < 5e-3, gaps  # FP16 autocast elsewhere: within 0.5% of FP32 at every step
+    assert all(math.isfinite(v) for v in losses[1:])
+
+
+def test_fallback_after_k_overflows_and_bf16_fallback():
+    model, data = vit(), batches(5)
+    guard = ForwardGuard(model, fallback=True, after=3, fallback_dtype=torch.bfloat16)
+    _, skipped, _ = _train_amp(model, data, guard)
+    assert skipped[:4] == [True, True, True, False]
+    assert guard.fallback_set == {"blocks.1.attn": torch.bfloat16}
+    assert guard.events[0].step == 2 and "3 step(s)" in guard.events[0].why
+    # Later skips (BF16 logits of ~1e5 give large gradients) are the
+    # scaler's business, and the guard says so.
+    assert [r.kind for r in guard.reports()] == ["forward"] * 3 + ["gradient"] * (sum(skipped) - 3)
+
+
+def test_half_model_moves_params_and_optimizer_state_to_fp32():
+    data = batches(STEPS + 1)
+    ref = vit()
+    fp32 = _train_fp32(ref, data[1:])
+    model = vit().half()
+    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)
+    guard = ForwardGuard(model, fallback=True, optimizer=opt)
+    scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
+    guard.attach(scaler)
+    losses = []
+    for x, y in data:
+        loss = F.cross_entropy(model(x.half()).float(), y)
+        losses.append(loss.item())
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    attn = model.blocks[1].attn
+    assert guard.fallback_set == {"blocks.1.attn": torch.float32}
+    for p in attn.parameters():
+        assert p.dtype == torch.float32 and "master" not in opt.state[p]
+    for p in model.blocks[0].parameters():
+        assert p.dtype == torch.float16 and opt.state[p]["master"].dtype == torch.float32
+    assert not math.isfinite(losses[0]) and all(math.isfinite(v) for v in losses[1:])
+    gaps = [abs(a - b) / abs(b) for a, b in zip(losses[1:], fp32)]
+    assert max(gaps) < 2e-2, gaps  # a whole-FP16 model (FP16 LayerNorm, GELU) elsewhere
+
+
+def test_master_becomes_the_param_exactly():
+    model = vit(overflow=False).half()
+    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = batches(1)[0]
+    F.cross_entropy(model(x.half()).float(), y).backward()
+    opt.step()  # masters now differ from the rounded params
+    opt.zero_grad()
+    p = model.blocks[0].attn.qkv.weight
+    master = opt.state[p]["master"].clone()
+    exp_avg = opt.state[p]["exp_avg"].clone()
+    guard = ForwardGuard(model, optimizer=opt)
+    guard.fallback("blocks.0.attn")
+    assert p.dtype == torch.float32 and torch.equal(p.detach(), master)
+    assert torch.equal(opt.state[p]["exp_avg"], exp_avg)
+
+
+def test_healthy_run_is_bit_identical_and_reports_nothing():
+    data = batches(6)
+    a, b = vit(overflow=False), vit(overflow=False)
+    guard = ForwardGuard(b, fallback=True)
+    la, sa, _ = _train_amp(a, data)
+    lb, sb, scaler = _train_amp(b, data, guard)
+    assert la == lb and sa == sb
+    for (k, v), w in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(v, w), k
+    assert guard.report() is None and guard.events == [] and not any(guard.counts)
+    assert guard.steps == 6 and "forward guard" not in str(scaler.health())
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_gradient_overflow_is_told_apart(backward):
+    model, data = vit(overflow=False), batches(1)
+    guard = ForwardGuard(model, backward=backward, fallback=True)
+    scaler = mixprec.amp.GradScaler("cpu", init_scale=2.0**60, diagnostics=True,
+                                    named_parameters=model.named_parameters())  # the grads overflow FP16
+    _, skipped, _ = _train_amp(model, data, guard, scaler=scaler)
+    assert skipped == [True]
+    rep = guard.report()
+    assert rep.kind == "gradient" and "no forward overflow; gradient overflow" in str(rep)
+    assert guard.fallback_set == {}
+    if backward:  # the module whose output gradient went non-finite first
+        assert rep.module == "head" and rep.dtype == "float16"
+    else:  # the parameters, from the scaler's diagnostics
+        assert rep.module is None and "head.weight" in rep.also
+        assert "parameters whose gradients overflowed: embed.weight" in str(rep)
+
+
+def test_step_with_loss_and_unknown_origin():
+    model = vit(overflow=False)
+    guard = ForwardGuard(model)
+    x, _ = batches(1)[0]
+    model(x)
+    assert guard.step(loss=torch.tensor(1.0)) is None
+    rep = guard.step(loss=torch.tensor(float("nan")))
+    assert rep.kind == "unknown" and "outside modules" in str(rep)
+    with pytest.raises(TypeError, match="pass found_inf"):
+        guard.step()
+
+
+def test_state_dict_pins_the_fallback_set():
+    model, data = vit(), batches(3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    guard = ForwardGuard(model, fallback=True)
+    _train_amp(model, data, guard, opt=opt)
+    sd, msd, osd = guard.state_dict(), copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+    assert sd["fallback"] == {"blocks.1.attn": "float32"} and sd["steps"] == 3
+    model2 = vit(seed=5)
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-3)
+    guard2 = ForwardGuard(model2, fallback=True)
+    guard2.load_state_dict(sd)
+    model2.load_state_dict(msd)
+    opt2.load_state_dict(osd)
+    assert guard2.fallback_set == guard.fallback_set and guard2.events == guard.events
+    x = data[0][0]
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert torch.equal(model(x), model2(x))
+    with pytest.raises(KeyError, match="no modules named"):
+        ForwardGuard(vit()).load_state_dict({"fallback": {"nope": "float32"}})
+
+
+def test_attach_needs_a_diagnostics_scaler():
+    guard = ForwardGuard(vit())
+    with pytest.raises(RuntimeError, match="diagnostics=True"):
+        guard.attach(mixprec.amp.GradScaler("cpu"))
+    with pytest.raises(ValueError, match="after must be >= 1"):
+        ForwardGuard(vit(), after=0)
+
+
+def test_torch_compile_with_hooks():
+    """The hooks and the op trace into one graph (fullgraph: no break); the
+    fallback swaps the module's forward, which recompiles once."""
+    data = batches(3)
+    model = vit()
+    guard = ForwardGuard(model, fallback=True)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
+    guard.attach(scaler)
+    skipped = []
+    for x, y in data:
+        before = scaler.get_scale()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.cross_entropy(compiled(x).float(), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        skipped.append(scaler.get_scale() < before)
+    assert skipped == [True, False, False]
+    assert guard.reports()[0].module == "blocks.1.attn"
+    assert guard.fallback_set == {"blocks.1.attn": torch.float32}
