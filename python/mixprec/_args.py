@@ -19,12 +19,14 @@ import numbers
 
 import torch
 
-__all__ = ["as_int", "as_float"]
+__all__ = ["as_int", "as_float", "as_real"]
 
 
 def _number(where: str, name: str, v, kind: str) -> float | int:
     if isinstance(v, bool) or (isinstance(v, torch.Tensor) and v.dtype is torch.bool):
         raise TypeError(f"{where}: {name} must be {kind}, got the bool {v!r}")
+    if isinstance(v, (torch.SymInt, torch.SymFloat)):
+        return v  # traced (torch.export with dynamic shapes): checked by the op's fake kernel
     if isinstance(v, torch.Tensor):
         if v.numel() != 1 or v.is_complex():
             raise TypeError(f"{where}: {name} must be {kind}, got a tensor of shape {tuple(v.shape)} ({v.dtype})")
@@ -70,3 +72,13 @@ def as_float(
     if above is not None and not x > above:
         raise ValueError(f"{where}: {name} must be > {above}, got {x!r}")
     return x
+
+
+def as_real(where: str, name: str, v) -> float:
+    """``v`` as a float, checking only its kind (bools, strings, lists and
+    tensors of several elements raise TypeError): NaN and inf pass, for the
+    ops whose own checks give them their documented meaning (an NMS
+    ``iou_threshold`` of inf suppresses nothing, as torchvision's; NaN is
+    refused there with the op's message)."""
+    x = _number(where, name, v, "a real number")
+    return x if isinstance(x, torch.SymFloat) else float(x)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ._args import as_int, as_real
 from ._registration import _refuse_sparse, _same_device
 from ._softmax import _check_float, _no_double_backward
 
@@ -231,6 +232,8 @@ def cross_entropy(
     """
     if reduction not in _REDUCTIONS:
         raise ValueError(f"mixprec.ops.cross_entropy: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+    ignore_index = as_int("mixprec.ops.cross_entropy", "ignore_index", ignore_index)
+    label_smoothing = as_real("mixprec.ops.cross_entropy", "label_smoothing", label_smoothing)
     if tuple(target.shape) == tuple(input.shape):
         # torch's rule: a target of the input's shape holds class probabilities.
         # torch refuses exactly the values that could name a class (>= 0);

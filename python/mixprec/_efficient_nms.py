@@ -63,6 +63,7 @@ from typing import NamedTuple
 
 import torch
 
+from ._args import as_real
 from ._registration import _refuse_sparse
 from ._library import FLOAT_DTYPES as _FLOAT
 
@@ -229,8 +230,8 @@ def efficient_nms(
             shape = tuple(boxes.shape) if isinstance(boxes, torch.Tensor) else type(boxes).__name__
             raise ValueError(f"{op}: without scores, boxes must be a head (B, 4 + C, N) with C >= 1, got {shape}")
         boxes, scores = boxes[:, :4].transpose(1, 2), boxes[:, 4:].transpose(1, 2)
-    iou_threshold = float(iou_threshold)
-    score_threshold = None if score_threshold is None else float(score_threshold)
+    iou_threshold = as_real(op, "iou_threshold", iou_threshold)
+    score_threshold = None if score_threshold is None else as_real(op, "score_threshold", score_threshold)
     max_detections = _int_arg("max_detections", max_detections)
     top_k = -1 if pre_nms_top_k is None else _int_arg("pre_nms_top_k", pre_nms_top_k)
     coding = _CODINGS[box_coding]

@@ -30,6 +30,7 @@ Choices (documented, tested):
 import torch
 from torch.nn.modules.utils import _pair
 
+from ._args import as_int, as_real
 from ._registration import _refuse_sparse
 from ._library import FLOAT_DTYPES as _FLOAT
 from ._library import handles as _handles
@@ -106,12 +107,16 @@ def _nms_padded_fake(boxes, scores, idxs, iou_threshold, score_threshold=None, m
     return boxes.new_empty((cap,), dtype=torch.int64), boxes.new_empty((), dtype=torch.int64)
 
 
-def _opt(max_output):
-    return -1 if max_output is None else int(max_output)
+def _opt(op, max_output):
+    return -1 if max_output is None else as_int(f"mixprec.ops.{op}", "max_output", max_output)
 
 
-def _thr(score_threshold):
-    return None if score_threshold is None else float(score_threshold)
+def _thr(op, score_threshold):
+    return None if score_threshold is None else as_real(f"mixprec.ops.{op}", "score_threshold", score_threshold)
+
+
+def _iou(op, iou_threshold):
+    return as_real(f"mixprec.ops.{op}", "iou_threshold", iou_threshold)
 
 
 def nms(
@@ -126,10 +131,11 @@ def nms(
     and bfloat16 boxes: int64 indices of the kept boxes, by decreasing score.
     ``score_threshold``: keep only boxes with a higher score; ``max_output``:
     return at most that many."""
-    iou_threshold, score_threshold = float(iou_threshold), _thr(score_threshold)
+    iou_threshold, score_threshold = _iou("nms", iou_threshold), _thr("nms", score_threshold)
+    max_output = _opt("nms", max_output)
     _check("nms", boxes, scores, None, iou_threshold, score_threshold)
     return torch.ops.mixprec.nms(
-        boxes.contiguous(), scores.contiguous(), float(iou_threshold), _thr(score_threshold), _opt(max_output)
+        boxes.contiguous(), scores.contiguous(), iou_threshold, score_threshold, max_output
     )
 
 
@@ -145,15 +151,16 @@ def batched_nms(
     """``torchvision.ops.batched_nms``: boxes only suppress boxes of the same
     class (``idxs``, int64 or int32). Exact in every dtype: coordinates are
     never offset by class."""
-    iou_threshold, score_threshold = float(iou_threshold), _thr(score_threshold)
+    iou_threshold, score_threshold = _iou("batched_nms", iou_threshold), _thr("batched_nms", score_threshold)
+    max_output = _opt("batched_nms", max_output)
     _check("batched_nms", boxes, scores, idxs, iou_threshold, score_threshold)
     return torch.ops.mixprec.batched_nms(
         boxes.contiguous(),
         scores.contiguous(),
         idxs.contiguous(),
-        float(iou_threshold),
-        _thr(score_threshold),
-        _opt(max_output),
+        iou_threshold,
+        score_threshold,
+        max_output,
     )
 
 
@@ -171,15 +178,16 @@ def nms_padded(
     ``max_output``), the kept ones first and -1 after them, and ``count`` is a
     0-dim int64 tensor on the boxes' device. With ``idxs``, class-aware. Never
     synchronises with the host."""
-    iou_threshold, score_threshold = float(iou_threshold), _thr(score_threshold)
+    iou_threshold, score_threshold = _iou("nms_padded", iou_threshold), _thr("nms_padded", score_threshold)
+    max_output = _opt("nms_padded", max_output)
     _check("nms_padded", boxes, scores, idxs, iou_threshold, score_threshold)
     return torch.ops.mixprec.nms_padded(
         boxes.contiguous(),
         scores.contiguous(),
         None if idxs is None else idxs.contiguous(),
-        float(iou_threshold),
-        _thr(score_threshold),
-        _opt(max_output),
+        iou_threshold,
+        score_threshold,
+        max_output,
     )
 
 

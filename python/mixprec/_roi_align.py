@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from torch.jit.annotations import BroadcastingList2
 from torch.nn.modules.utils import _pair
 
+from ._args import as_int, as_real
 from ._registration import _refuse_sparse, _same_device
 from ._library import FLOAT_DTYPES as _FLOAT
 
@@ -182,6 +183,20 @@ def _check_box_list(boxes: List[Tensor]) -> None:
         )
 
 
+def _eager_args(output_size, spatial_scale, sampling_ratio):
+    """The number arguments checked for their kind ([note: argument
+    conversion] in _args.py); their ranges are the op's checks. Eager only:
+    TorchScript and torch.compile type them themselves."""
+    where = "mixprec.ops.roi_align"
+    if isinstance(output_size, (tuple, list)):
+        if len(output_size) != 2:
+            raise ValueError(f"{where}: output_size must be an int or a pair (h, w), got {output_size!r}")
+        output_size = tuple(as_int(where, "output_size", v) for v in output_size)
+    else:
+        output_size = as_int(where, "output_size", output_size)
+    return output_size, as_real(where, "spatial_scale", spatial_scale), as_int(where, "sampling_ratio", sampling_ratio)
+
+
 def roi_align(
     input: Tensor,
     boxes: Union[Tensor, List[Tensor]],
@@ -194,6 +209,9 @@ def roi_align(
     and bfloat16 features (output in the input's dtype), differentiable with
     respect to ``input``. ``boxes``: ``Tensor[K, 5]`` (batch index, x1, y1,
     x2, y2) or a list of ``Tensor[L, 4]``, one per image. Scriptable."""
+    if not torch.jit.is_scripting():
+        if not torch.compiler.is_compiling():
+            output_size, spatial_scale, sampling_ratio = _eager_args(output_size, spatial_scale, sampling_ratio)
     size = _pair(output_size)
     if isinstance(boxes, torch.Tensor):
         rois = boxes

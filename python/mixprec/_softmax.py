@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from ._args import as_int
 from ._registration import _refuse_sparse, _same_device
 from ._library import FLOAT_DTYPES as _FLOAT
 
@@ -138,10 +139,10 @@ def softmax(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torc
     reads float32/float16/bfloat16 ``x`` in its own dtype, computes in
     float32 (max-subtracted), writes ``dtype`` (default: ``x``'s dtype, or
     float32 inside ``torch.autocast``). Differentiable (once)."""
-    return torch.ops.mixprec.softmax(x, dim, _default_dtype(x, dtype))
+    return torch.ops.mixprec.softmax(x, as_int("mixprec.ops.softmax", "dim", dim), _default_dtype(x, dtype))
 
 
 def log_softmax(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """``torch.log_softmax(x.float(), dim)`` without the float32 copy of
     ``x``; output dtype as in :func:`softmax`. Differentiable (once)."""
-    return torch.ops.mixprec.log_softmax(x, dim, _default_dtype(x, dtype))
+    return torch.ops.mixprec.log_softmax(x, as_int("mixprec.ops.log_softmax", "dim", dim), _default_dtype(x, dtype))
