@@ -173,7 +173,10 @@ def unscale_(
     taken, as torch takes them (a non-dense gradient such as ``g[:, :5]``
     runs on a dense copy in its own dtype, written back: the same bits); a
     gradient listed twice, or one whose elements share memory (expanded),
-    raises, since it would be written twice.
+    raises, since it would be written twice. Two views whose address ranges
+    interleave without sharing an element (``g[:, ::2]`` and ``g[:, 1::2]``
+    of one buffer) are refused too, where torch takes them: the overlap check
+    compares address ranges; pass the base tensor instead.
 
     With ``return_norm=True`` also returns ``(per_tensor_norms, total_norm)``
     of the unscaled gradients from the same pass: the L2 norm of each tensor
