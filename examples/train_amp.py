@@ -13,6 +13,11 @@ weights, several ways:
            master_weights=False) rounds BF16 updates stochastically (4 bytes
            per parameter less)
   fp16     as bf16 in float16, where the dynamic loss scale matters
+  bf16-rem       bf16 with param_remainders=True: the FP32 master held as the
+                 BF16 param + a 16-bit remainder (exact; 2 bytes per param less)
+  bf16-rem-bf16  + BF16 moments (exp_avg_dtype = exp_avg_sq_dtype = bfloat16,
+                 stochastically rounded): 10 bytes per param
+  bf16-rem-8bit  + 8-bit blockwise moments (torch.uint8): ~8 bytes per param
 
 Every run clips gradients to norm 1 (the mixed-precision runs take the norm
 from the scaler's unscale pass: one read of the gradients). Each run is
@@ -58,8 +63,16 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import mixprec  # noqa: E402
 
-RUNS = ("fp32", "bf16", "bf16-sr", "fp16")
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "bf16-sr": torch.bfloat16, "fp16": torch.float16}
+RUNS = ("fp32", "bf16", "bf16-sr", "fp16", "bf16-rem", "bf16-rem-bf16", "bf16-rem-8bit")
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "bf16-sr": torch.bfloat16, "fp16": torch.float16,
+          "bf16-rem": torch.bfloat16, "bf16-rem-bf16": torch.bfloat16, "bf16-rem-8bit": torch.bfloat16}
+# The lean optimizer-state modes (mixprec.optim.AdamW keywords).
+LEAN = {
+    "bf16-sr": dict(master_weights=False),
+    "bf16-rem": dict(param_remainders=True),
+    "bf16-rem-bf16": dict(param_remainders=True, exp_avg_dtype=torch.bfloat16, exp_avg_sq_dtype=torch.bfloat16),
+    "bf16-rem-8bit": dict(param_remainders=True, exp_avg_dtype=torch.uint8, exp_avg_sq_dtype=torch.uint8),
+}
 
 
 def load_digits(device):
@@ -170,7 +183,7 @@ def train(mode, init_state, data, epochs, device, seed=0, batch=64, clip=1.0, lr
             return F.cross_entropy(logits, y)
     else:
         model = model.to(amp_dtype)  # FP32 masters (if any) live in the optimizer
-        opt = mixprec.optim.AdamW(model.parameters(), lr=lr, master_weights=mode != "bf16-sr", seed=0)
+        opt = mixprec.optim.AdamW(model.parameters(), lr=lr, seed=0, **LEAN.get(mode, {}))
 
         def loss_fn(logits, y=None):
             # FP32 math from the half logits, no FP32 copy of them.
@@ -596,13 +609,13 @@ def main(argv=None):
     results = [aggregate(per_seed[mode], per_seed[runs[0]]) for mode in runs]
     base = results[0]["acc"]
     print()
-    print(f"{'run':<9}{'accuracy':>9}{'vs fp32':>10}{'per seed vs fp32 (pp)':>33}{'steps/s':>9}{'state MB':>10}"
+    print(f"{'run':<14}{'accuracy':>9}{'vs fp32':>10}{'per seed vs fp32 (pp)':>33}{'steps/s':>9}{'state MB':>10}"
           f"{'activ. MB':>10}{'loss':>8}{'scale':>8}{'skipped':>8}")
     for r in results:
         scale = "-" if r["scale"] is None else f"{r['scale']:.0f}"
         diffs = " ".join(f"{100 * d:+.2f}" for d in r["acc_diffs"]) if r is not results[0] else "-"
         print(
-            f"{r['mode']:<9}{100 * r['acc']:>8.2f}%{100 * (r['acc'] - base):>+8.2f}pp{diffs:>33}{r['steps_per_s']:>9.1f}"
+            f"{r['mode']:<14}{100 * r['acc']:>8.2f}%{100 * (r['acc'] - base):>+8.2f}pp{diffs:>33}{r['steps_per_s']:>9.1f}"
             f"{r['state_mb']:>10.2f}{r['act_mb']:>10.2f}{r['final_loss']:>8.4f}{scale:>8}{r['skipped']:>8}"
         )
     one_image = 100 / len(data[1][0])
@@ -620,8 +633,8 @@ def main(argv=None):
               f"largest |mean accuracy - FP32's| {100 * worst:.2f} pp, target 0.5 pp: "
               f"{'met' if worst <= 0.005 + 1e-9 else 'NOT met'}")
     for r in results[1:]:
-        if r["mode"] == "bf16-sr":
-            print(f"bf16-sr (no master weights, stochastic rounding): {100 * (r['acc'] - base):+.2f} pp vs FP32 "
+        if r["mode"] in LEAN:
+            print(f"{r['mode']} (lean optimizer state): {100 * (r['acc'] - base):+.2f} pp vs FP32 "
                   f"with {100 * (1 - r['state_mb'] / results[0]['state_mb']):.0f}% less training-state memory")
     print("state MB = parameters + gradients + optimizer state (FP32 masters included); activ. MB = tensors\n"
           "saved for backward by one batch of 64. Loss scale starts at 65536; skipped = overflowing steps.")

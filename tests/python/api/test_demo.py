@@ -20,7 +20,8 @@ def test_demo_quick_mode(capsys, tmp_path):
     out_dict = train_amp.main(["--quick", "--plot", str(plot)])
     out = capsys.readouterr().out
     results = out_dict["train"]
-    assert [r["mode"] for r in results] == ["fp32", "bf16", "bf16-sr", "fp16"]
+    assert [r["mode"] for r in results] == ["fp32", "bf16", "bf16-sr", "fp16", "bf16-rem", "bf16-rem-bf16",
+                                           "bf16-rem-8bit"]
     base = results[0]["acc"]
     assert base > 0.85, out
     for r in results[1:]:
@@ -34,6 +35,11 @@ def test_demo_quick_mode(capsys, tmp_path):
     # Same bytes with FP32 masters; a quarter less without them.
     assert abs(by["bf16"]["state_mb"] - by["fp32"]["state_mb"]) < 1e-6
     assert abs(by["bf16-sr"]["state_mb"] / by["fp32"]["state_mb"] - 0.75) < 1e-3
+    # The lean optimizer-state modes, per parameter: 14, 10 and ~8 bytes of
+    # FP32's 16 (the 8-bit moments' block scales add 8 bytes per 256).
+    assert abs(by["bf16-rem"]["state_mb"] / by["fp32"]["state_mb"] - 14 / 16) < 1e-3
+    assert abs(by["bf16-rem-bf16"]["state_mb"] / by["fp32"]["state_mb"] - 10 / 16) < 1e-3
+    assert 8 / 16 <= by["bf16-rem-8bit"]["state_mb"] / by["fp32"]["state_mb"] < 8.1 / 16
     # The FP16 run's health record (GradScaler(named_parameters=...)): one entry
     # per step, its skips the scaler's count; printed as a summary.
     h = by["fp16"]["health"]
