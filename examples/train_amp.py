@@ -571,6 +571,50 @@ def bf16_detector_demo(device, size):
             "detections": [len(o["boxes"]) for o in rows[-1][4]]}
 
 
+def forward_overflow_demo(device, png, steps=12):
+    """Part 1b: an FP16 forward that overflows (attention logits near 1e5,
+    finite in FP32 only), trained with plain AMP (GradScaler only) and with
+    mixprec.guard's FP32 fallback, each against FP32 from the same weights on
+    the same batches (mixprec.parity)."""
+    import mixprec.parity
+
+    class Attn(torch.nn.Module):
+        def __init__(self, d=32):
+            super().__init__()
+            self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).chunk(3, -1)
+            return self.proj(((q @ k.transpose(-2, -1)) / 32**0.5).softmax(-1) @ v)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.norm, self.attn = torch.nn.Linear(64, 32), torch.nn.LayerNorm(32), Attn()
+            self.head = torch.nn.Linear(32, 10)
+
+        def forward(self, x):  # x: (batch, 8 tokens, 64)
+            h = self.embed(x)
+            return self.head((h + self.attn(self.norm(h))).mean(1))
+
+    def make():
+        torch.manual_seed(0)
+        m = Net()
+        with torch.no_grad():
+            m.attn.qkv.weight[:64].mul_(300.0)  # large q, k: logits ~1e5
+        return m
+
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(16, 8, 64, generator=g), torch.randint(0, 10, (16,), generator=g)) for _ in range(steps)]
+    out = {}
+    for guard in (False, True):
+        r = mixprec.parity.parity(make, batches, recipe="fp16", guard=guard, device=device,
+                                  png=png if guard else None)
+        print(f"\nForward overflow, {'with mixprec.guard (fallback on)' if guard else 'plain AMP (GradScaler only)'}:\n{r}")
+        out["guard" if guard else "plain"] = r
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--epochs", type=int, default=8)
@@ -647,12 +691,13 @@ def main(argv=None):
     n_batches = (len(data[0][0]) + 63) // 64
     plot = write_plot(results, args.plot, n_batches)
     print(f"loss curves: {plot}")
+    overflow = forward_overflow_demo(device, str(Path(plot).with_name(Path(plot).stem + "_overflow.png")))
     n_boxes = args.boxes or (1000 if args.quick else 3000)
     det = detection_demo(n_boxes, args.classes)
     batched = batched_detection_demo(device, 4 if args.quick else 8, 2000 if args.quick else 5000, args.classes)
     detector = bf16_detector_demo(device, 128 if args.quick else 160)
     return {"train": results, "plot": str(plot), "detection": det, "parity_pp": parity_pp,
-            "detection_batched": batched, "detector": detector}
+            "detection_batched": batched, "detector": detector, "overflow": overflow}
 
 
 if __name__ == "__main__":

@@ -52,6 +52,13 @@ def test_demo_quick_mode(capsys, tmp_path):
     data = plot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     assert str(plot.resolve()) in out
+    # Part 1b: an FP16 forward overflow stalls plain AMP (every step skipped);
+    # the guard names the layer, falls back to FP32 and tracks the FP32 run.
+    plain, guarded = out_dict["overflow"]["plain"], out_dict["overflow"]["guard"]
+    assert len(plain.recipe.skipped) == len(plain.recipe.losses), out
+    assert guarded.fallbacks and "attn" in guarded.fallbacks[0], out
+    assert len(guarded.recipe.skipped) <= 2 and guarded.final_rel_gap < 0.02, out
+    assert "Forward overflow, with mixprec.guard" in out
     # Detection: mixprec exact, torchvision's algorithm in FP16 wrong.
     rows = {(d, m): (kept, extra, missed) for d, m, kept, extra, missed, _, _ in out_dict["detection"]}
     for dt in ("fp16", "bf16"):
