@@ -503,7 +503,9 @@ TEST(OptimLean, BadLeanArgumentsWriteNothing) {
          t.set_formats(MIXPREC_STATE_BF16, MIXPREC_STATE_F32);
          t.msc.assign(1, 1.0f);
        }},
-      {"unknown format", MIXPREC_ERR_BAD_DTYPE, [](LTensor &t) { t.vf = mixprec_state_dtype(7); }},
+      // 3: unknown to the C API, yet inside the enum's value range in C++
+      // (enumerators 0..2 give 0..3): a larger value would be UB to load.
+      {"unknown format", MIXPREC_ERR_BAD_DTYPE, [](LTensor &t) { t.vf = mixprec_state_dtype(3); }},
       {"sgd q8 buffer without scales", MIXPREC_ERR_NULL_POINTER,
        [](LTensor &t) {
          t.set_formats(MIXPREC_STATE_Q8, MIXPREC_STATE_F32);
