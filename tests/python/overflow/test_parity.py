@@ -15,6 +15,7 @@ from _models import batches, vit
 
 
 def test_overflowing_model_with_and_without_the_guard(tmp_path):
+    pytest.importorskip("matplotlib")  # the PNG of the curves
     data = batches(8)
     plain = parity(vit, data, recipe="fp16")
     assert plain.recipe.skipped == list(range(8)) and plain.baseline.skipped == []
