@@ -125,50 +125,54 @@ int64_t mixprec__adamw_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int
 
 /* ---- the lean state (mixprec_state_dtype) --------------------------------
  * One vector as update8, with the param, its remainder and the moments in
- * their formats (chosen at run time: the same branch for every vector of a
- * tensor); the new Q8 moments go to the block buffers, encoded by the
- * caller at the block's end. */
-MIXPREC__FORCE_INLINE void lean8(const mixprec_opt_tensor *t, int64_t i, float *P, int sr,
+ * their formats: pm (mixprec__opt_param_mode), dm and dv are constants of
+ * each instantiation, so every vector runs only its formats' code; the new
+ * Q8 moments go to the block buffers, encoded by the caller at the block's
+ * end. */
+MIXPREC__FORCE_INLINE void lean8(const mixprec_opt_tensor *t, int64_t i, float *P,
                                  const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k,
-                                 const mixprec__lean_ctx *c, const mixprec_dtype gd, const int amsgrad) {
+                                 const mixprec__lean_ctx *c, const mixprec_dtype gd, const int pm,
+                                 const mixprec_state_dtype dm, const mixprec_state_dtype dv) {
   const __m256 g = grad8(t, i, k, gd);
-  const __m256 p0 = mixprec__opt_lean_param_load8(t, P, i, sr);
-  __m256 m = mixprec__opt_state_load8(t->exp_avg_data, t->exp_avg_dtype, i, c->sc0, c->tab_s, 1);
-  __m256 v = mixprec__opt_state_load8(t->exp_avg_sq_data, t->exp_avg_sq_dtype, i, c->sc1, c->tab_u, 0);
+  const __m256 p0 = mixprec__opt_lean_param_load8(t, P, i, pm);
+  __m256 m = mixprec__opt_state_load8(t->exp_avg_data, dm, i, c->sc0, c->tab_s, 1);
+  __m256 v = mixprec__opt_state_load8(t->exp_avg_sq_data, dv, i, c->sc1, c->tab_u, 0);
+  const int amsgrad = k->h.amsgrad;
   __m256 vmax = amsgrad ? _mm256_loadu_ps(t->max_exp_avg_sq + i) : _mm256_setzero_ps();
   const __m256 p = math8(g, p0, &m, &v, &vmax, s, k, amsgrad);
   if (amsgrad) _mm256_storeu_ps(t->max_exp_avg_sq + i, vmax);
-  mixprec__opt_state_store8(t->exp_avg_data, t->exp_avg_dtype, i, m, c->k0, c->q0, c->b0);
-  mixprec__opt_state_store8(t->exp_avg_sq_data, t->exp_avg_sq_dtype, i, v, c->k1, c->q1, c->b0);
+  mixprec__opt_state_store8(t->exp_avg_data, dm, i, m, c->k0, c->q0, c->b0);
+  mixprec__opt_state_store8(t->exp_avg_sq_data, dv, i, v, c->k1, c->q1, c->b0);
   if (s->ema) mixprec__opt_ema8(s->ema, i, p, s->ema_w);
-  mixprec__opt_lean_param_store8(t, P, i, sr, s->sr_key, p);
+  mixprec__opt_lean_param_store8(t, P, i, pm, s->sr_key, p);
 }
 
-MIXPREC__FORCE_INLINE int64_t lean_body(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
-                                        const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k,
-                                        const mixprec__lean_ctx *c, const mixprec_dtype gd,
-                                        const int amsgrad) {
-  const int sr = mixprec__opt_is_sr(t);
+MIXPREC__FORCE_INLINE int64_t lean_body(const mixprec_opt_tensor *t_in, int64_t begin, int64_t end,
+                                        const mixprec__adamw_scalars *s_in, const mixprec__adamw_consts *k_in,
+                                        const mixprec__lean_ctx *c_in, const mixprec_dtype gd, const int pm,
+                                        const mixprec_state_dtype dm, const mixprec_state_dtype dv) {
+  /* Local copies, kept in registers (see body). */
+  const mixprec_opt_tensor tc = *t_in;
+  const mixprec__adamw_scalars sc = *s_in;
+  const mixprec__adamw_consts kc = *k_in;
+  const mixprec__lean_ctx cc = *c_in;
+  const mixprec_opt_tensor *t = &tc;
+  const mixprec__adamw_scalars *s = &sc;
+  const mixprec__adamw_consts *k = &kc;
+  const mixprec__lean_ctx *c = &cc;
   float *P = t->param_dtype != MIXPREC_F32 ? t->master : (float *)t->param;
   int64_t i = begin;
-  for (; i + 8 <= end; i += 8) lean8(t, i, P, sr, s, k, c, gd, amsgrad);
+  for (; i + 8 <= end; i += 8) lean8(t, i, P, s, k, c, gd, pm, dm, dv);
   return i;
 }
 
 int64_t mixprec__adamw_lean_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
                                  const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k,
                                  const mixprec__lean_ctx *c) {
-#define MIXPREC__ADAMW_LEAN_GD(ams)                                              \
-  switch (t->grad_dtype) {                                                      \
-    case MIXPREC_F16: return lean_body(t, begin, end, s, k, c, MIXPREC_F16, ams);   \
-    case MIXPREC_BF16: return lean_body(t, begin, end, s, k, c, MIXPREC_BF16, ams); \
-    default: return lean_body(t, begin, end, s, k, c, MIXPREC_F32, ams);            \
-  }
-  if (k->h.amsgrad) {
-    MIXPREC__ADAMW_LEAN_GD(1)
-  }
-  MIXPREC__ADAMW_LEAN_GD(0)
-#undef MIXPREC__ADAMW_LEAN_GD
+  MIXPREC__PM_DISPATCH(t, PM, MIXPREC__STATE_DISPATCH(t->exp_avg_dtype, DM, MIXPREC__STATE_DISPATCH(
+      t->exp_avg_sq_dtype, DV, MIXPREC__DISPATCH(t->grad_dtype, GD,
+          return lean_body(t, begin, end, s, k, c, GD, PM, DM, DV)))));
+  return begin;
 }
 
 /* One Q8 block's codes and scale (mixprec__q8_store_block), 8 at a time. */

@@ -314,6 +314,35 @@ int64_t mixprec__sgd_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64
                                const mixprec__sgd_consts *k);
 #endif
 
+/* How a lean tensor holds its FP32 param: P (its master, or the F32 param
+ * itself), master-free BF16 (stochastic rounding) or BF16 + remainder. */
+enum { MIXPREC__PM_P = 0, MIXPREC__PM_SR = 1, MIXPREC__PM_REM = 2 };
+
+MIXPREC__FORCE_INLINE int mixprec__opt_param_mode(const mixprec_opt_tensor *t) {
+  return t->remainder ? MIXPREC__PM_REM : mixprec__opt_is_sr(t) ? MIXPREC__PM_SR : MIXPREC__PM_P;
+}
+
+/* Runs body once with PM declared as the constant param mode of t (as
+ * MIXPREC__DISPATCH does for a dtype): each lean body is stamped per mode. */
+#define MIXPREC__PM_DISPATCH(t, PM, ...)                                      \
+  do {                                                                        \
+    switch (mixprec__opt_param_mode(t)) {                                     \
+      case MIXPREC__PM_REM: { const int PM = MIXPREC__PM_REM; __VA_ARGS__; } break; \
+      case MIXPREC__PM_SR: { const int PM = MIXPREC__PM_SR; __VA_ARGS__; } break;   \
+      default: { const int PM = MIXPREC__PM_P; __VA_ARGS__; } break;                \
+    }                                                                         \
+  } while (0)
+
+/* The same for a moment's mixprec_state_dtype d, as the constant D. */
+#define MIXPREC__STATE_DISPATCH(d, D, ...)                                                        \
+  do {                                                                                            \
+    switch (d) {                                                                                  \
+      case MIXPREC_STATE_BF16: { const mixprec_state_dtype D = MIXPREC_STATE_BF16; __VA_ARGS__; } break; \
+      case MIXPREC_STATE_Q8: { const mixprec_state_dtype D = MIXPREC_STATE_Q8; __VA_ARGS__; } break;     \
+      default: { const mixprec_state_dtype D = MIXPREC_STATE_F32; __VA_ARGS__; } break;                  \
+    }                                                                                             \
+  } while (0)
+
 /* The lean kernels of the active ISA (NULL body: scalar only) and the map
  * tables, set up once per step. */
 typedef struct mixprec__lean_kernels {
@@ -648,19 +677,20 @@ MIXPREC__FORCE_INLINE void mixprec__opt_state_store8(void *buf, mixprec_state_dt
 }
 
 /* The FP32 values of a lean tensor's params [i, i + 8)
- * (mixprec__opt_lean_param_get). */
+ * (mixprec__opt_lean_param_get); pm (mixprec__opt_param_mode) is a
+ * constant of each lean body. */
 MIXPREC__FORCE_INLINE __m256 mixprec__opt_lean_param_load8(const mixprec_opt_tensor *t, const float *P,
-                                                           int64_t i, int sr) {
-  if (t->remainder) return mixprec__opt_rem_join8(t->param, t->remainder, i);
-  if (sr) return mixprec__opt_load8(t->param, MIXPREC_BF16, i);
+                                                           int64_t i, const int pm) {
+  if (pm == MIXPREC__PM_REM) return mixprec__opt_rem_join8(t->param, t->remainder, i);
+  if (pm == MIXPREC__PM_SR) return mixprec__opt_load8(t->param, MIXPREC_BF16, i);
   return _mm256_loadu_ps(P + i);
 }
 
 MIXPREC__FORCE_INLINE void mixprec__opt_lean_param_store8(const mixprec_opt_tensor *t, float *P, int64_t i,
-                                                          int sr, uint32_t sr_key, __m256 p) {
-  if (t->remainder) {
+                                                          const int pm, uint32_t sr_key, __m256 p) {
+  if (pm == MIXPREC__PM_REM) {
     mixprec__opt_rem_split8(t->param, t->remainder, i, p);
-  } else if (sr) {
+  } else if (pm == MIXPREC__PM_SR) {
     mixprec__opt_store8_bf16_sr(t->param, i, sr_key, p);
   } else {
     _mm256_storeu_ps(P + i, p);

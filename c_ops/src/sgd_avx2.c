@@ -99,25 +99,32 @@ int64_t mixprec__sgd_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64
   MIXPREC__SGD_PD(0)
 }
 
-/* ---- the lean state (see adamw_avx2.c) ------------------------------------- */
-MIXPREC__FORCE_INLINE int64_t lean_body(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
-                                        uint32_t sr_key, const mixprec__ema_scalars *e,
-                                        const mixprec__sgd_consts *k, const mixprec__lean_ctx *c,
-                                        const mixprec_dtype gd) {
-  const int sr = mixprec__opt_is_sr(t);
+/* ---- the lean state (see adamw_avx2.c: pm and db constants) --------------- */
+MIXPREC__FORCE_INLINE int64_t lean_body(const mixprec_opt_tensor *t_in, int64_t begin, int64_t end, int first,
+                                        uint32_t sr_key, const mixprec__ema_scalars *e_in,
+                                        const mixprec__sgd_consts *k_in, const mixprec__lean_ctx *c_in,
+                                        const mixprec_dtype gd, const int pm, const mixprec_state_dtype db) {
+  /* Local copies, kept in registers (see adamw_avx2.c). */
+  const mixprec_opt_tensor tc = *t_in;
+  const mixprec__sgd_consts kc = *k_in;
+  const mixprec__ema_scalars ec = *e_in;
+  const mixprec__lean_ctx cc = *c_in;
+  const mixprec_opt_tensor *t = &tc;
+  const mixprec__sgd_consts *k = &kc;
+  const mixprec__ema_scalars *e = &ec;
+  const mixprec__lean_ctx *c = &cc;
   float *P = t->param_dtype != MIXPREC_F32 ? t->master : (float *)t->param;
-  const mixprec_state_dtype db = t->exp_avg_dtype;
   int64_t i = begin;
   for (; i + 8 <= end; i += 8) {
     const __m256 g = grad8(t, i, k, gd);
-    const __m256 p0 = mixprec__opt_lean_param_load8(t, P, i, sr);
+    const __m256 p0 = mixprec__opt_lean_param_load8(t, P, i, pm);
     __m256 buf = k->h.momentum_on && !first
                      ? mixprec__opt_state_load8(t->exp_avg_data, db, i, c->sc0, c->tab_s, 1)
                      : _mm256_setzero_ps();
     const __m256 p = math8(g, p0, &buf, first, k);
     if (k->h.momentum_on) mixprec__opt_state_store8(t->exp_avg_data, db, i, buf, c->k0, c->q0, c->b0);
     if (e->buf) mixprec__opt_ema8(e->buf, i, p, e->w);
-    mixprec__opt_lean_param_store8(t, P, i, sr, sr_key, p);
+    mixprec__opt_lean_param_store8(t, P, i, pm, sr_key, p);
   }
   return i;
 }
@@ -125,9 +132,7 @@ MIXPREC__FORCE_INLINE int64_t lean_body(const mixprec_opt_tensor *t, int64_t beg
 int64_t mixprec__sgd_lean_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
                                uint32_t sr_key, const mixprec__ema_scalars *e,
                                const mixprec__sgd_consts *k, const mixprec__lean_ctx *c) {
-  switch (t->grad_dtype) {
-    case MIXPREC_F16: return lean_body(t, begin, end, first, sr_key, e, k, c, MIXPREC_F16);
-    case MIXPREC_BF16: return lean_body(t, begin, end, first, sr_key, e, k, c, MIXPREC_BF16);
-    default: return lean_body(t, begin, end, first, sr_key, e, k, c, MIXPREC_F32);
-  }
+  MIXPREC__PM_DISPATCH(t, PM, MIXPREC__STATE_DISPATCH(t->exp_avg_dtype, DB, MIXPREC__DISPATCH(
+      t->grad_dtype, GD, return lean_body(t, begin, end, first, sr_key, e, k, c, GD, PM, DB))));
+  return begin;
 }
