@@ -484,31 +484,46 @@ MIXPREC__FORCE_INLINE void mixprec__opt_store_half_range(void *data, mixprec_dty
   for (; i < end; i += 8) mixprec__opt_store8_half(data, dtype, i, _mm256_loadu_ps(src + i));
 }
 
-/* Stores elements [i, i + 8) of a master-free BF16 param, stochastically
- * rounded with the bits of element i + lane: bit-identical to
- * mixprec__f32_to_bf16_sr(v, mixprec__sr_bits(key, i + lane)). */
-MIXPREC__FORCE_INLINE void mixprec__opt_store8_bf16_sr(void *data, int64_t i, uint32_t key, __m256 v) {
+/* The words elements [i, i + 8) hash for their random bits
+ * (mixprec__sr_bits: key + lo32(i + lane) * 0x9e3779b1 + hi32(i) * 0x85ebca77).
+ * Lane j's word is the lane 0 word + j * 0x9e3779b1 because lo32(i) + j does
+ * not wrap: body kernels start at chunk starts (multiples of 2^16) and step
+ * by 8, so i is a multiple of 8; for the same reason the words of i + 8 are
+ * these plus MIXPREC__SR_STEP8 (a loop may advance them so). */
+#define MIXPREC__SR_STEP8 ((int)(8u * 0x9e3779b1u))
+MIXPREC__FORCE_INLINE __m256i mixprec__opt_sr_words8(uint32_t key, int64_t i) {
   const uint64_t u = (uint64_t)i;
   const uint32_t base = key + (uint32_t)u * 0x9e3779b1u + (uint32_t)(u >> 32) * 0x85ebca77u;
-  /* Lane j's word is base + j * 0x9e3779b1 because lo32(i) + j does not
-   * wrap: body kernels start at chunk starts (multiples of 2^16) and step
-   * by 8, so i is a multiple of 8. */
-  __m256i x = _mm256_add_epi32(
-      _mm256_set1_epi32((int)base),
-      _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                         _mm256_set1_epi32((int)0x9e3779b1u)));
+  return _mm256_add_epi32(_mm256_set1_epi32((int)base),
+                          _mm256_setr_epi32(0, (int)0x9e3779b1u, (int)(2u * 0x9e3779b1u),
+                                            (int)(3u * 0x9e3779b1u), (int)(4u * 0x9e3779b1u),
+                                            (int)(5u * 0x9e3779b1u), (int)(6u * 0x9e3779b1u),
+                                            (int)(7u * 0x9e3779b1u)));
+}
+
+/* Stores elements [i, i + 8) of a master-free BF16 param, stochastically
+ * rounded with the bits of the words x (mixprec__opt_sr_words8(key, i)):
+ * bit-identical to mixprec__f32_to_bf16_sr(v, mixprec__sr_bits(key, i + lane)). */
+MIXPREC__FORCE_INLINE void mixprec__opt_store8_bf16_srw(void *data, int64_t i, __m256i x, __m256 v) {
   x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
   x = _mm256_mullo_epi32(x, _mm256_set1_epi32((int)0x7feb352du));
   x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
   x = _mm256_mullo_epi32(x, _mm256_set1_epi32((int)0x846ca68bu));
   x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
   const __m256i bits = _mm256_castps_si256(v);
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_srli_epi32(x, 16)), 16);
-  const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
+  /* A NaN's quieted top half is (bits | 0x400000) >> 16: blended before the
+   * one shift. */
+  const __m256i sum = _mm256_add_epi32(bits, _mm256_srli_epi32(x, 16));
+  const __m256i nan = _mm256_or_si256(bits, _mm256_set1_epi32(0x400000));
   const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  const __m256i r = _mm256_blendv_epi8(rounded, nan, is_nan);
+  const __m256i r = _mm256_srli_epi32(_mm256_blendv_epi8(sum, nan, is_nan), 16);
   const __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
   _mm_storeu_si128((__m128i *)((uint16_t *)data + i), h);
+}
+
+/* The same with the words of (key, i). */
+MIXPREC__FORCE_INLINE void mixprec__opt_store8_bf16_sr(void *data, int64_t i, uint32_t key, __m256 v) {
+  mixprec__opt_store8_bf16_srw(data, i, mixprec__opt_sr_words8(key, i), v);
 }
 
 /* The loop of the AVX2 body kernels (adamw_avx2.c, sgd_avx2.c) over the
@@ -533,12 +548,15 @@ MIXPREC__FORCE_INLINE void mixprec__opt_store8_bf16_sr(void *data, int64_t i, ui
       }                                                                                       \
       if (stream) _mm_sfence();                                                               \
     } else {                                                                                  \
+      __m256i w_ = (sr) ? mixprec__opt_sr_words8((sr_key), (i)) : _mm256_setzero_si256();    \
       for (; (i) + 8 <= (end); (i) += 8) {                                                    \
         const __m256 p_ = UPDATE8((i), (sr));                                                 \
-        if (sr)                                                                               \
-          mixprec__opt_store8_bf16_sr((t)->param, (i), (sr_key), p_);                         \
-        else                                                                                  \
+        if (sr) {                                                                             \
+          mixprec__opt_store8_bf16_srw((t)->param, (i), w_, p_);                              \
+          w_ = _mm256_add_epi32(w_, _mm256_set1_epi32(MIXPREC__SR_STEP8));                    \
+        } else {                                                                              \
           _mm256_storeu_ps((P) + (i), p_);                                                    \
+        }                                                                                     \
       }                                                                                       \
     }                                                                                         \
   } while (0)
