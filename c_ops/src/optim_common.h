@@ -241,6 +241,7 @@ typedef struct mixprec__q8_tabs {
   float below[8];                                 /* by d >= 1: decade d - 1's last value */
   float jmax[8];                                  /* by d: 2^L - 1 */
   int32_t base[8];                                /* by d: 2^L */
+  float search[8]; /* by k: 10^(k-7) for k = 1..6 (the decade search), [7] NaN (never reached) */
 } mixprec__q8_tabs;
 
 MIXPREC__FORCE_INLINE void mixprec__q8_tabs_init(mixprec__q8_tabs *t, int is_signed) {
@@ -248,7 +249,9 @@ MIXPREC__FORCE_INLINE void mixprec__q8_tabs_init(mixprec__q8_tabs *t, int is_sig
     t->dec_step[j] = t->dec_first[j] = t->lower[j] = t->inv_step[j] = 0.0f;
     t->step[j] = t->first[j] = t->below[j] = t->jmax[j] = 0.0f;
     t->base[j] = 1;
+    t->search[j] = j >= 1 && j <= 6 ? (float)mixprec__q8_lower(j) : 0.0f;
   }
+  t->search[7] = mixprec__opt_from_bits(0x7fc00000u);
   for (int L = is_signed ? 0 : 1; L <= (is_signed ? 6 : 7); L++) {
     const mixprec__q8_decade c = mixprec__q8_decade_of(is_signed ? L : L - 1, L);
     t->dec_step[L] = c.step;
@@ -639,9 +642,19 @@ MIXPREC__FORCE_INLINE __m128i mixprec__q8_encode8(__m256 x, __m256 inv, const mi
                                  : _mm256_setzero_si256();
   const __m256 y = _mm256_mul_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), x), inv);
   const __m256 nan = _mm256_cmp_ps(y, y, _CMP_UNORD_Q);
-  __m256i d = _mm256_setzero_si256();
-  for (int k = 1; k <= 6; k++)
-    d = _mm256_sub_epi32(d, _mm256_castps_si256(_mm256_cmp_ps(y, _mm256_set1_ps(tb->lower[k]), _CMP_GE_OQ)));
+  /* The decade d = how many of 10^-6 .. 10^-1 y reaches (as the scalar
+   * loop counts; the ends are increasing, so a binary search over them):
+   * 4 or 0, then + 2, then + 1 (search[7], NaN, is never reached; a NaN y
+   * reaches none). */
+  const __m256 srch = _mm256_loadu_ps(tb->search);
+  __m256i d = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(y, _mm256_set1_ps(tb->search[4]), _CMP_GE_OQ)),
+                               _mm256_set1_epi32(4));
+  d = _mm256_add_epi32(d, _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(
+                              y, _mm256_permutevar8x32_ps(srch, _mm256_add_epi32(d, _mm256_set1_epi32(2))), _CMP_GE_OQ)),
+                          _mm256_set1_epi32(2)));
+  d = _mm256_add_epi32(d, _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(
+                              y, _mm256_permutevar8x32_ps(srch, _mm256_add_epi32(d, _mm256_set1_epi32(1))), _CMP_GE_OQ)),
+                          _mm256_set1_epi32(1)));
   const __m256 lower = _mm256_permutevar8x32_ps(_mm256_loadu_ps(tb->lower), d);
   const __m256 jmax = _mm256_permutevar8x32_ps(_mm256_loadu_ps(tb->jmax), d);
   __m256 jf = _mm256_floor_ps(
