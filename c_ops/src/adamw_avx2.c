@@ -86,41 +86,25 @@ MIXPREC__FORCE_INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin
   return i;
 }
 
-#define MIXPREC__ADAMW_GD(pd, ams, sr, ema)                                              \
-  switch (t->grad_dtype) {                                                               \
-    case MIXPREC_F16: return body(t, begin, end, s, k, pd, MIXPREC_F16, ams, sr, ema);   \
-    case MIXPREC_BF16: return body(t, begin, end, s, k, pd, MIXPREC_BF16, ams, sr, ema); \
-    default: return body(t, begin, end, s, k, pd, MIXPREC_F32, ams, sr, ema);            \
-  }
-
-#define MIXPREC__ADAMW_PD(ams, ema)                               \
-  switch (t->param_dtype) {                                       \
-    case MIXPREC_F16: MIXPREC__ADAMW_GD(MIXPREC_F16, ams, 0, ema) \
-    case MIXPREC_BF16:                                            \
-      if (mixprec__opt_is_sr(t)) {                                \
-        MIXPREC__ADAMW_GD(MIXPREC_BF16, ams, 1, ema)              \
-      } else {                                                    \
-        MIXPREC__ADAMW_GD(MIXPREC_BF16, ams, 0, ema)              \
-      }                                                           \
-    default: MIXPREC__ADAMW_GD(MIXPREC_F32, ams, 0, ema)          \
-  }
-
-/* EMA on/off is a constant of each instantiation: with it off the loop is
+/* The param dtype (BF16 master-free: sr), the grad dtype, amsgrad and EMA
+ * on/off are constants of each instantiation: with EMA off the loop is
  * exactly the one without the feature. */
 int64_t mixprec__adamw_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
                                  const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k) {
+#define MIXPREC__ADAMW_BODY(AMS, EMA)                                                         \
+  MIXPREC__DISPATCH(t->param_dtype, PD, MIXPREC__DISPATCH(t->grad_dtype, GD, {              \
+    if (PD == MIXPREC_BF16 && mixprec__opt_is_sr(t)) return body(t, begin, end, s, k, PD, GD, AMS, 1, EMA); \
+    return body(t, begin, end, s, k, PD, GD, AMS, 0, EMA);                                  \
+  }))
   if (s->ema) {
-    if (k->h.amsgrad) {
-      MIXPREC__ADAMW_PD(1, 1)
-    } else {
-      MIXPREC__ADAMW_PD(0, 1)
-    }
-  }
-  if (k->h.amsgrad) {
-    MIXPREC__ADAMW_PD(1, 0)
+    if (k->h.amsgrad) MIXPREC__ADAMW_BODY(1, 1);
+    else MIXPREC__ADAMW_BODY(0, 1);
   } else {
-    MIXPREC__ADAMW_PD(0, 0)
+    if (k->h.amsgrad) MIXPREC__ADAMW_BODY(1, 0);
+    else MIXPREC__ADAMW_BODY(0, 0);
   }
+#undef MIXPREC__ADAMW_BODY
+  return begin;
 }
 
 /* ---- the lean state (mixprec_state_dtype) --------------------------------

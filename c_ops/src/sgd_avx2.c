@@ -70,33 +70,21 @@ MIXPREC__FORCE_INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin
   return i;
 }
 
-#define MIXPREC__SGD_GD(pd, sr, ema)                                                           \
-  switch (t->grad_dtype) {                                                                    \
-    case MIXPREC_F16: return body(t, begin, end, first, sr_key, e, k, pd, MIXPREC_F16, sr, ema);   \
-    case MIXPREC_BF16: return body(t, begin, end, first, sr_key, e, k, pd, MIXPREC_BF16, sr, ema); \
-    default: return body(t, begin, end, first, sr_key, e, k, pd, MIXPREC_F32, sr, ema);            \
-  }
-
-#define MIXPREC__SGD_PD(ema)                                 \
-  switch (t->param_dtype) {                                  \
-    case MIXPREC_F16: MIXPREC__SGD_GD(MIXPREC_F16, 0, ema)   \
-    case MIXPREC_BF16:                                       \
-      if (mixprec__opt_is_sr(t)) {                           \
-        MIXPREC__SGD_GD(MIXPREC_BF16, 1, ema)                \
-      } else {                                               \
-        MIXPREC__SGD_GD(MIXPREC_BF16, 0, ema)                \
-      }                                                      \
-    default: MIXPREC__SGD_GD(MIXPREC_F32, 0, ema)            \
-  }
-
 int64_t mixprec__sgd_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
                                uint32_t sr_key, const mixprec__ema_scalars *e,
                                const mixprec__sgd_consts *k) {
-  /* EMA on/off is a constant of each instantiation (see adamw_avx2.c). */
-  if (e->buf) {
-    MIXPREC__SGD_PD(1)
-  }
-  MIXPREC__SGD_PD(0)
+  /* The dtypes, sr and EMA on/off are constants of each instantiation (see
+   * adamw_avx2.c). */
+#define MIXPREC__SGD_BODY(EMA)                                                                 \
+  MIXPREC__DISPATCH(t->param_dtype, PD, MIXPREC__DISPATCH(t->grad_dtype, GD, {               \
+    if (PD == MIXPREC_BF16 && mixprec__opt_is_sr(t))                                         \
+      return body(t, begin, end, first, sr_key, e, k, PD, GD, 1, EMA);                      \
+    return body(t, begin, end, first, sr_key, e, k, PD, GD, 0, EMA);                        \
+  }))
+  if (e->buf) MIXPREC__SGD_BODY(1);
+  else MIXPREC__SGD_BODY(0);
+#undef MIXPREC__SGD_BODY
+  return begin;
 }
 
 /* ---- the lean state (see adamw_avx2.c: pm and db constants) --------------- */
