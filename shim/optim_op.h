@@ -310,6 +310,16 @@ inline mixprec_ema_params ema_params(const char* op, const OptArgs& a, double de
   return e;
 }
 
+// The fields both optimizers' params take from the checked arguments.
+template <class P>
+void set_shared(P& p, const OptArgs& a, int64_t sr_seed, bool unscale_grads) {
+  p.lr_tensor = a.lr_tensor;
+  p.grad_scale = a.grad_scale;
+  p.found_inf = a.found_inf;
+  p.sr_seed = (uint64_t)sr_seed;
+  p.unscale_grads = unscale_grads;
+}
+
 template <class B>
 void adamw_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
                    std::vector<Tensor> masters, std::vector<Tensor> exp_avgs,
@@ -354,11 +364,7 @@ void adamw_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
   p.eps = eps;
   p.amsgrad = amsgrad;
   p.maximize = maximize;
-  p.lr_tensor = a.lr_tensor;
-  p.grad_scale = a.grad_scale;
-  p.found_inf = a.found_inf;
-  p.sr_seed = (uint64_t)sr_seed;
-  p.unscale_grads = unscale_grads;
+  set_shared(p, a, sr_seed, unscale_grads);
   check_status(B::step(op, a, p), op);
 }
 
@@ -402,11 +408,7 @@ void sgd_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
   p.weight_decay = weight_decay;
   p.nesterov = nesterov;
   p.maximize = maximize;
-  p.lr_tensor = a.lr_tensor;
-  p.grad_scale = a.grad_scale;
-  p.found_inf = a.found_inf;
-  p.sr_seed = (uint64_t)sr_seed;
-  p.unscale_grads = unscale_grads;
+  set_shared(p, a, sr_seed, unscale_grads);
   check_status(B::step(op, a, p), op);
 }
 

@@ -70,14 +70,10 @@ MIXPREC__FORCE_INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin
                              const mixprec__adamw_scalars *s_in, const mixprec__adamw_consts *k_in,
                              const mixprec_dtype pd, const mixprec_dtype gd, const int amsgrad,
                              const int sr, const int ema) {
-  /* Local copies: the compiler may then keep every field in a register
-   * (vector stores may alias anything, the caller's structs included). */
-  const mixprec_opt_tensor tc = *t_in;
-  const mixprec__adamw_scalars sc = *s_in;
-  const mixprec__adamw_consts kc = *k_in;
-  const mixprec_opt_tensor *t = &tc;
-  const mixprec__adamw_scalars *s = &sc;
-  const mixprec__adamw_consts *k = &kc;
+  /* Local copies, kept in registers (MIXPREC__OPT_LOCAL). */
+  MIXPREC__OPT_LOCAL(mixprec_opt_tensor, t, t_in);
+  MIXPREC__OPT_LOCAL(mixprec__adamw_scalars, s, s_in);
+  MIXPREC__OPT_LOCAL(mixprec__adamw_consts, k, k_in);
   float *P = pd != MIXPREC_F32 && !sr ? t->master : (float *)t->param;
   int64_t i = begin;
 #define UPDATE8(j, r) update8(t, j, P, s, k, gd, amsgrad, r, ema)
@@ -135,15 +131,11 @@ MIXPREC__FORCE_INLINE int64_t lean_body(const mixprec_opt_tensor *t_in, int64_t 
                                         const mixprec__adamw_scalars *s_in, const mixprec__adamw_consts *k_in,
                                         const mixprec__lean_ctx *c_in, const mixprec_dtype gd, const int pm,
                                         const mixprec_state_dtype dm, const mixprec_state_dtype dv) {
-  /* Local copies, kept in registers (see body). */
-  const mixprec_opt_tensor tc = *t_in;
-  const mixprec__adamw_scalars sc = *s_in;
-  const mixprec__adamw_consts kc = *k_in;
-  const mixprec__lean_ctx cc = *c_in;
-  const mixprec_opt_tensor *t = &tc;
-  const mixprec__adamw_scalars *s = &sc;
-  const mixprec__adamw_consts *k = &kc;
-  const mixprec__lean_ctx *c = &cc;
+  /* Local copies, kept in registers (MIXPREC__OPT_LOCAL). */
+  MIXPREC__OPT_LOCAL(mixprec_opt_tensor, t, t_in);
+  MIXPREC__OPT_LOCAL(mixprec__adamw_scalars, s, s_in);
+  MIXPREC__OPT_LOCAL(mixprec__adamw_consts, k, k_in);
+  MIXPREC__OPT_LOCAL(mixprec__lean_ctx, c, c_in);
   float *P = t->param_dtype != MIXPREC_F32 ? t->master : (float *)t->param;
   int64_t i = begin;
   for (; i + 8 <= end; i += 8) lean8(t, i, P, s, k, c, gd, pm, dm, dv);

@@ -529,6 +529,13 @@ MIXPREC__FORCE_INLINE void mixprec__opt_store8_bf16_sr(void *data, int64_t i, ui
   mixprec__opt_store8_bf16_srw(data, i, mixprec__opt_sr_words8(key, i), v);
 }
 
+/* Declares `const T *name` pointing at a local copy of *src: the compiler
+ * may then keep every field in a register (vector stores may alias
+ * anything, the caller's structs included). */
+#define MIXPREC__OPT_LOCAL(T, name, src) \
+  const T name##_copy_ = *(src);         \
+  const T *name = &name##_copy_
+
 /* The loop of the AVX2 body kernels (adamw_avx2.c, sgd_avx2.c) over the
  * elements [i, end) of tensor t whose FP32 values are P (its master, or the
  * FP32 param; the param for master-free BF16). UPDATE8(i, sr) is the kernel's

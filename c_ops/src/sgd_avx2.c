@@ -55,13 +55,10 @@ MIXPREC__FORCE_INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin
                              uint32_t sr_key, const mixprec__ema_scalars *e_in,
                              const mixprec__sgd_consts *k_in, const mixprec_dtype pd,
                              const mixprec_dtype gd, const int sr, const int ema) {
-  /* Local copies, kept in registers (see adamw_avx2.c). */
-  const mixprec_opt_tensor tc = *t_in;
-  const mixprec__sgd_consts kc = *k_in;
-  const mixprec__ema_scalars ec = *e_in;
-  const mixprec_opt_tensor *t = &tc;
-  const mixprec__sgd_consts *k = &kc;
-  const mixprec__ema_scalars *e = &ec;
+  /* Local copies, kept in registers (MIXPREC__OPT_LOCAL). */
+  MIXPREC__OPT_LOCAL(mixprec_opt_tensor, t, t_in);
+  MIXPREC__OPT_LOCAL(mixprec__sgd_consts, k, k_in);
+  MIXPREC__OPT_LOCAL(mixprec__ema_scalars, e, e_in);
   float *P = pd != MIXPREC_F32 && !sr ? t->master : (float *)t->param;
   int64_t i = begin;
 #define UPDATE8(j, r) update8(t, j, P, first, k, gd, r, e, ema)
@@ -92,15 +89,11 @@ MIXPREC__FORCE_INLINE int64_t lean_body(const mixprec_opt_tensor *t_in, int64_t 
                                         uint32_t sr_key, const mixprec__ema_scalars *e_in,
                                         const mixprec__sgd_consts *k_in, const mixprec__lean_ctx *c_in,
                                         const mixprec_dtype gd, const int pm, const mixprec_state_dtype db) {
-  /* Local copies, kept in registers (see adamw_avx2.c). */
-  const mixprec_opt_tensor tc = *t_in;
-  const mixprec__sgd_consts kc = *k_in;
-  const mixprec__ema_scalars ec = *e_in;
-  const mixprec__lean_ctx cc = *c_in;
-  const mixprec_opt_tensor *t = &tc;
-  const mixprec__sgd_consts *k = &kc;
-  const mixprec__ema_scalars *e = &ec;
-  const mixprec__lean_ctx *c = &cc;
+  /* Local copies, kept in registers (MIXPREC__OPT_LOCAL). */
+  MIXPREC__OPT_LOCAL(mixprec_opt_tensor, t, t_in);
+  MIXPREC__OPT_LOCAL(mixprec__sgd_consts, k, k_in);
+  MIXPREC__OPT_LOCAL(mixprec__ema_scalars, e, e_in);
+  MIXPREC__OPT_LOCAL(mixprec__lean_ctx, c, c_in);
   float *P = t->param_dtype != MIXPREC_F32 ? t->master : (float *)t->param;
   int64_t i = begin;
   for (; i + 8 <= end; i += 8) {

@@ -37,6 +37,14 @@ extern "C" {
  *    master mode's param (round to nearest EVEN) except at an exact tie
  *    (lo == 0x8000) with hi even, where P is one ulp larger in magnitude;
  *    exhaustively over every (hi, lo) in tests/c/optim/test_optim_lean.cc.
+ *    [note: why not nearest even] No 16-bit remainder can make P the
+ *    master mode's round-to-nearest-even param at every M: under RNE a
+ *    BF16 value b with an even mantissa is the rounding of 65537 FP32
+ *    patterns (hi = b with lo in [0, 0x8000], the tie included, and
+ *    hi = b - 1 with lo in [0x8000, 0xffff]), one more than R can name, so
+ *    (P, R) could not give every M back. Ties away from zero (lo >= 0x8000
+ *    always goes up) gives every P exactly 65536 preimages; only the exact
+ *    ties with hi even, which RNE rounds down, differ by one ulp.
  *    A NaN master gives a NaN P (its top bits, not quieted), except the
  *    signalling NaNs above (P = +-0, or +-inf when lo < 0x8000), which no
  *    arithmetic produces.
@@ -79,6 +87,18 @@ extern "C" {
  *    param, updated from the unrounded value, already shows it).
  *    The codes of a block are read only on a step that reads the state
  *    (not on SGD's first step).
+ * Rounding and error, per step (all three formats are read exactly into
+ * FP32, and the update itself is the FP32-master mode's): remainders round
+ * nothing (M is exact; P is M to nearest, ties away, |P - M| <= ulp(P)/2);
+ * a BF16 moment is rounded once, stochastically: |stored - x| < 1 BF16 ulp
+ * of x (2^-7 relative at most), E[stored] = x (an x within an ulp of the
+ * largest BF16 may become inf); a Q8 moment is rounded once
+ * to the nearest map value at its block's scale: |stored - x| <= scale *
+ * half the gap between the two map values around y = |x| / scale, which is
+ * at most 4.5 * 10^(d-7) / 2^L for y in decade d (half its interval; L = d
+ * signed, d + 1 unsigned: 4.5 / 2^L of the decade's lower end, relative),
+ * and below 10^-7 at most half the smallest nonzero value (2.75e-7 signed,
+ * 1.625e-7 unsigned); a NaN or inf moment is the exception noted below.
  * Refused: an unknown format (BAD_DTYPE), a Q8 buffer without its scales
  * (NULL_POINTER), scales given for a buffer that is not Q8 (BAD_ARGUMENT).
  */

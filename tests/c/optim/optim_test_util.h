@@ -83,4 +83,44 @@ void fill_grads(std::vector<P> &ps, std::mt19937 &rng, float mult) {
   }
 }
 
+// The lists of the UnscaleGradsNonFiniteAndExtremes tests: every dtype pair
+// at sizes 10 and 43, with grads that hold infs, NaNs (quiet, signalling,
+// with payloads), signed zeros, subnormals and the extremes of their dtype
+// among random values.
+template <class P>
+std::vector<P> extreme_grad_params(std::mt19937 &rng) {
+  static const uint32_t f32s[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc12345u, 0x7f800001u,
+                                  0x00000000u, 0x80000000u, 0x00000001u, 0x7f7fffffu, 0x33800000u};
+  static const uint32_t f16s[] = {0x7c00u, 0xfc00u, 0x7e00u, 0xfe01u, 0x7c01u,
+                                  0x0000u, 0x8000u, 0x0001u, 0x7bffu, 0x3c00u};
+  static const uint32_t bf16s[] = {0x7f80u, 0xff80u, 0x7fc0u, 0xffc1u, 0x7f81u,
+                                   0x0000u, 0x8000u, 0x0001u, 0x7f7fu, 0x3f80u};
+  std::vector<P> a;
+  for (mixprec_dtype pd : {MIXPREC_F32, MIXPREC_F16, MIXPREC_BF16})
+    for (mixprec_dtype gd : {MIXPREC_F32, MIXPREC_F16, MIXPREC_BF16})
+      for (int64_t n : {int64_t(10), int64_t(43)}) a.emplace_back(n, pd, gd, rng);
+  for (P &q : a) {
+    mpt::fill_random(q.grad, rng, -20, 10);
+    const uint32_t *sp = q.grad.dtype() == MIXPREC_F32 ? f32s : q.grad.dtype() == MIXPREC_F16 ? f16s : bf16s;
+    for (int64_t i = 0; i < q.numel(); i++)
+      if (i < 10 || rng() % 5 == 0) q.grad.set_raw(i, sp[(size_t(i) + rng() % 3) % 10]);
+  }
+  return a;
+}
+
+// After one step of a with unscale_grads 1 and of b with 0 (both from the
+// grads `given`, at *scale): a's grads are given / scale rounded, b's
+// untouched; then b takes a's grads, so the two lists can be compared bit
+// for bit.
+template <class P>
+void check_unscale_pair(std::vector<P> &a, std::vector<P> &b, const std::vector<Buf> &given,
+                        const float *scale, const std::string &what) {
+  for (size_t t = 0; t < a.size(); t++) {
+    SCOPED_TRACE(what + "tensor " + std::to_string(t));
+    EXPECT_EQ(expect_grads(a[t].grad, given[t], scale), 0);
+    EXPECT_EQ(expect_grads(b[t].grad, given[t], nullptr), 0);
+    b[t].grad = a[t].grad;
+  }
+}
+
 }  // namespace optim_test

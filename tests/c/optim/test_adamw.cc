@@ -15,6 +15,8 @@ namespace {
 using mpt::Buf;
 using mpt::f32_bits;
 using optim_test::check_and_restore_grads;
+using optim_test::check_unscale_pair;
+using optim_test::extreme_grad_params;
 using optim_test::expect_grads;
 using optim_test::grads_of;
 
@@ -274,25 +276,10 @@ TEST(AdamW, UnscaleGradsWithoutScaleWritesNoGrad) {
 // quotient that underflows the grad's dtype included), and every other
 // buffer is bit for bit the same call's with unscale_grads 0.
 TEST(AdamW, UnscaleGradsNonFiniteAndExtremes) {
-  const uint32_t f32s[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc12345u, 0x7f800001u,
-                           0x00000000u, 0x80000000u, 0x00000001u, 0x7f7fffffu, 0x33800000u};
-  const uint32_t f16s[] = {0x7c00u, 0xfc00u, 0x7e00u, 0xfe01u, 0x7c01u,
-                           0x0000u, 0x8000u, 0x0001u, 0x7bffu, 0x3c00u};
-  const uint32_t bf16s[] = {0x7f80u, 0xff80u, 0x7fc0u, 0xffc1u, 0x7f81u,
-                            0x0000u, 0x8000u, 0x0001u, 0x7f7fu, 0x3f80u};
   for (float scale : {65536.0f, 3000.0f, 0.125f}) {
     SCOPED_TRACE("scale " + std::to_string(scale));
     std::mt19937 rng(mpt::kSeed + 30);
-    std::vector<Param> a;
-    for (mixprec_dtype pd : {MIXPREC_F32, MIXPREC_F16, MIXPREC_BF16})
-      for (mixprec_dtype gd : {MIXPREC_F32, MIXPREC_F16, MIXPREC_BF16})
-        for (int64_t n : {int64_t(10), int64_t(43)}) a.emplace_back(n, pd, gd, rng);
-    for (Param &q : a) {
-      mpt::fill_random(q.grad, rng, -20, 10);
-      const uint32_t *sp = q.grad.dtype() == MIXPREC_F32 ? f32s : q.grad.dtype() == MIXPREC_F16 ? f16s : bf16s;
-      for (int64_t i = 0; i < q.numel(); i++)
-        if (i < 10 || rng() % 5 == 0) q.grad.set_raw(i, sp[(size_t(i) + rng() % 3) % 10]);
-    }
+    std::vector<Param> a = extreme_grad_params<Param>(rng);
     std::vector<Param> b = a;
     mixprec_adamw_params h = mixprec_adamw_params_default();
     h.amsgrad = 1;
@@ -306,12 +293,7 @@ TEST(AdamW, UnscaleGradsNonFiniteAndExtremes) {
     ASSERT_EQ(mixprec_adamw_step(la.data(), int64_t(la.size()), &h), MIXPREC_OK);
     h.unscale_grads = 0;
     ASSERT_EQ(mixprec_adamw_step(lb.data(), int64_t(lb.size()), &h), MIXPREC_OK);
-    for (size_t t = 0; t < a.size(); t++) {
-      SCOPED_TRACE("tensor " + std::to_string(t));
-      EXPECT_EQ(expect_grads(a[t].grad, given[t], &scale), 0);
-      EXPECT_EQ(expect_grads(b[t].grad, given[t], nullptr), 0);
-      b[t].grad = a[t].grad;
-    }
+    check_unscale_pair(a, b, given, &scale, "");
     EXPECT_TRUE(snapshot(a) == snapshot(b)) << "unscale_grads changed the update";
   }
 }
