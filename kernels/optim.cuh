@@ -572,24 +572,8 @@ MIXPREC__DEVICE void mixprec__opt_span_lean_dispatch(int pd, int gd, const mixpr
                                                      bool read_s0, bool write_g, bool sr,
                                                      uint32_t key, int64_t begin,
                                                      mixprec__ema_w ew, const Op &op) {
-#define MIXPREC__OPT_LG(PD)                                                                      \
-  switch (gd) {                                                                                  \
-    case MIXPREC_F32:                                                                            \
-      mixprec__opt_span_lean<PD, MIXPREC_F32>(s, l, n, tf, read_s0, write_g, sr, key, begin, ew, op); \
-      break;                                                                                     \
-    case MIXPREC_F16:                                                                            \
-      mixprec__opt_span_lean<PD, MIXPREC_F16>(s, l, n, tf, read_s0, write_g, sr, key, begin, ew, op); \
-      break;                                                                                     \
-    default:                                                                                     \
-      mixprec__opt_span_lean<PD, MIXPREC_BF16>(s, l, n, tf, read_s0, write_g, sr, key, begin, ew, op); \
-      break;                                                                                     \
-  }
-  switch (pd) {
-    case MIXPREC_F32: MIXPREC__OPT_LG(MIXPREC_F32) break;
-    case MIXPREC_F16: MIXPREC__OPT_LG(MIXPREC_F16) break;
-    default: MIXPREC__OPT_LG(MIXPREC_BF16) break;
-  }
-#undef MIXPREC__OPT_LG
+  MIXPREC__DISPATCH(pd, PD, MIXPREC__DISPATCH(gd, GD,
+      mixprec__opt_span_lean<PD, GD>(s, l, n, tf, read_s0, write_g, sr, key, begin, ew, op)));
 }
 
 /* The chunk with the dtypes chosen at run time: one switch per chunk, so a
@@ -599,30 +583,13 @@ MIXPREC__DEVICE void mixprec__opt_span_dispatch2(int pd, int gd, bool sr,
                                                  const mixprec__opt_span_ptrs &s, int n, int tf,
                                                  bool read_s0, bool write_g, uint32_t key,
                                                  int64_t begin, mixprec__ema_w ew, const Op &op) {
-#define MIXPREC__OPT_G(PD, SR)                                                              \
-  switch (gd) {                                                                             \
-    case MIXPREC_F32:                                                                       \
-      mixprec__opt_span<PD, MIXPREC_F32, ALIGNED, SR>(s, n, tf, read_s0, write_g, key, begin, ew, op);  \
-      break;                                                                                \
-    case MIXPREC_F16:                                                                       \
-      mixprec__opt_span<PD, MIXPREC_F16, ALIGNED, SR>(s, n, tf, read_s0, write_g, key, begin, ew, op);  \
-      break;                                                                                \
-    default:                                                                                \
-      mixprec__opt_span<PD, MIXPREC_BF16, ALIGNED, SR>(s, n, tf, read_s0, write_g, key, begin, ew, op); \
-      break;                                                                                \
-  }
-  switch (pd) {
-    case MIXPREC_F32: MIXPREC__OPT_G(MIXPREC_F32, false) break;
-    case MIXPREC_F16: MIXPREC__OPT_G(MIXPREC_F16, false) break;
-    default:
-      if (sr) {
-        MIXPREC__OPT_G(MIXPREC_BF16, true)
-      } else {
-        MIXPREC__OPT_G(MIXPREC_BF16, false)
-      }
-      break;
-  }
-#undef MIXPREC__OPT_G
+  /* sr only for a BF16 param (the F32 and F16 instantiations take false). */
+  MIXPREC__DISPATCH(pd, PD, MIXPREC__DISPATCH(gd, GD, {
+    if (sr)
+      mixprec__opt_span<PD, GD, ALIGNED, PD == MIXPREC_BF16>(s, n, tf, read_s0, write_g, key, begin, ew, op);
+    else
+      mixprec__opt_span<PD, GD, ALIGNED, false>(s, n, tf, read_s0, write_g, key, begin, ew, op);
+  }));
 }
 
 template <int CAP, typename Op>
