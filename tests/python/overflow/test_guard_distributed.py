@@ -1,7 +1,10 @@
-"""mixprec.guard under DDP, 2 gloo processes: the overflow happens on rank 0's
-data only; DDP's all-reduce makes both ranks skip the step, both read the
-guard's flags reduced over the ranks and move the same module to FP32 in the
-same step; the replicas stay bit-identical."""
+"""mixprec.guard under DDP and FSDP2 (fully_shard), 2 gloo processes: the
+overflow happens on rank 0's data only; the gradient all-reduce (DDP) or
+reduce-scatter (FSDP2, then the scaler's found_inf reduction) makes both
+ranks skip the step, both read the guard's flags reduced over the ranks and
+move the same module to FP32 in the same step; DDP replicas stay
+bit-identical, FSDP2's full parameters equal one process training on both
+ranks' data."""
 
 import datetime
 import os
@@ -58,6 +61,90 @@ def _worker(rank, port, result_dir):
     finally:
         dist.destroy_process_group()
     os._exit(0)  # see tests/python/distributed/test_ddp.py: DDP teardown may hang on 2.13
+
+
+def _fsdp_net():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 5))
+    with torch.no_grad():
+        model[0].weight.mul_(40.0)  # FP16 overflows for inputs of a few thousand
+    return model
+
+
+def _fsdp_batches(rank, steps=4):
+    g = torch.Generator().manual_seed(rank)
+    out = []
+    for _ in range(steps):
+        x = torch.randn(8, 16, generator=g) * (5000.0 if rank == 0 else 1.0)
+        out.append((x, torch.randint(0, 5, (8,), generator=g)))
+    return out
+
+
+def _fsdp_train(model, guard_model, batches):
+    """FP16 autocast steps with the guard's fallback; returns the skipped
+    flags and the guard."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
+    guard = ForwardGuard(guard_model, fallback=True).attach(scaler)
+    skipped = []
+    for x, y in batches:
+        before = scaler.get_skipped_steps()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.cross_entropy(model(x).float(), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        skipped.append(scaler.get_skipped_steps() > before)
+    return skipped, guard
+
+
+def _fsdp_worker(rank, port, result_dir):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+    try:
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor import DTensor
+
+        model = _fsdp_net()
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
+        fully_shard(model)
+        assert all(isinstance(p, DTensor) for p in model.parameters())
+        skipped, guard = _fsdp_train(model, model, _fsdp_batches(rank))
+        full = {n: p.full_tensor() for n, p in model.named_parameters()}
+        rep = guard.report()
+        torch.save(
+            {"skipped": skipped, "fallback": sorted(guard.fallback_set), "events": guard.events,
+             "module": rep.module if rep else None, "params": full},
+            os.path.join(result_dir, f"rank{rank}.pt"),
+        )
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)
+
+
+def test_fsdp2_ranks_agree_on_the_fallback():
+    with tempfile.TemporaryDirectory() as d:
+        spawn(_fsdp_worker, (free_port(), d), WORLD)
+        r0, r1 = (torch.load(os.path.join(d, f"rank{r}.pt"), weights_only=False) for r in range(WORLD))
+    assert r0["skipped"] == r1["skipped"] == [True, False, False, False]
+    assert r0["fallback"] == r1["fallback"] == ["0"]
+    assert r0["module"] == r1["module"] == "0"  # rank 1 saw no overflow itself, and names it too
+    assert [tuple(e) for e in r0["events"]] == [tuple(e) for e in r1["events"]]
+    for n in r0["params"]:
+        assert torch.equal(r0["params"][n], r1["params"][n]), n
+    # Reference: one process, both ranks' batches in one (the mean loss of
+    # 16 samples is the mean of the ranks' means; FSDP2 averages gradients).
+    ref = _fsdp_net()
+    both = [(torch.cat([a[0], b[0]]), torch.cat([a[1], b[1]])) for a, b in zip(_fsdp_batches(0), _fsdp_batches(1))]
+    skipped, guard = _fsdp_train(ref, ref, both)
+    assert skipped == r0["skipped"] and sorted(guard.fallback_set) == r0["fallback"]
+    for n, p in ref.named_parameters():
+        torch.testing.assert_close(r0["params"][n], p.detach(), rtol=1e-4, atol=1e-5)
+    assert not torch.equal(r0["params"]["0.weight"], _fsdp_net()[0].weight)  # it trained
 
 
 def test_ranks_agree_on_the_fallback():
