@@ -144,6 +144,33 @@ def test_half_model_moves_params_and_optimizer_state_to_fp32():
     assert max(gaps) < 2e-2, gaps  # a whole-FP16 model (FP16 LayerNorm, GELU) elsewhere
 
 
+def test_half_model_without_moving_params_runs_on_upcast_copies():
+    # move_params=False (the default under DDP / FSDP2): the params and the
+    # optimizer state stay FP16 + FP32 masters; the module computes in FP32.
+    data = batches(STEPS + 1)
+    fp32 = _train_fp32(vit(), data[1:])
+    model = vit().half()
+    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)
+    guard = ForwardGuard(model, fallback=True, optimizer=opt, move_params=False)
+    scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
+    guard.attach(scaler)
+    losses = []
+    for x, y in data:
+        loss = F.cross_entropy(model(x.half()).float(), y)
+        losses.append(loss.item())
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    assert guard.fallback_set == {"blocks.1.attn": torch.float32}
+    for p in model.parameters():
+        assert isinstance(p, torch.nn.Parameter) and p.dtype == torch.float16
+        assert torch.equal(p.detach(), opt.state[p]["master"].half())
+    assert not math.isfinite(losses[0]) and all(math.isfinite(v) for v in losses[1:])
+    gaps = [abs(a - b) / abs(b) for a, b in zip(losses[1:], fp32)]
+    assert max(gaps) < 2e-2, gaps
+
+
 def test_master_becomes_the_param_exactly():
     model = vit(overflow=False).half()
     opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)

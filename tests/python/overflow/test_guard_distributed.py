@@ -7,6 +7,7 @@ bit-identical, FSDP2's full parameters equal one process training on both
 ranks' data."""
 
 import datetime
+import math
 import os
 import tempfile
 
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 import mixprec
 from mixprec.guard import ForwardGuard
 
+from _models import batches, vit
 from _reference import free_port, spawn
 
 WORLD = 2
@@ -145,6 +147,58 @@ def test_fsdp2_ranks_agree_on_the_fallback():
     for n, p in ref.named_parameters():
         torch.testing.assert_close(r0["params"][n], p.detach(), rtol=1e-4, atol=1e-5)
     assert not torch.equal(r0["params"]["0.weight"], _fsdp_net()[0].weight)  # it trained
+
+
+def _half_ddp_worker(rank, port, result_dir):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+    try:
+        model = vit().half()  # an FP16 model (no autocast) whose block 1 attention logits pass 65504
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)
+        scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
+        guard = ForwardGuard(model, fallback=True, optimizer=opt).attach(scaler)
+        skipped, losses = [], []
+        for x, y in batches(5, seed=10 + rank):
+            before = scaler.get_skipped_steps()
+            loss = F.cross_entropy(ddp(x.half()).float(), y)
+            losses.append(loss.item())
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            skipped.append(scaler.get_skipped_steps() > before)
+        flat = torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
+        masters = torch.cat([opt.state[p]["master"].reshape(-1) for p in model.parameters()])
+        both = torch.cat([flat, masters])
+        every = [torch.empty_like(both) for _ in range(WORLD)]
+        dist.all_gather(every, both)
+        torch.save(
+            {"skipped": skipped, "losses": losses, "fallback": sorted(guard.fallback_set),
+             "move_params": guard.move_params, "dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+             "rounded": torch.equal(flat, masters.half().float()),
+             "differ": int((every[0] != every[1]).sum())},
+            os.path.join(result_dir, f"rank{rank}.pt"),
+        )
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)
+
+
+def test_half_model_under_ddp_runs_the_fallback_on_upcast_params():
+    with tempfile.TemporaryDirectory() as d:
+        spawn(_half_ddp_worker, (free_port(), d), WORLD)
+        r0, r1 = (torch.load(os.path.join(d, f"rank{r}.pt"), weights_only=False) for r in range(WORLD))
+    assert r0["move_params"] is False and r1["move_params"] is False  # the default with 2 ranks
+    assert r0["skipped"] == r1["skipped"] == [True, False, False, False, False]
+    assert r0["fallback"] == r1["fallback"] == ["blocks.1.attn"]
+    assert r0["dtypes"] == r1["dtypes"] == ["torch.float16"]  # DDP's buckets still fit
+    assert r0["differ"] == 0  # params and masters bit-identical across ranks
+    assert r0["rounded"] and r1["rounded"]  # each param is its FP32 master rounded
+    for r in (r0, r1):
+        assert not math.isfinite(r["losses"][0]) and all(math.isfinite(v) for v in r["losses"][1:])
 
 
 def test_ranks_agree_on_the_fallback():
