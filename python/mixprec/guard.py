@@ -28,7 +28,8 @@ Without a mixprec scaler call ``guard.step(found_inf=...)`` (or
 
 [note: guard cost] The healthy path: one op call per module forward (one
 read of its outputs; activations and max-pools are skipped, see [note:
-range-safe modules]; and one per module output gradient with
+range-safe modules], and nn.Sequential containers, see [note: sequential
+containers]; and one per module output gradient with
 ``backward=True``), one ``zero_()`` of the
 record per step, and the read of the step's found_inf flag (free on the CPU;
 one 4-byte device-to-host copy on CUDA, the same read torch's GradScaler
@@ -308,6 +309,16 @@ class ForwardGuard:
             )
         self.move_params = bool(move_params)
         self._originals: dict[int, Any] = {}
+        # [note: sequential containers] An nn.Sequential (exact type) only
+        # chains its children, so when its output is inf/NaN from finite
+        # inputs, the first child whose output went non-finite had a finite
+        # input: that child (or one of its own modules) is flagged, and the
+        # Sequential, an ancestor of a flagged module, is never the one
+        # named. Its check (a second read of its last child's output) is
+        # skipped, until a module is seen returning one of its inputs (an
+        # in-place module: its check sees its input already non-finite, so
+        # only a container can be flagged for it).
+        self._inplace_seen = False
         self._handles = [
             m.register_forward_hook(self._make_hook(i)) for i, m in enumerate(self._modules) if not _range_safe(m)
         ]
@@ -322,6 +333,7 @@ class ForwardGuard:
     def _make_hook(self, slot: int):
         check = torch.ops.mixprec.overflow_check_.default
         guard = self
+        chain = type(self._modules[slot]) is nn.Sequential
 
         def grad_hook(g: torch.Tensor) -> None:
             if g.dtype in _FLOAT:
@@ -330,12 +342,14 @@ class ForwardGuard:
                     guard._border[slot] = len(guard._border)
 
         def hook(module, args, out):
-            if not guard.enabled:
-                return None
+            if not guard.enabled or (chain and not guard._inplace_seen):
+                return None  # see [note: sequential containers]
             outs = _floats(out)
             if not outs:
                 return None
             first = outs[0]
+            if not guard._inplace_seen and any(a is first for a in args):
+                guard._inplace_seen = True
             check(outs, _floats(args), guard._record(first.device), slot)
             if slot not in guard._order:
                 guard._order[slot] = len(guard._order)

@@ -338,3 +338,32 @@ def test_torch_compile_with_hooks():
     assert skipped == [True, False, False]
     assert guard.reports()[0].module == "blocks.1.attn"
     assert guard.fallback_set == {"blocks.1.attn": torch.float32}
+
+
+class _Boost(torch.nn.Module):
+    """An in-place module that overflows FP16 (returns its input)."""
+
+    def forward(self, x):
+        return x.mul_(1e6)
+
+
+def test_sequential_containers_are_not_read_again_unless_a_module_works_in_place():
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8))
+    guard = ForwardGuard(plain)
+    x = torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.float16):
+        plain(x)
+    checked = {guard._names[i] for i in guard._order}
+    assert checked == {"0", "2"}  # not the Sequential ("<model>"), not the GELU
+    # In place: the module's own check sees its input already inf, so only
+    # a container can be named; Sequentials are checked again.
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Sequential(_Boost(), torch.nn.Linear(8, 8)))
+    guard = ForwardGuard(model)
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = model(torch.full((4, 8), 10.0))
+    assert not torch.isfinite(out).all()
+    rep = guard.step(found_inf=1.0)
+    # "1"'s input is the tensor _Boost wrote in place (inf by then): the
+    # outer Sequential, whose input stayed finite, is the one named.
+    assert rep.kind == "forward" and rep.module == "<model>", rep
