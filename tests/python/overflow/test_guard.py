@@ -53,6 +53,21 @@ def _train_amp(model, data, guard=None, lr=1e-3, scaler=None, opt=None, hook=Non
     return losses, skipped, scaler
 
 
+def _train_half(model, opt, guard, data):
+    """A .half() model (no autocast) with the guard attached to a scaler."""
+    scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
+    guard.attach(scaler)
+    losses = []
+    for x, y in data:
+        loss = F.cross_entropy(model(x.half()).float(), y)
+        losses.append(loss.item())
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    return losses
+
+
 def test_plain_torch_amp_skips_every_step_and_the_scale_collapses():
     model, data = vit(), batches(STEPS)
     with torch.no_grad():
@@ -123,16 +138,7 @@ def test_half_model_moves_params_and_optimizer_state_to_fp32():
     model = vit().half()
     opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)
     guard = ForwardGuard(model, fallback=True, optimizer=opt)
-    scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
-    guard.attach(scaler)
-    losses = []
-    for x, y in data:
-        loss = F.cross_entropy(model(x.half()).float(), y)
-        losses.append(loss.item())
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad()
+    losses = _train_half(model, opt, guard, data)
     attn = model.blocks[1].attn
     assert guard.fallback_set == {"blocks.1.attn": torch.float32}
     for p in attn.parameters():
@@ -152,16 +158,7 @@ def test_half_model_without_moving_params_runs_on_upcast_copies():
     model = vit().half()
     opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)
     guard = ForwardGuard(model, fallback=True, optimizer=opt, move_params=False)
-    scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
-    guard.attach(scaler)
-    losses = []
-    for x, y in data:
-        loss = F.cross_entropy(model(x.half()).float(), y)
-        losses.append(loss.item())
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad()
+    losses = _train_half(model, opt, guard, data)
     assert guard.fallback_set == {"blocks.1.attn": torch.float32}
     for p in model.parameters():
         assert isinstance(p, torch.nn.Parameter) and p.dtype == torch.float16

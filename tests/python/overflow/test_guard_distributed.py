@@ -24,11 +24,15 @@ from _reference import free_port, spawn
 WORLD = 2
 
 
-def _worker(rank, port, result_dir):
+def _init(rank, port):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+
+
+def _worker(rank, port, result_dir):
+    _init(rank, port)
     try:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 5))
@@ -102,10 +106,7 @@ def _fsdp_train(model, guard_model, batches):
 
 
 def _fsdp_worker(rank, port, result_dir):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+    _init(rank, port)
     try:
         from torch.distributed.fsdp import fully_shard
         from torch.distributed.tensor import DTensor
@@ -150,10 +151,7 @@ def test_fsdp2_ranks_agree_on_the_fallback():
 
 
 def _half_ddp_worker(rank, port, result_dir):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+    _init(rank, port)
     try:
         model = vit().half()  # an FP16 model (no autocast) whose block 1 attention logits pass 65504
         ddp = torch.nn.parallel.DistributedDataParallel(model)
