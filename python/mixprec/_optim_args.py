@@ -9,6 +9,7 @@ import functools
 import inspect
 import math
 import numbers
+import typing
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -62,7 +63,8 @@ def shared_options(init):
     unknown keyword raises Python's TypeError."""
     sig = inspect.signature(init)
     head = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    shared = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v, annotation=SharedOptions.__annotations__[k])
+    hints = typing.get_type_hints(SharedOptions)
+    shared = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v, annotation=hints[k])
               for k, v in SHARED_DEFAULTS.items()]
     own = {p.name for p in head}
 

@@ -36,15 +36,17 @@ MODES = {
 Q8_TOL = 0.03
 
 
-def _net(seed=0):
+def _net(seed=0, row_form=False):
     # 30 x 20 = 600 weights: 2 ranks hold 300 each, so the 256-element
     # blocks of a shard do not line up with the unsharded tensor's (8-bit
-    # moments saved in FP32). 7 x 256: rows of one block each, 4 + 3 rows
-    # per rank (saved as codes + row scales).
+    # moments saved in FP32). row_form (the checkpoint scenarios) adds a
+    # 7 x 256 weight: rows of one block each, 4 + 3 rows per rank (saved as
+    # codes + row scales).
     torch.manual_seed(seed)
-    return torch.nn.Sequential(
-        torch.nn.Linear(20, 30), torch.nn.Tanh(), torch.nn.Linear(30, 256), torch.nn.Tanh(), torch.nn.Linear(256, 7),
-    ).bfloat16()
+    layers = [torch.nn.Linear(20, 30), torch.nn.Tanh(), torch.nn.Linear(30, 7)]
+    if row_form:
+        layers[2:] = [torch.nn.Linear(30, 256), torch.nn.Tanh(), torch.nn.Linear(256, 7)]
+    return torch.nn.Sequential(*layers).bfloat16()
 
 
 ROW_FORM = "4.weight"  # the param whose 8-bit moments are saved as codes + row scales
@@ -80,8 +82,9 @@ def _fp32_by_name(model, opt):
 def _shard(model):
     from torch.distributed.fsdp import fully_shard
 
-    for layer in (model[0], model[2], model[4]):
-        fully_shard(layer)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
     return fully_shard(model)
 
 
@@ -140,14 +143,14 @@ def _scenario_dcp_save(out, ckpt_dir):
 
     res = {}
     for name in ("rem+bf16", "rem+8bit"):
-        model = _shard(_net())
+        model = _shard(_net(row_form=True))
         opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2, seed=4, **MODES[name])
         _train(model, opt, _batches(dist.get_rank()))
         msd, osd = get_state_dict(model, opt)
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(ckpt_dir, name))
         res[name] = _fp32_by_name(model, opt)
         # 2 -> 2: a fresh sharded model and optimizer load it back.
-        model2, opt2 = _loaded(_shard(_net(seed=3)), name, os.path.join(ckpt_dir, name))
+        model2, opt2 = _loaded(_shard(_net(seed=3, row_form=True)), name, os.path.join(ckpt_dir, name))
         res[name + " 2->2"] = _same_local_state(model, opt, model2, opt2)
     out["dcp_saved"] = res
 
@@ -185,7 +188,7 @@ def _scenario_dcp_load(out, ckpt_dir):
     """The 1-process checkpoints into 2 ranks (1 -> 2)."""
     res = {}
     for name in ("rem+bf16", "rem+8bit"):
-        model, opt = _loaded(_shard(_net(seed=3)), name, os.path.join(ckpt_dir, name))
+        model, opt = _loaded(_shard(_net(seed=3, row_form=True)), name, os.path.join(ckpt_dir, name))
         loaded = _fp32_by_name(model, opt)
         _train(model, opt, _batches(dist.get_rank(), 1))
         after = _fp32_by_name(model, opt)
@@ -218,7 +221,7 @@ def _one_process_save(ckpt_dir):
 
     res = {}
     for name in ("rem+bf16", "rem+8bit"):
-        model = _net()
+        model = _net(row_form=True)
         opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2, seed=4, **MODES[name])
         _train(model, opt, _batches(0))
         msd, osd = get_state_dict(model, opt)
@@ -231,7 +234,7 @@ def _one_process_load(ckpt_dir):
     """The 2-rank checkpoints into plain models here (2 -> 1)."""
     res = {}
     for name in ("rem+bf16", "rem+8bit"):
-        model, opt = _loaded(_net(seed=3), name, os.path.join(ckpt_dir, name))
+        model, opt = _loaded(_net(seed=3, row_form=True), name, os.path.join(ckpt_dir, name))
         loaded = _fp32_by_name(model, opt)
         _train(model, opt, _batches(0, 1))
         res[name] = {"loaded": loaded, "state": {n: dict(opt.state[p]) for n, p in model.named_parameters()},
