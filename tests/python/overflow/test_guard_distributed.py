@@ -117,11 +117,20 @@ def _fsdp_worker(rank, port, result_dir):
         fully_shard(model)
         assert all(isinstance(p, DTensor) for p in model.parameters())
         skipped, guard = _fsdp_train(model, model, _fsdp_batches(rank))
+        half = _fsdp_net().half()
+        fully_shard(half)
+        refused = ""
+        try:
+            ForwardGuard(half, fallback=True, move_params=True)
+        except ValueError as e:
+            refused = str(e)
+        default_move = ForwardGuard(half, fallback=True).move_params
         full = {n: p.full_tensor() for n, p in model.named_parameters()}
         rep = guard.report()
         torch.save(
             {"skipped": skipped, "fallback": sorted(guard.fallback_set), "events": guard.events,
-             "module": rep.module if rep else None, "params": full},
+             "module": rep.module if rep else None, "params": full, "refused": refused,
+             "default_move": default_move},
             os.path.join(result_dir, f"rank{rank}.pt"),
         )
     finally:
@@ -139,6 +148,9 @@ def test_fsdp2_ranks_agree_on_the_fallback():
     assert [tuple(e) for e in r0["events"]] == [tuple(e) for e in r1["events"]]
     for n in r0["params"]:
         assert torch.equal(r0["params"][n], r1["params"][n]), n
+    # A .half() model under FSDP2: its DTensor shards cannot change dtype.
+    assert "move_params=True cannot move FSDP2's sharded (DTensor) parameters" in r0["refused"]
+    assert r0["default_move"] is False
     # Reference: one process, both ranks' batches in one (the mean loss of
     # 16 samples is the mean of the ranks' means; FSDP2 averages gradients).
     ref = _fsdp_net()
