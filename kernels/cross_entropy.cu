@@ -98,8 +98,7 @@ __global__ void ce_cols(const void *logits, CeArgs a, int64_t o0) {
     const bool bad = !ignored && (t < 0 || t >= C);
     float m = 0.0f, lg = 0.0f;
     if (!ignored && !bad) {
-      MaxSum acc{-INFINITY, 0.0f};
-      for (int64_t c = 0; c < C; c++) online_add(acc, ld<D>(logits, base + c * inner));
+      const MaxSum acc = col_max_sum<D>(logits, base, C, inner);
       m = acc.m;
       lg = logf(acc.s);
       float wx = 0.0f, W = 0.0f;
@@ -285,8 +284,7 @@ __global__ void ces_cols(const void *logits, SoftArgs a, int64_t o0) {
   double l = 0.0, cnt = 0.0;
   if (col < inner) {
     const int64_t pos = o * inner + col, base = o * C * inner + col;
-    MaxSum acc{-INFINITY, 0.0f};
-    for (int64_t c = 0; c < C; c++) online_add(acc, ld<D>(logits, base + c * inner));
+    const MaxSum acc = col_max_sum<D>(logits, base, C, inner);
     const float m = acc.m, lg = logf(acc.s);
     float tw = 0.0f, twx = 0.0f;
     for (int64_t c = 0; c < C; c++) {

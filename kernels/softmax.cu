@@ -71,8 +71,7 @@ __global__ void softmax_cols(const void *x, void *y, int64_t outer, int64_t n,
   const int64_t o = blockIdx.y;
   if (col >= inner) return;
   const int64_t base = o * n * inner + col;
-  MaxSum a{-INFINITY, 0.0f};
-  for (int64_t c = 0; c < n; c++) online_add(a, ld<DX>(x, base + c * inner));
+  const MaxSum a = col_max_sum<DX>(x, base, n, inner);
   const float f = mixprec__sm_factor(a.s, LOG);
   for (int64_t c = 0; c < n; c++) st<DY>(y, base + c * inner, mixprec__sm_out(ld<DX>(x, base + c * inner) - a.m, f, LOG));
 }

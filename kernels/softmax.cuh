@@ -195,6 +195,15 @@ __device__ __forceinline__ MaxSum row_max_sum(const void *xr, int64_t n, int tid
   return WARP ? warp_merge(a) : block_merge(a, scratch);
 }
 
+/* One column's online (max, sum): n values `inner` apart from base, by one
+ * thread. */
+template <int D>
+__device__ __forceinline__ MaxSum col_max_sum(const void *x, int64_t base, int64_t n, int64_t inner) {
+  MaxSum a{-INFINITY, 0.0f};
+  for (int64_t c = 0; c < n; c++) online_add(a, ld<D>(x, base + c * inner));
+  return a;
+}
+
 /* ---- launch geometry ---------------------------------------------------------------- */
 
 /* grid.y is at most 65535: outer beyond that goes in several launches. */

@@ -11,13 +11,8 @@
 
 namespace {
 
-using mpt::Buf;
-using mpt::ce_params;
-using mpt::class_weights;
-using mpt::kEps32;
-using mpt::out_eps;
-using mpt::randn;
-using mpt::Shape;
+using mpt::Buf, mpt::Shape, mpt::kEps32, mpt::out_eps;
+using mpt::ce_params, mpt::class_weights, mpt::randn;
 
 double tiny_of(mixprec_dtype d) { return d == MIXPREC_F16 ? std::ldexp(1.0, -24) : 1e-30; }
 

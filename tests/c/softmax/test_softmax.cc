@@ -10,13 +10,8 @@
 
 namespace {
 
-using mpt::Buf;
-using mpt::ce_params;
-using mpt::class_weights;
-using mpt::kEps32;
-using mpt::out_eps;
-using mpt::randn;
-using mpt::Shape;
+using mpt::Buf, mpt::Shape, mpt::kEps32, mpt::out_eps;
+using mpt::ce_params, mpt::class_weights, mpt::randn;
 
 
 // Reference over the middle dimension of (outer, n, inner), from the values
