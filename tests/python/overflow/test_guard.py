@@ -53,6 +53,21 @@ def _train_amp(model, data, guard=None, lr=1e-3, scaler=None, opt=None, hook=Non
     return losses, skipped, scaler
 
 
+def _train_half(model, opt, guard, data):
+    """A .half() model (no autocast) with the guard attached to a scaler."""
+    scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
+    guard.attach(scaler)
+    losses = []
+    for x, y in data:
+        loss = F.cross_entropy(model(x.half()).float(), y)
+        losses.append(loss.item())
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    return losses
+
+
 def test_plain_torch_amp_skips_every_step_and_the_scale_collapses():
     model, data = vit(), batches(STEPS)
     with torch.no_grad():
@@ -123,16 +138,7 @@ def test_half_model_moves_params_and_optimizer_state_to_fp32():
     model = vit().half()
     opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)
     guard = ForwardGuard(model, fallback=True, optimizer=opt)
-    scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
-    guard.attach(scaler)
-    losses = []
-    for x, y in data:
-        loss = F.cross_entropy(model(x.half()).float(), y)
-        losses.append(loss.item())
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad()
+    losses = _train_half(model, opt, guard, data)
     attn = model.blocks[1].attn
     assert guard.fallback_set == {"blocks.1.attn": torch.float32}
     for p in attn.parameters():
@@ -142,6 +148,24 @@ def test_half_model_moves_params_and_optimizer_state_to_fp32():
     assert not math.isfinite(losses[0]) and all(math.isfinite(v) for v in losses[1:])
     gaps = [abs(a - b) / abs(b) for a, b in zip(losses[1:], fp32)]
     assert max(gaps) < 2e-2, gaps  # a whole-FP16 model (FP16 LayerNorm, GELU) elsewhere
+
+
+def test_half_model_without_moving_params_runs_on_upcast_copies():
+    # move_params=False (the default under DDP / FSDP2): the params and the
+    # optimizer state stay FP16 + FP32 masters; the module computes in FP32.
+    data = batches(STEPS + 1)
+    fp32 = _train_fp32(vit(), data[1:])
+    model = vit().half()
+    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)
+    guard = ForwardGuard(model, fallback=True, optimizer=opt, move_params=False)
+    losses = _train_half(model, opt, guard, data)
+    assert guard.fallback_set == {"blocks.1.attn": torch.float32}
+    for p in model.parameters():
+        assert isinstance(p, torch.nn.Parameter) and p.dtype == torch.float16
+        assert torch.equal(p.detach(), opt.state[p]["master"].half())
+    assert not math.isfinite(losses[0]) and all(math.isfinite(v) for v in losses[1:])
+    gaps = [abs(a - b) / abs(b) for a, b in zip(losses[1:], fp32)]
+    assert max(gaps) < 2e-2, gaps
 
 
 def test_master_becomes_the_param_exactly():
@@ -158,6 +182,62 @@ def test_master_becomes_the_param_exactly():
     guard.fallback("blocks.0.attn")
     assert p.dtype == torch.float32 and torch.equal(p.detach(), master)
     assert torch.equal(opt.state[p]["exp_avg"], exp_avg)
+
+
+@pytest.mark.parametrize("lean", [dict(param_remainders=True), dict(param_remainders=True, exp_avg_dtype=torch.bfloat16),
+                                  dict(param_remainders=True, exp_avg_dtype=torch.uint8)], ids=["rem", "rem-bf16", "rem-8bit"])
+def test_remainders_optimizer_master_becomes_the_param_exactly(lean):
+    # param_remainders: no FP32 master tensor; the master is the BF16 param
+    # joined with its int16 remainder. The fallback must move that exact
+    # master into the param (not the rounded BF16 value) and drop the
+    # remainder, and training must go on as torch's FP32 AdamW from there.
+    model = vit(overflow=False).bfloat16()
+    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2, **lean)
+    data = batches(5)
+    for x, y in data[:2]:
+        F.cross_entropy(model(x.bfloat16()).float(), y).backward()
+        opt.step()
+        opt.zero_grad()
+    attn = model.blocks[0].attn
+    moved = list(attn.parameters())
+    assert all("master" not in opt.state[p] and "remainder" in opt.state[p] for p in moved)
+    before = {p: opt.fp32_state(p) for p in moved}
+    assert any(not torch.equal(before[p]["master"], p.detach().float()) for p in moved)  # sub-BF16 bits exist
+    moments = {p: {k: v.clone() for k, v in opt.state[p].items() if k.startswith("exp_avg")} for p in moved}
+    guard = ForwardGuard(model, optimizer=opt)
+    guard.fallback("blocks.0.attn")
+    for p in moved:
+        st = opt.state[p]
+        assert p.dtype == torch.float32 and torch.equal(p.detach(), before[p]["master"])
+        assert "remainder" not in st and "master" not in st
+        for k, v in moments[p].items():  # the group's moment formats, untouched
+            assert st[k].dtype == v.dtype and torch.equal(st[k], v)
+    for p in model.blocks[1].parameters():
+        assert p.dtype == torch.bfloat16 and "remainder" in opt.state[p]
+    # Reference for the moved params: torch's FP32 AdamW from the same FP32
+    # state, fed the same gradients.
+    ref = [torch.nn.Parameter(before[p]["master"].clone()) for p in moved]
+    ref_opt = torch.optim.AdamW(ref, lr=1e-2)
+    for r, p in zip(ref, moved):
+        ref_opt.state[r] = {k: before[p][k].clone() for k in ("step", "exp_avg", "exp_avg_sq")}
+    for x, y in data[2:]:
+        loss = F.cross_entropy(model(x.bfloat16()).float(), y)
+        assert math.isfinite(loss.item())
+        loss.backward()
+        for r, p in zip(ref, moved):
+            r.grad = p.grad.detach().clone()
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+    # FP32 AdamW on both sides. BF16 / 8-bit first moments are rounded when
+    # the kernel writes them: each update (|update| <= ~lr) then differs by
+    # about that rounding (2^-8 relative for BF16, up to ~20% for the 8-bit
+    # code of a small moment in a block with a large one).
+    atol = {None: 1e-7, torch.bfloat16: 3 * 1e-2 * 2**-6, torch.uint8: 3 * 1e-2 * 0.2}[lean.get("exp_avg_dtype")]
+    for r, p in zip(ref, moved):
+        assert p.dtype == torch.float32 and "remainder" not in opt.state[p]
+        torch.testing.assert_close(p.detach(), r.detach(), rtol=1e-6, atol=atol)
+        assert (p.detach() - before[p]["master"]).abs().max() > 2 * atol  # it did train
 
 
 def test_healthy_run_is_bit_identical_and_reports_nothing():
@@ -255,3 +335,32 @@ def test_torch_compile_with_hooks():
     assert skipped == [True, False, False]
     assert guard.reports()[0].module == "blocks.1.attn"
     assert guard.fallback_set == {"blocks.1.attn": torch.float32}
+
+
+class _Boost(torch.nn.Module):
+    """An in-place module that overflows FP16 (returns its input)."""
+
+    def forward(self, x):
+        return x.mul_(1e6)
+
+
+def test_sequential_containers_are_not_read_again_unless_a_module_works_in_place():
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8))
+    guard = ForwardGuard(plain)
+    x = torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.float16):
+        plain(x)
+    checked = {guard._names[i] for i in guard._order}
+    assert checked == {"0", "2"}  # not the Sequential ("<model>"), not the GELU
+    # In place: the module's own check sees its input already inf, so only
+    # a container can be named; Sequentials are checked again.
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Sequential(_Boost(), torch.nn.Linear(8, 8)))
+    guard = ForwardGuard(model)
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = model(torch.full((4, 8), 10.0))
+    assert not torch.isfinite(out).all()
+    rep = guard.step(found_inf=1.0)
+    # "1"'s input is the tensor _Boost wrote in place (inf by then): the
+    # outer Sequential, whose input stayed finite, is the one named.
+    assert rep.kind == "forward" and rep.module == "<model>", rep
