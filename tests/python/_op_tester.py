@@ -11,7 +11,8 @@ autograd of ``reference``), ``opcheck_cases``, ``empty_inputs`` /
 ``dtypes``, ``devices``, ``cases`` (forward) and ``grad_cases`` (backward,
 default the same), ``isas`` (the CPU paths the forward and backward run on),
 ``grad_argnums`` (the arguments that take a gradient; empty: no backward),
-``compile_dtype``.
+``compile_dtype`` and ``layout_case`` (the compile and non-contiguous checks'),
+and ``skip_reason`` (a case left out on a CPU path, for time).
 
 The checks: forward and backward on fresh random data for each dtype, case,
 device and CPU path; ``torch.compile(fullgraph=True)`` equals eager bit for
@@ -119,12 +120,20 @@ class OpTester:
     isas = ["auto"]
     grad_argnums: tuple = ()
     compile_dtype = torch.bfloat16
+    layout_case = None  # the case of the compile and non-contiguous checks (None: cases[0])
 
     # ---- hooks -------------------------------------------------------------------
 
     @staticmethod
     def case_id(case):
         return str(case)
+
+    def skip_reason(self, case, isa, backward):
+        """A reason to skip this case on this CPU path (the time budget), or None."""
+        return None
+
+    def _layout_case(self):
+        return self.cases[0] if self.layout_case is None else self.layout_case
 
     def make_inputs(self, gen, dtype, device, case):
         """The positional arguments of ``call``, drawn from ``gen``."""
@@ -198,6 +207,9 @@ class OpTester:
     # ---- the checks ----------------------------------------------------------------
 
     def test_forward(self, gen, dtype, device, case, op_isa):
+        reason = self.skip_reason(case, op_isa, False)
+        if reason:
+            pytest.skip(reason)
         args = self.make_inputs(gen, dtype, device, case)
         snap = _snapshot(args)
         out = self.call(*args)
@@ -205,6 +217,9 @@ class OpTester:
         _assert_unchanged(snap)
 
     def test_backward(self, gen, dtype, device, grad_case, op_isa):
+        reason = self.skip_reason(grad_case, op_isa, True)
+        if reason:
+            pytest.skip(reason)
         args = list(self.make_inputs(gen, dtype, device, grad_case))
         for i in self.grad_argnums:
             args[i] = args[i].detach().clone().requires_grad_()
@@ -214,7 +229,7 @@ class OpTester:
         self.check_backward([a.detach() if isinstance(a, torch.Tensor) else a for a in args], out, g, grads, grad_case)
 
     def test_compile_equals_eager(self, gen, device):
-        args = self.make_inputs(gen, self.compile_dtype, device, self.cases[0])
+        args = self.make_inputs(gen, self.compile_dtype, device, self._layout_case())
         compiled = torch.compile(self.call, fullgraph=True, backend="aot_eager")
         if not self.grad_argnums:
             assert_same_outputs(compiled(*args), self.call(*args))
@@ -244,7 +259,7 @@ class OpTester:
             self.check_empty(args, self.call(*args))
 
     def test_noncontiguous(self, gen, dtype):
-        args = self.make_inputs(gen, dtype, "cpu", self.cases[0])
+        args = self.make_inputs(gen, dtype, "cpu", self._layout_case())
         want = self.call(*args)
         variants = self.noncontiguous(args)
         assert variants, "no non-contiguous variant"
