@@ -233,16 +233,9 @@ class GradScaler(torch.amp.GradScaler):
         return int(self._skipped_steps.item())
 
     # ----------------------------------------------------------- unscale ----
-    def _unscale_grads_(
-        self,
-        optimizer: torch.optim.Optimizer,
-        inv_scale: torch.Tensor,
-        found_inf: torch.Tensor,
-        allow_fp16: bool,
-        want_norm: bool = False,
-        read_only: bool = False,
-        per_tensor: list | None = None,
-    ):
+    def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor,
+                        allow_fp16: bool, want_norm: bool = False, read_only: bool = False,
+                        per_tensor: list | None = None):
         """torch's hook (its ``_unscale_grads_`` returns the per-device
         found_inf dict); mixprec's returns the per-device norms too."""
         return _amp_grads.unscale_grads(
