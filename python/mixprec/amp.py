@@ -647,6 +647,23 @@ class GradScaler(torch.amp.GradScaler):
             )
         return self._health
 
+    def add_step_listener(self, listener) -> None:
+        """Registers ``listener`` (held weakly; e.g. a
+        ``mixprec.guard.ForwardGuard``): every ``update()`` calls
+        ``listener.on_scaler_step(found_inf)`` with the step's combined
+        found_inf (a tensor on the scale's device, nonzero for a skipped
+        step; nothing is read from the device), and ``health()`` appends
+        ``listener.health_summary()`` (a ``str`` or None) to its summary.
+        Registering the same object again does nothing. Needs diagnostics
+        (``diagnostics=True`` or ``named_parameters=``)."""
+        for attr in ("on_scaler_step", "health_summary"):
+            if not callable(getattr(listener, attr, None)):
+                raise TypeError(
+                    f"mixprec.amp.GradScaler.add_step_listener: listener must have a callable {attr}(), "
+                    f"got {type(listener).__name__}"
+                )
+        self._diagnostics("add_step_listener").add_listener(listener)
+
     def last_overflow(self) -> list[Overflow]:
         """The parameters whose gradients had an inf or NaN in the latest
         unscale pass (this iteration's if it has been unscaled, else the

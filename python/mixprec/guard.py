@@ -47,9 +47,13 @@ is in use.
 autocast to BF16, its floating inputs upcast to FP32. In a model cast with
 ``.half()`` its parameters and buffers move to the fallback dtype in place
 (same ``Parameter`` objects, so optimizers keep them); the optimizer's state
-for them follows: a mixprec FP32 master becomes the parameter itself (exact:
-no rounding) and leaves the state, other state tensors of the parameter's old
-dtype and shape are upcast; the outputs are cast back to the dtype of the
+for them follows: for a mixprec optimizer the FP32 master (its ``master``
+tensor, or in ``param_remainders`` mode the BF16 param joined with its
+remainder, as ``opt.fp32_state(p)["master"]`` gives it) becomes the
+parameter itself (exact: no rounding) and leaves the state (master or
+remainder), its moments keep the dtypes their group's options ask for; for
+other optimizers (torch's) state tensors of the parameter's old dtype and
+shape are upcast; the outputs are cast back to the dtype of the
 module's first floating input, which is what the next layer's parameters
 take. Under autocast the outputs stay FP32: autocast casts them for the ops
 that want FP16 and keeps them for the ops it runs in FP32.
@@ -313,13 +317,20 @@ class ForwardGuard:
         ``mixprec.amp.GradScaler`` built with ``diagnostics=True`` (or
         ``named_parameters=``), and adds the guard's report to
         ``scaler.health()``."""
-        recorder = getattr(scaler, "_health", None)
-        if recorder is None or not hasattr(recorder, "add_listener"):
+        add = getattr(scaler, "add_step_listener", None)
+        if add is None:
+            raise RuntimeError(
+                "mixprec.guard.ForwardGuard.attach: needs a mixprec.amp.GradScaler with diagnostics=True "
+                f"(or named_parameters=...), got {type(scaler).__name__}; with any other scaler call "
+                "guard.step(found_inf=...) after each step"
+            )
+        try:
+            add(self)
+        except RuntimeError as e:  # diagnostics off
             raise RuntimeError(
                 "mixprec.guard.ForwardGuard.attach: needs a mixprec.amp.GradScaler with diagnostics=True "
                 "(or named_parameters=...); with any other scaler call guard.step(found_inf=...) after each step"
-            )
-        recorder.add_listener(self)
+            ) from e
         self._scaler = weakref.ref(scaler)
         return self
 
@@ -481,24 +492,37 @@ class ForwardGuard:
         self.events.append(FallbackEvent(name, self.steps, _DTYPE_NAMES[dtype], why))
 
     def _move_params(self, mod: nn.Module, dtype: torch.dtype) -> None:
-        states = [opt.state for opt in self._optimizers]
         for p in mod.parameters():
             if p.dtype not in _LOW or p.dtype == dtype:
                 continue
-            old = p.dtype
-            st = next((s[p] for s in states if p in s), None)
-            master = st.get("master") if st else None
-            if master is not None and dtype == torch.float32:
-                new = master.detach().clone()  # exact: the master is the value the param rounds
-                st.pop("master")
+            opt = next((o for o in self._optimizers if p in o.state), None)
+            st = opt.state[p] if opt is not None else None
+            if opt is not None and callable(getattr(opt, "fp32_state", None)):
+                # A mixprec optimizer: its FP32 master (a master tensor, or
+                # the param joined with its remainder in param_remainders
+                # mode: see _optim_lean) is the value the param rounds.
+                # Its moments keep the dtypes of its group's options.
+                master = opt.fp32_state(p)["master"]
+                if dtype == torch.float32:
+                    new = master  # exact: no rounding
+                    st.pop("master", None)
+                    st.pop("remainder", None)
+                else:  # float16 -> bfloat16: the master stays the master
+                    new = master.to(dtype)
             else:
-                new = p.detach().to(dtype)
+                old = p.dtype
+                master = st.get("master") if st else None
+                if master is not None and dtype == torch.float32:
+                    new = master.detach().clone()
+                    st.pop("master")
+                else:
+                    new = p.detach().to(dtype)
+                if st:  # torch's optimizers keep their state in the param's dtype
+                    for k, v in list(st.items()):
+                        if isinstance(v, torch.Tensor) and v.dtype == old and v.shape == p.shape:
+                            st[k] = v.to(dtype)
             p.data = new
             p.grad = None
-            if st:
-                for k, v in list(st.items()):
-                    if isinstance(v, torch.Tensor) and v.dtype == old and v.shape == p.shape:
-                        st[k] = v.to(dtype)
         for m in mod.modules():
             for k, b in m._buffers.items():
                 if b is not None and b.dtype in _LOW and b.dtype != dtype:

@@ -180,6 +180,42 @@ def test_diagnostics_off_is_a_clear_error():
             getattr(scaler, name)()
 
 
+def test_step_listener_sees_every_update_and_adds_to_health(gen):
+    class Listener:
+        def __init__(self):
+            self.seen = []
+
+        def on_scaler_step(self, found_inf):
+            self.seen.append(float(found_inf))
+
+        def health_summary(self):
+            return f"listener: {len(self.seen)} steps"
+
+    plan = {2: [(0, float("inf"))], 5: [(2, float("nan"))]}
+    model = _model(torch.float32)
+    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = mixprec.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3, diagnostics=True)
+    listener = Listener()
+    scaler.add_step_listener(listener)
+    scaler.add_step_listener(listener)  # once only
+    g = torch.Generator().manual_seed(3)
+    for step, (x, y) in enumerate(_batches(g, 8, torch.float32)):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        _poison(model, step, plan)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    skipped = scaler.health().skipped
+    assert skipped == [s in plan for s in range(8)]
+    assert [v != 0 for v in listener.seen] == skipped
+    assert "listener: 8 steps" in str(scaler.health())
+    with pytest.raises(TypeError, match=r"add_step_listener: listener must have a callable on_scaler_step"):
+        scaler.add_step_listener(object())
+    with pytest.raises(RuntimeError, match=r"GradScaler\.add_step_listener: diagnostics are off"):
+        mixprec.amp.GradScaler("cpu").add_step_listener(listener)
+
+
 def test_before_any_step_and_pickling(gen):
     model = _model(torch.bfloat16)
     scaler = mixprec.amp.GradScaler("cpu", named_parameters=model.named_parameters())
