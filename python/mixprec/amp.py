@@ -415,7 +415,9 @@ class GradScaler(torch.amp.GradScaler):
             norm_value = float(norm_type)  # torch takes "inf" too
         except (TypeError, ValueError):
             raise TypeError(f"{where}: norm_type must be a real number or 'inf', got {norm_type!r}") from None
-        if isinstance(norm_type, bool) or norm_value != norm_value:
+        if isinstance(norm_type, bool):
+            raise TypeError(f"{where}: norm_type must be a real number or 'inf', got {norm_type!r}")
+        if norm_value != norm_value:
             raise ValueError(f"{where}: norm_type must be a real number or 'inf', got {norm_type!r}")
         if not _is_optimizer(optimizer):
             return self._clip_parameters(optimizer, max_norm, norm_type, error_if_nonfinite, foreach)
