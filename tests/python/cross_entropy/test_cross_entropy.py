@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import mixprec
 
 from _op_tester import OpTester
-from _reference import DTYPES, EPS, TINY, cpu_lib
+from _reference import DTYPES, EPS, TINY, ce_peaks, cpu_lib
 
 def make(shape, dtype, gen, ignore_frac=0.2, scale=4.0):
     x = (torch.randn(shape, generator=gen) * scale).to(dtype)
@@ -181,16 +181,7 @@ def _peak_cpu_bytes(fn):
 def test_peak_memory_below_upcast_path(gen):
     x, t = make((4, 21, 96, 96), torch.bfloat16, gen)
     x.requires_grad_()
-
-    def upcast():
-        F.cross_entropy(x.float(), t).backward()
-        x.grad = None
-
-    def ours():
-        mixprec.ops.cross_entropy(x, t).backward()
-        x.grad = None
-
-    up, mp = _peak_cpu_bytes(upcast), _peak_cpu_bytes(ours)
+    up, mp = ce_peaks(x, t, _peak_cpu_bytes)
     logits = x.numel() * x.element_size()
     print(f"\npeak forward+backward, bf16 logits {tuple(x.shape)} ({logits / 2**20:.2f} MiB): "
           f"upcast+torch {up / 2**20:.2f} MiB, mixprec {mp / 2**20:.2f} MiB")
@@ -485,16 +476,7 @@ def test_soft_threads_do_not_change_results(gen):
 def test_soft_peak_memory_below_upcast_path(gen):
     x = torch.randn(256, 1000, generator=gen).bfloat16().requires_grad_()
     t = soft_target((256, 1000), torch.float32, gen)
-
-    def upcast():
-        F.cross_entropy(x.float(), t).backward()
-        x.grad = None
-
-    def ours():
-        mixprec.ops.cross_entropy(x, t).backward()
-        x.grad = None
-
-    up, mp = _peak_cpu_bytes(upcast), _peak_cpu_bytes(ours)
+    up, mp = ce_peaks(x, t, _peak_cpu_bytes)
     logits = x.numel() * x.element_size()
     print(f"\npeak forward+backward, bf16 logits {tuple(x.shape)} + fp32 soft target ({logits / 2**20:.2f} MiB "
           f"logits): upcast+torch {up / 2**20:.2f} MiB, mixprec {mp / 2**20:.2f} MiB")
