@@ -752,7 +752,8 @@ class TestCrossEntropy(OpTester):
 
     def noncontiguous(self, args):
         x, *rest = args
-        return [(x.to(memory_format=torch.channels_last), *rest), (x.transpose(2, 3).contiguous().transpose(2, 3), *rest)]
+        return [(x.to(memory_format=torch.channels_last), *rest), (x.transpose(2, 3).contiguous().transpose(2, 3), *rest),
+                (x.transpose(1, 3).contiguous().transpose(1, 3), *rest)]  # the classes innermost
 
     @classmethod
     def bad_cases(cls):

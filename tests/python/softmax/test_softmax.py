@@ -304,7 +304,8 @@ class _SoftmaxTester(OpTester):
     def noncontiguous(self, args):
         x, dim, out_dtype = args
         return [(x.to(memory_format=torch.channels_last), dim, out_dtype),
-                (x.transpose(2, 3).contiguous().transpose(2, 3), dim, out_dtype)]
+                (x.transpose(2, 3).contiguous().transpose(2, 3), dim, out_dtype),
+                (x.transpose(1, 3).contiguous().transpose(1, 3), dim, out_dtype)]  # the reduced dim innermost
 
     @classmethod
     def bad_cases(cls):
