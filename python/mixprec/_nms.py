@@ -1,31 +1,21 @@
 """FP32-safe NMS: ``nms`` / ``batched_nms`` with torchvision's signatures, a
-fixed-size ``nms_padded``, their fake kernels, and ``patch_torchvision``.
+fixed-size ``nms_padded``, their fake kernels, and ``patch_torchvision``. The
+contracts are the functions' docstrings; what they share is
+[note: nms semantics].
 
-Semantics are torchvision's (boxes ``x1, y1, x2, y2``; area without +1; a box
-is suppressed when its IoU with a kept box is strictly greater than
-``iou_threshold``; int64 indices by decreasing score, stable for ties), with
-the IoU always computed in float32: float16 and bfloat16 boxes never overflow
-(torchvision's FP16 areas do above 256 x 256), and ``batched_nms`` compares
-class ids instead of offsetting coordinates by class (which overflows or
-rounds in FP16). For float32 boxes the result is identical to
-``torchvision.ops.nms`` on the CPU.
-
-Choices (documented, tested):
-- dtypes: boxes and scores float32, float16 or bfloat16 (they may differ);
-  float64 is refused (use torchvision for it; ``patch_torchvision`` does).
-- NaN scores rank above every number, as in ``torch.sort`` (torchvision's CPU
-  kernel does the same), unless ``score_threshold`` is given (``NaN > t`` is
-  false, so they are dropped). NaN coordinates give torchvision's decisions.
-- ``iou_threshold`` must be >= 0 and not NaN (RuntimeError otherwise); above 1
-  nothing is suppressed.
-- ``score_threshold``: only boxes with ``score > score_threshold`` take part.
-  ``max_output``: at most that many indices, the first ones of the full result.
-- Autocast: the ops are not registered for autocast, so ``torch.autocast``
-  leaves their inputs alone; they compute in float32 whatever the input.
-- On CUDA, ``nms``/``batched_nms`` copy one int64 (the kept count) to the host
-  to size their output; ``nms_padded`` copies nothing (CUDA-graph capturable).
+[note: nms semantics] torchvision's rules (boxes ``x1, y1, x2, y2``; area
+without +1; suppressed when the IoU with a kept box is strictly greater than
+``iou_threshold``, which must be >= 0 and not NaN (above 1 nothing is suppressed); int64 indices by decreasing score,
+stable for ties; NaN scores rank above every number, as ``torch.sort`` and
+torchvision's CPU kernel, unless ``score_threshold`` drops them), with the IoU
+always in float32: float16 / bfloat16 boxes never overflow (torchvision's FP16
+areas do above 256 x 256) and ``batched_nms`` compares class ids instead of
+offsetting coordinates by class. float32 boxes give ``torchvision.ops.nms``'s
+result exactly. Boxes and scores are float32, float16 or bfloat16 (they may
+differ; float64 is left to torchvision). No autocast rule: the inputs are left
+alone. On CUDA ``nms`` / ``batched_nms`` copy one int64 (the kept count) to
+the host to size their output; ``nms_padded`` copies nothing.
 """
-
 
 import torch
 from torch.nn.modules.utils import _pair
