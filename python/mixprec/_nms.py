@@ -5,16 +5,17 @@ contracts are the functions' docstrings; what they share is
 
 [note: nms semantics] torchvision's rules (boxes ``x1, y1, x2, y2``; area
 without +1; suppressed when the IoU with a kept box is strictly greater than
-``iou_threshold``, which must be >= 0 and not NaN (above 1 nothing is suppressed); int64 indices by decreasing score,
-stable for ties; NaN scores rank above every number, as ``torch.sort`` and
-torchvision's CPU kernel, unless ``score_threshold`` drops them), with the IoU
-always in float32: float16 / bfloat16 boxes never overflow (torchvision's FP16
-areas do above 256 x 256) and ``batched_nms`` compares class ids instead of
-offsetting coordinates by class. float32 boxes give ``torchvision.ops.nms``'s
-result exactly. Boxes and scores are float32, float16 or bfloat16 (they may
-differ; float64 is left to torchvision). No autocast rule: the inputs are left
-alone. On CUDA ``nms`` / ``batched_nms`` copy one int64 (the kept count) to
-the host to size their output; ``nms_padded`` copies nothing.
+``iou_threshold``, which must be >= 0 and not NaN (above 1 nothing is
+suppressed); int64 indices by decreasing score, stable for ties; NaN scores
+rank above every number, as ``torch.sort`` and torchvision's CPU kernel,
+unless ``score_threshold`` drops them), with the IoU always in float32:
+float16 / bfloat16 boxes never overflow (torchvision's FP16 areas do above 256
+x 256) and ``batched_nms`` compares class ids instead of offsetting
+coordinates by class. float32 boxes give ``torchvision.ops.nms``'s result
+exactly. Boxes and scores are float32, float16 or bfloat16 (they may differ;
+float64 is left to torchvision). No autocast rule: the inputs are left alone.
+On CUDA ``nms`` / ``batched_nms`` copy one int64 (the kept count) to the host
+to size their output; ``nms_padded`` copies nothing.
 """
 
 import torch
