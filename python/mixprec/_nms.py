@@ -323,9 +323,14 @@ def patch_torchvision() -> TorchvisionPatch:
             )
         return orig_batched(boxes, scores, idxs, iou_threshold)
 
-    # torchvision.ops.roi_align's signature, as TorchScript needs it (see mixprec.ops.roi_align).
-    def patched_roi_align(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size: BroadcastingList2[int],
-                          spatial_scale: float = 1.0, sampling_ratio: int = -1, aligned: bool = False) -> Tensor:
+    def patched_roi_align(
+        input: Tensor,
+        boxes: Union[Tensor, List[Tensor]],
+        output_size: BroadcastingList2[int],
+        spatial_scale: float = 1.0,
+        sampling_ratio: int = -1,
+        aligned: bool = False,
+    ) -> Tensor:
         if isinstance(boxes, torch.Tensor):
             rois = boxes
         else:
