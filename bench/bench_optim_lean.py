@@ -30,7 +30,11 @@ them; at 100M (``--big``) each row runs in its own pair with torch fused FP32
 (the ratio column comes from that pair), so only two are in memory at once.
 The peers are slow on the CPU: their rows get fewer rounds (``--peer-reps``).
 
-Usage: python bench/bench_optim_lean.py [--reps 7] [--peer-reps 3] [--sizes 25 100] [--out FILE]
+Usage: python bench/bench_optim_lean.py [--reps 7] [--peer-reps 3] [--sizes 25 100] [--no-peers] [--out FILE]
+       python bench/bench_optim_lean.py --quick [--peers] [--out FILE]
+``--quick``: 3 rounds (1 for the peers), sizes 25 and 100, torch's and
+mixprec's rows only unless ``--peers`` is given (a few minutes on 2 cores;
+with the peers, whose 100M steps take seconds each, well under 10).
 """
 
 from __future__ import annotations
@@ -217,12 +221,22 @@ def run_size(n_tensors: int, names, reps: int, peer_reps: int, paired: bool):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--peer-reps", type=int, default=3)
+    ap.add_argument("--quick", action="store_true",
+                    help="3 rounds (1 for the peers), sizes 25 and 100, no peers unless --peers")
+    ap.add_argument("--reps", type=int, default=None, help="rounds per row (7; 3 with --quick)")
+    ap.add_argument("--peer-reps", type=int, default=None, help="rounds per peer row (3; 1 with --quick)")
     ap.add_argument("--sizes", type=int, nargs="+", default=[25, 100], help="millions of params (x 2^20)")
+    ap.add_argument("--peers", action=argparse.BooleanOptionalAction, default=None,
+                    help="the torchao / bitsandbytes rows (default: with them, without under --quick)")
     ap.add_argument("--rows", nargs="+", default=list(ROWS), help="row names (default all)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.reps is None:
+        args.reps = 3 if args.quick else 7
+    if args.peer_reps is None:
+        args.peer_reps = 1 if args.quick else 3
+    peers = (not args.quick) if args.peers is None else args.peers
+    rows = [r for r in ROWS if r in args.rows and (peers or r not in PEERS)]
     load = os.getloadavg()
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     bw = copy_bandwidth()
@@ -233,7 +247,7 @@ def main():
     for size in args.sizes:
         paired = size > 25
         t0 = time.perf_counter()
-        res = run_size(size, [r for r in ROWS if r in args.rows], args.reps, args.peer_reps, paired)
+        res = run_size(size, rows, args.reps, args.peer_reps, paired)
         title = (f"### {size} x 2^20 params ({size} tensors of 1,048,576), "
                  + ("each row paired with torch fused FP32" if paired else "every row interleaved")
                  + f", {time.perf_counter() - t0:.0f} s")
@@ -249,7 +263,8 @@ def main():
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w") as f:
             f.write("# Lean optimizer state on the CPU (issue 24)\n\n")
-            f.write(head + f". Median of {args.reps} interleaved rounds ({args.peer_reps} for the peers' rows).\n")
+            f.write(head + f". Median of {args.reps} interleaved rounds"
+                    + (f" ({args.peer_reps} for the peers' rows).\n" if peers else "; the peers' rows not run.\n"))
             f.write(f"Command: `python bench/bench_optim_lean.py {' '.join(sys.argv[1:])}`\n\n")
             f.write("\n".join(lines))
 

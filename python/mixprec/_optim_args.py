@@ -5,12 +5,16 @@ each step (dtype, sparse gradients, a float16 param in a master-free group).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import numbers
+import typing
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Optional
 
 import torch
+from typing_extensions import TypedDict
 
 from ._library import FLOAT_DTYPES as _PARAM_DTYPES
 
@@ -19,6 +23,61 @@ _EMA_DEFAULTS = dict(
     ema_decay=None, ema_min_decay=0.0, ema_use_warmup=False, ema_warmup_gamma=1.0, ema_warmup_power=2 / 3,
     ema_update_after_step=0, ema_update_every=1,
 )
+
+
+
+
+class SharedOptions(TypedDict, total=False):
+    """The keyword-only options AdamW and SGD share (their ``**options``),
+    documented in :class:`mixprec.optim.AdamW`; defaults in
+    :data:`SHARED_DEFAULTS`."""
+
+    master_weights: bool
+    param_remainders: bool
+    seed: Optional[int]
+    ema_decay: Optional[float]
+    ema_min_decay: float
+    ema_use_warmup: bool
+    ema_warmup_gamma: float
+    ema_warmup_power: float
+    ema_update_after_step: int
+    ema_update_every: int
+    foreach: Optional[bool]
+    capturable: bool
+    differentiable: bool
+    fused: Optional[bool]
+
+
+SHARED_DEFAULTS: dict[str, Any] = dict(
+    master_weights=True, param_remainders=False, seed=None, **_EMA_DEFAULTS,
+    foreach=None, capturable=False, differentiable=False, fused=None,
+)
+assert SHARED_DEFAULTS.keys() == SharedOptions.__annotations__.keys()
+
+
+def shared_options(init):
+    """Decorates an optimizer's ``__init__(..., **options:
+    Unpack[SharedOptions])``: its signature (``help()``, IDEs,
+    LightningCLI's introspection) lists the shared keywords with their
+    defaults, and ``options`` arrives complete (defaults filled in); an
+    unknown keyword raises Python's TypeError."""
+    sig = inspect.signature(init)
+    head = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    hints = typing.get_type_hints(SharedOptions)
+    shared = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v, annotation=hints[k])
+              for k, v in SHARED_DEFAULTS.items()]
+    own = {p.name for p in head}
+
+    @functools.wraps(init)
+    def wrapper(self, *args, **kwargs):
+        unknown = [k for k in kwargs if k not in own and k not in SHARED_DEFAULTS]
+        if unknown:
+            raise TypeError(f"{init.__qualname__}() got an unexpected keyword argument {unknown[0]!r}")
+        options = {k: kwargs.pop(k, v) for k, v in SHARED_DEFAULTS.items()}
+        init(self, *args, **kwargs, **options)
+
+    wrapper.__signature__ = sig.replace(parameters=[*head, *shared])
+    return wrapper
 
 
 def _check_lr(lr) -> None:

@@ -39,15 +39,31 @@ memory order, per tensor the op sees, so under FSDP2 / tensor parallel per
 local shard, starting at its first element). Python only dequantises them
 (``dequantize``: ``map[code] * scale``, the kernel's map) and quantises FP32
 moments on load (``quantize``: the nearest code, per block the absmax
-scale). In ``state_dict()`` they are dequantised to FP32 (DTensors for
-DTensor params), the one form that does not depend on where the blocks fell:
-torch.distributed.checkpoint reshards it element by element (2 -> 1, 1 -> 2
-ranks) and torch's optimizers load it; a load re-blocks it on the new
-layout. Checkpoints of an 8-bit mode so hold 8 bytes per param of moments
-(not 2): the price of reshardable checkpoints; in memory the state stays
-8-bit. A load on the same layout gives back the same codes and scales (the
-quantiser recovers each block's scale exactly, ``quantize(exact=True)``), so
-a resumed run is bit-identical to an uninterrupted one.
+scale; a dequantised block gets back its codes and scale exactly).
+
+[note: checkpoint format] ``state_dict()`` saves the state compact: the
+remainder as int16, BF16 moments as BF16, and an 8-bit moment ``key`` as
+``key + "_q8"`` (the uint8 codes, shaped like the param: a DTensor with
+its placements for a DTensor param) and ``key + "_q8_scale"`` (FP32, shape
+``[dim 0, numel / dim 0 / 256]``: the scale of each run of 256 elements of
+each dim-0 row, a DTensor sharded like the param along dim 0). That row
+form depends only on the param's global shape, so
+torch.distributed.checkpoint reshards both tensors element by element
+(rows never straddle FSDP2's dim-0 shards), and it is the kernel's own
+blocks whenever a row is whole blocks and the state is contiguous: saved
+and loaded as it is, bit for bit, on any layout (2 -> 1, 1 -> 2 ranks).
+Where it is not (a param with fewer than 2 dims, rows of a size that is
+not a multiple of 256, a channels_last or otherwise non-contiguous state,
+a DTensor sharded on another dim), no layout-free compact form is exact,
+and the moment is saved dequantised to FP32 under ``key`` (4 bytes per
+element; the form torch's optimizers hold): reloaded on the same layout it
+gives back the same codes and scales, on another one it is re-blocked
+(within the 8-bit rounding). The codes are saved under their own key so
+that a checkpoint of one format never fills a template of another by a
+silent cast (torch.distributed.checkpoint then reports the missing key).
+``load_state_dict`` takes this form, the FP32 one (``fp32_state_dict()``,
+a torch optimizer's), the earlier all-FP32 8-bit one, and converts each to
+the group's formats at the next step.
 """
 
 from __future__ import annotations
@@ -76,7 +92,19 @@ def scale_key(key: str) -> str:
     return f"{key}_scale"
 
 
-LEAN_STATE_KEYS = ("remainder", *map(scale_key, (*ADAMW_MOMENTS, *SGD_MOMENTS)))
+def q8_key(key: str) -> str:
+    """The saved codes of 8-bit moment ``key`` ([note: checkpoint format])."""
+    return f"{key}_q8"
+
+
+def q8_scale_key(key: str) -> str:
+    """The saved row-form scales of 8-bit moment ``key``."""
+    return f"{key}_q8_scale"
+
+
+_ALL_MOMENTS = (*ADAMW_MOMENTS, *SGD_MOMENTS)
+LEAN_STATE_KEYS = ("remainder", *map(scale_key, _ALL_MOMENTS))
+SAVED_Q8_KEYS = (*map(q8_key, _ALL_MOMENTS), *map(q8_scale_key, _ALL_MOMENTS))
 
 
 # ---- group options ---------------------------------------------------------------
@@ -252,8 +280,9 @@ def quantize(values: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Te
     nearest code. A block that is exactly ``map[c] * s`` (a dequantised
     one) gets back its codes and ``s``, also when its largest magnitude is
     negative, which the signed map holds only as ``map[0] * s`` (-0.993 s):
-    then ``absmax / -map[0]`` is tried first and kept when it reproduces the
-    block exactly."""
+    where the absmax scale does not reproduce the block exactly, ``absmax /
+    -map[0]`` and its FP32 neighbours (2 ulps either way: the division
+    rounds) are tried, and the first that does is kept."""
     v = _memory_flat(values.detach().float())
     n = v.numel()
     nb = num_blocks(n)
@@ -271,14 +300,22 @@ def quantize(values: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Te
         normed = blocks / torch.where(scales > 0, scales, torch.ones_like(scales))[:, None]
         return order[torch.bucketize(normed, mid, right=True)]
 
+    def exact(c, scales):
+        return (qmap[c] * scales[:, None] == blocks).all(1)
+
     codes = encode(absmax)
     scales = absmax
     if signed:
+        done = exact(codes, absmax) | (absmax == 0)
         alt = absmax / -values_sorted[0]
-        alt_codes = encode(alt)
-        exact = (qmap[alt_codes] * alt[:, None] == blocks).all(1) & (absmax > 0)
-        codes = torch.where(exact[:, None], alt_codes, codes)
-        scales = torch.where(exact, alt, absmax)
+        up, down = torch.full_like(alt, float("inf")), torch.zeros_like(alt)
+        for cand in (alt, alt.nextafter(up), alt.nextafter(down), alt.nextafter(up).nextafter(up),
+                     alt.nextafter(down).nextafter(down)):
+            cand_codes = encode(cand)
+            use = ~done & exact(cand_codes, cand)
+            codes = torch.where(use[:, None], cand_codes, codes)
+            scales = torch.where(use, cand, scales)
+            done = done | use
     out = torch.empty_like(values, dtype=torch.uint8)
     _memory_flat_assign(out, codes.reshape(-1)[:n].to(torch.uint8))
     return out, scales
@@ -339,6 +376,70 @@ def set_moment(st: dict[str, Any], key: str, p: torch.Tensor, dtype: torch.dtype
     codes, scales = quantize(local(values), signed_moment(key))
     st[key] = _like(p, codes)
     st[skey] = scales
+
+
+# ---- [note: checkpoint format] --------------------------------------------------
+
+
+def row_blocks(codes: torch.Tensor) -> int | None:
+    """Blocks per dim-0 row of an 8-bit moment in the saved row form, or
+    None when the kernel's blocks are not rows' runs of 256 (the moment is
+    then saved in FP32)."""
+    if codes.dim() < 2 or codes.numel() == 0:
+        return None
+    per_row = codes.numel() // codes.shape[0]
+    if per_row % BLOCK or not local(codes).is_contiguous():
+        return None
+    if is_dtensor(codes):
+        from torch.distributed.tensor import Replicate, Shard
+
+        # _StridedShard (FSDP2 over tensor parallel) is a Shard subclass:
+        # only plain dim-0 shards keep whole rows in each local tensor.
+        if not all(type(pl) is Replicate or (type(pl) is Shard and pl.dim == 0) for pl in codes.placements):
+            return None
+    return per_row // BLOCK
+
+
+def saved_moment(st: dict[str, Any], key: str) -> dict[str, torch.Tensor]:
+    """What ``state_dict()`` saves for the 8-bit moment ``key``: the codes
+    and the row-form scales, or its FP32 values."""
+    codes = st[key]
+    k = row_blocks(codes)
+    if k is None:
+        return {key: moment_fp32(st, key)}
+    rows = st[scale_key(key)].view(local(codes).shape[0], k)
+    if is_dtensor(codes):
+        from torch.distributed.tensor import DTensor
+
+        rows = DTensor.from_local(rows, codes.device_mesh, codes.placements, run_check=False,
+                                  shape=(codes.shape[0], k), stride=(k, 1))
+    return {q8_key(key): codes, q8_scale_key(key): rows}
+
+
+def check_saved_moment(cls: str, key: str, p: torch.Tensor, codes, rows) -> None:
+    """A RuntimeError naming the keys when a saved row-form 8-bit moment
+    (codes, row scales) does not fit ``p``."""
+    where = (f"{cls}.load_state_dict: the saved {q8_key(key)} / {q8_scale_key(key)} of a parameter of shape "
+             f"{tuple(p.shape)}")
+    if not isinstance(codes, torch.Tensor) or not isinstance(rows, torch.Tensor):
+        raise RuntimeError(f"{where}: both must be tensors (one of the pair is missing)")
+    if codes.dtype != torch.uint8 or tuple(codes.shape) != tuple(p.shape) or is_dtensor(codes) != is_dtensor(p):
+        raise RuntimeError(f"{where}: the codes must be uint8 of the parameter's shape, and a DTensor exactly "
+                           f"when the parameter is one; got {codes.dtype} of shape {tuple(codes.shape)}")
+    k = row_blocks(codes)
+    lc, lr = local(codes), local(rows)
+    if (k is None or rows.dtype != torch.float32 or tuple(rows.shape) != (codes.shape[0], k)
+            or lr.numel() != num_blocks(lc.numel())):
+        raise RuntimeError(f"{where}: the scales must be float32 of shape (dim 0, numel / dim 0 / 256) sharded "
+                           f"like the codes on dim 0; got {rows.dtype} of shape {tuple(rows.shape)} "
+                           f"({lr.numel()} local for {lc.numel()} local codes)")
+
+
+def load_saved_moment(st: dict[str, Any], key: str, p: torch.Tensor, codes, rows) -> None:
+    """Installs a checked saved row-form 8-bit moment as ``st[key]`` /
+    ``st[scale_key(key)]`` (copies on ``p``'s device)."""
+    st[key] = codes.to(device=p.device, copy=True)
+    st[scale_key(key)] = local(rows).to(device=local(p).device, dtype=torch.float32, copy=True).reshape(-1)
 
 
 def set_remainder(st: dict[str, Any], p: torch.Tensor) -> None:
@@ -595,9 +696,10 @@ class LeanState:
         return sd
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's, with remainders and BF16 moments as they are (compact)
-        and 8-bit moments dequantised to FP32 (see [note: 8-bit moments]:
-        the form that reshards and that torch's optimizers load)."""
+        """torch's, with the state compact: remainders, BF16 moments as they
+        are, 8-bit moments as codes and row-form scales ([note: checkpoint
+        format]; FP32 where no layout-free form is exact). For torch's
+        optimizers use :meth:`fp32_state_dict`."""
         sd = super().state_dict()
         for i, st in sd["state"].items():
             if not isinstance(st, dict):
@@ -605,37 +707,59 @@ class LeanState:
             for key in self._MOMENTS:
                 if isinstance(st.get(key), torch.Tensor) and st[key].dtype == torch.uint8:
                     st = sd["state"][i] = dict(st)
-                    st[key] = moment_fp32(st, key)
-                    st.pop(scale_key(key))
+                    saved = saved_moment(st, key)
+                    del st[key], st[scale_key(key)]
+                    st.update(saved)
         return sd
+
+    def _check_loading(self, state_dict: dict[str, Any]) -> None:
+        """Before torch's loader installs anything (after the user's
+        pre-hooks): saved 8-bit moments that do not fit their params raise
+        a RuntimeError naming the keys, the optimizer left as it was."""
+        params = [p for g in self.param_groups for p in g["params"]]
+        keys = (k for g in state_dict.get("param_groups", []) for k in g.get("params", []))
+        id_map = dict(zip(keys, params))
+        for key, st in state_dict.get("state", {}).items():
+            p = id_map.get(key)
+            if p is None or not isinstance(st, dict):
+                continue
+            for m in self._MOMENTS:
+                if q8_key(m) in st or q8_scale_key(m) in st:
+                    check_saved_moment(type(self).__name__, m, p, st.get(q8_key(m)), st.get(q8_scale_key(m)))
 
     def _restore_fp32_state(self, state_dict: dict[str, Any]) -> None:
         """Inside load_state_dict, on the state dict the pre-hooks made and
         before the post-hooks ([note: load hooks]): the base class's restore
         (FP32 state kept FP32 where torch would cast it), keeping the
-        compact state as saved (remainders,
-        BF16 / 8-bit moments, FP32 scales); each param's state is then
-        converted to its group's options at its next step (torch's FP32
-        moments quantised, a saved master split into a remainder, ...)."""
+        compact state as saved (remainders, BF16 moments, 8-bit codes with
+        their scales, [note: checkpoint format]); each param's state is then
+        converted to its group's options (torch's FP32 moments quantised, a
+        saved master split into a remainder, ...)."""
         saved_groups = state_dict.get("param_groups", [])
         id_map = dict(zip((k for g in saved_groups for k in g["params"]),
                           (p for g in self.param_groups for p in g["params"])))
         keep = (*LEAN_STATE_KEYS, *self._MOMENTS)
-        compact = {}
+        compact, q8 = {}, {}
         for key, st in state_dict.get("state", {}).items():
             if isinstance(st, dict):
                 compact[key] = {
                     k: v for k, v in st.items()
                     if k in keep and isinstance(v, torch.Tensor) and (k in LEAN_STATE_KEYS or v.dtype != torch.float32)
                 }
+                q8[key] = {m: (st.get(q8_key(m)), st.get(q8_scale_key(m))) for m in self._MOMENTS
+                           if q8_key(m) in st or q8_scale_key(m) in st}
         super()._restore_fp32_state(state_dict)
         for key, saved in compact.items():
             p = id_map.get(key)
             if p is None:
                 continue
             st = self.state[p]
+            for k in SAVED_Q8_KEYS:
+                st.pop(k, None)  # as torch's loader installed them: the scales cast to the param's dtype
             for k, v in saved.items():
                 st[k] = v.to(device=local(p).device if not is_dtensor(v) else p.device, copy=True)
+            for m, (codes, rows) in q8[key].items():
+                load_saved_moment(st, m, p, codes, rows)
         for group in self.param_groups:
             self._lean_prepare(group, [p for p in group["params"] if p in self.state])
         self._record_param_versions([p for g in self.param_groups for p in g["params"]])

@@ -90,6 +90,7 @@ class _StateAndCheckpoints:
         loading: list[dict[str, Any]] = []
 
         def keep(optimizer, sd):
+            self._check_loading(sd)
             loading.append(sd)
 
         hooks = self._optimizer_load_state_dict_pre_hooks
@@ -136,6 +137,9 @@ class _StateAndCheckpoints:
         self._record_param_versions(list(id_map.values()))
         self._drawn_seed_groups().clear()
         self._after_load()
+
+    def _check_loading(self, state_dict: dict[str, Any]) -> None:
+        """Checks of the incoming state dict before anything is installed."""
 
     def _after_load(self) -> None:
         pass

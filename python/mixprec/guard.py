@@ -28,7 +28,8 @@ Without a mixprec scaler call ``guard.step(found_inf=...)`` (or
 
 [note: guard cost] The healthy path: one op call per module forward (one
 read of its outputs; activations and max-pools are skipped, see [note:
-range-safe modules]; and one per module output gradient with
+range-safe modules], and nn.Sequential containers, see [note: sequential
+containers]; and one per module output gradient with
 ``backward=True``), one ``zero_()`` of the
 record per step, and the read of the step's found_inf flag (free on the CPU;
 one 4-byte device-to-host copy on CUDA, the same read torch's GradScaler
@@ -41,12 +42,20 @@ the record are all-reduced (MAX) so that all ranks move the same modules to
 FP32 in the same step. Healthy steps need no collective. ``step(loss=...)``
 without found_inf cannot know that (a rank's loss may be finite while
 another's is not) and all-reduces the flag every step when a process group
-is in use.
+is in use. A ``.half()`` model under DDP / FSDP2: its parameters keep their
+dtype (``move_params=False``, the default with more than one rank): DDP's
+gradient buckets are typed by the parameters' dtypes when DDP is built
+(its reducer then refuses an FP32 gradient for an FP16 bucket) and FSDP2
+shards are DTensors of a fixed dtype, so a fallback module runs on FP32
+copies of its parameters made at each call instead; the gradients reach the
+parameters in their dtype, the buckets, optimizer state and masters stay as
+they are, the same on every rank.
 
 [note: guard fallback] A module in fallback runs with autocast off (FP32) or
 autocast to BF16, its floating inputs upcast to FP32. In a model cast with
-``.half()`` its parameters and buffers move to the fallback dtype in place
-(same ``Parameter`` objects, so optimizers keep them); the optimizer's state
+``.half()`` (with ``move_params``, the default in one process) its
+parameters and buffers move to the fallback dtype in place (same
+``Parameter`` objects, so optimizers keep them); the optimizer's state
 for them follows: for a mixprec optimizer the FP32 master (its ``master``
 tensor, or in ``param_remainders`` mode the BF16 param joined with its
 remainder, as ``opt.fp32_state(p)["master"]`` gives it) becomes the
@@ -182,6 +191,19 @@ def _cast_floats(x, dtype):
     return x
 
 
+def _upcast_params(mod: nn.Module, dtype: torch.dtype) -> list:
+    """Replaces ``mod``'s FP16/BF16 parameters of another dtype than
+    ``dtype`` by differentiable ``dtype`` copies (the gradients flow back to
+    the parameters); returns what to put back."""
+    swapped = []
+    for m in mod.modules():
+        for k, p in m._parameters.items():
+            if p is not None and p.dtype in _LOW and p.dtype != dtype:
+                swapped.append((m, k, p))
+                m._parameters[k] = p.to(dtype)
+    return swapped
+
+
 class ForwardGuard:
     """Opt-in overflow guard on ``model`` (see the module docstring).
 
@@ -202,6 +224,16 @@ class ForwardGuard:
             skipped step with no forward overflow is still reported as a
             gradient overflow, with the parameters the attached scaler's
             diagnostics name.
+        move_params: for a model cast with ``.half()`` (FP16/BF16
+            parameters): True moves a fallback module's parameters to the
+            fallback dtype (and its optimizer state, see [note: guard
+            fallback]); False leaves them (and the optimizer) as they are
+            and runs the module on copies upcast at each call (autograd
+            takes the gradients back to the parameters in their dtype).
+            Default: True in one process, False when torch.distributed runs
+            more than one rank (DDP's buckets and FSDP2's shards are built
+            for the parameters' dtype: a parameter changing dtype under them
+            breaks the next backward), see [note: guard ranks].
         process_group: for the cross-rank agreement (default: the world group
             when torch.distributed is initialised).
     """
@@ -215,6 +247,7 @@ class ForwardGuard:
         fallback_dtype: torch.dtype = torch.float32,
         optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None,
         backward: bool = False,
+        move_params: bool | None = None,
         process_group=None,
     ) -> None:
         if after < 1:
@@ -264,7 +297,28 @@ class ForwardGuard:
         self._from_scaler = False
         self._reports: list[OverflowReport] = []
         self._half_model = any(p.dtype in _LOW for p in model.parameters())
+        sharded = any(type(p).__name__ == "DTensor" for p in model.parameters())
+        if move_params is None:
+            group = self._group()
+            move_params = not sharded and (group is None or dist.get_world_size(group) == 1)
+        elif move_params and sharded and self._half_model:
+            raise ValueError(
+                "mixprec.guard.ForwardGuard: move_params=True cannot move FSDP2's sharded (DTensor) parameters "
+                "to another dtype; use move_params=False (the module runs on upcast copies), or build the model "
+                "in FP32 and let autocast or fully_shard(mp_policy=MixedPrecisionPolicy(param_dtype=...)) cast it"
+            )
+        self.move_params = bool(move_params)
         self._originals: dict[int, Any] = {}
+        # [note: sequential containers] An nn.Sequential (exact type) only
+        # chains its children, so when its output is inf/NaN from finite
+        # inputs, the first child whose output went non-finite had a finite
+        # input: that child (or one of its own modules) is flagged, and the
+        # Sequential, an ancestor of a flagged module, is never the one
+        # named. Its check (a second read of its last child's output) is
+        # skipped, until a module is seen returning one of its inputs (an
+        # in-place module: its check sees its input already non-finite, so
+        # only a container can be flagged for it).
+        self._inplace_seen = False
         self._handles = [
             m.register_forward_hook(self._make_hook(i)) for i, m in enumerate(self._modules) if not _range_safe(m)
         ]
@@ -279,6 +333,7 @@ class ForwardGuard:
     def _make_hook(self, slot: int):
         check = torch.ops.mixprec.overflow_check_.default
         guard = self
+        chain = type(self._modules[slot]) is nn.Sequential
 
         def grad_hook(g: torch.Tensor) -> None:
             if g.dtype in _FLOAT:
@@ -287,12 +342,14 @@ class ForwardGuard:
                     guard._border[slot] = len(guard._border)
 
         def hook(module, args, out):
-            if not guard.enabled:
-                return None
+            if not guard.enabled or (chain and not guard._inplace_seen):
+                return None  # see [note: sequential containers]
             outs = _floats(out)
             if not outs:
                 return None
             first = outs[0]
+            if not guard._inplace_seen and any(a is first for a in args):
+                guard._inplace_seen = True
             check(outs, _floats(args), guard._record(first.device), slot)
             if slot not in guard._order:
                 guard._order[slot] = len(guard._order)
@@ -463,7 +520,7 @@ class ForwardGuard:
 
     def _apply(self, i: int, dtype: torch.dtype, why: str) -> None:
         mod, name = self._modules[i], self._names[i]
-        if self._half_model:
+        if self._half_model and self.move_params:
             self._move_params(mod, dtype)
         orig = mod.__dict__.get("forward", None)
         self._originals[i] = orig
@@ -475,16 +532,23 @@ class ForwardGuard:
             dev = lead.device.type if lead is not None else "cpu"
             back = lead.dtype if (cast_back and lead is not None and lead.dtype in _LOW) else None
             args, kwargs = _cast_floats(args, torch.float32), _cast_floats(kwargs, torch.float32)
-            if dtype == torch.float32:
-                with torch.autocast(dev, enabled=False):
-                    out = inner(*args, **kwargs)
-            elif self._half_model:
-                args, kwargs = _cast_floats(args, dtype), _cast_floats(kwargs, dtype)
-                with torch.autocast(dev, enabled=False):
-                    out = inner(*args, **kwargs)
-            else:
-                with torch.autocast(dev, dtype=dtype):
-                    out = inner(*args, **kwargs)
+            # Parameters still in FP16/BF16 (move_params=False, or FSDP2's
+            # mixed-precision policy) run as upcast copies for this call.
+            swapped = _upcast_params(mod, dtype if self._half_model else torch.float32)
+            try:
+                if dtype == torch.float32:
+                    with torch.autocast(dev, enabled=False):
+                        out = inner(*args, **kwargs)
+                elif self._half_model:
+                    args, kwargs = _cast_floats(args, dtype), _cast_floats(kwargs, dtype)
+                    with torch.autocast(dev, enabled=False):
+                        out = inner(*args, **kwargs)
+                else:
+                    with torch.autocast(dev, dtype=dtype):
+                        out = inner(*args, **kwargs)
+            finally:
+                for m, k, p in swapped:
+                    m._parameters[k] = p
             return _cast_floats(out, back) if back is not None else out
 
         mod.forward = forward

@@ -46,10 +46,14 @@ import math
 from typing import Any
 
 import torch
+from typing_extensions import Unpack
 
 from ._amp_grads import is_dense
 from ._distributed import local
-from ._optim_args import _own_group_keys, _ParamChecks, _check_lr, _check_scalars, _real, _scalar, _torch_flags
+from ._optim_args import (
+    _EMA_DEFAULTS, SharedOptions, _check_lr, _check_scalars, _own_group_keys, _ParamChecks, _real, _scalar,
+    _torch_flags, shared_options,
+)
 from ._optim_ema import _WeightsEma, ema_model
 from ._optim_lean import ADAMW_MOMENTS, SGD_MOMENTS, LeanState, MemoryReport, lean_defaults
 from ._optim_seeds import _RoundingSeeds
@@ -71,6 +75,17 @@ class _FusedMasterWeightOptimizer(LeanState, _StateAndCheckpoints, _RoundingSeed
     # FP32 master weights and state: float16 gradients are safe here (see
     # mixprec.amp.GradScaler.unscale_).
     _accepts_fp16_grads = True
+
+    @classmethod
+    def _shared_defaults(cls, lr, options: dict[str, Any], moments: dict[str, Any]) -> dict[str, Any]:
+        """The group defaults both optimizers take (``options``: the
+        :class:`SharedOptions`, complete; ``moments``: the class's moment
+        dtype options), checked."""
+        _check_lr(lr)
+        own = _own_group_keys({k: options[k] for k in (*_EMA_DEFAULTS, "master_weights", "seed")})
+        lean = lean_defaults(cls.__name__, options["param_remainders"], options["master_weights"], moments)
+        flags = _torch_flags(options["foreach"], options["capturable"], options["differentiable"], options["fused"])
+        return {**own, **lean, **flags}
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """torch's, plus: a master-free group may not hold float16 params,
@@ -230,14 +245,17 @@ class AdamW(_FusedMasterWeightOptimizer):
     dynamic map). The rounding and the map are in mixprec/optim.h.
     :meth:`memory_report` counts the bytes; :meth:`fp32_state` and
     :meth:`fp32_state_dict` give the state in FP32 (torch's format, with the
-    FP32 master), ``state_dict()`` saves the compact form (8-bit moments in
-    FP32, so that distributed checkpoints reshard) and ``load_state_dict``
-    takes either, and torch's own (quantised to the group's formats).
+    FP32 master), ``state_dict()`` saves the compact form (remainders, BF16
+    moments, 8-bit codes with per-row-block scales that
+    torch.distributed.checkpoint reshards exactly; see [note: checkpoint
+    format] in mixprec/_optim_lean.py) and ``load_state_dict`` takes
+    either, and torch's own (quantised to the group's formats).
     """
 
     _MOMENTS = ADAMW_MOMENTS
     _SCALE_ARGS = {"exp_avg": "exp_avg_scales", "exp_avg_sq": "exp_avg_sq_scales"}
 
+    @shared_options
     def __init__(
         self,
         params,
@@ -248,30 +266,12 @@ class AdamW(_FusedMasterWeightOptimizer):
         amsgrad: bool = False,
         *,
         maximize: bool = False,
-        master_weights: bool = True,
-        param_remainders: bool = False,
         exp_avg_dtype: torch.dtype = torch.float32,
         exp_avg_sq_dtype: torch.dtype = torch.float32,
-        seed: int | None = None,
-        ema_decay: float | None = None,
-        ema_min_decay: float = 0.0,
-        ema_use_warmup: bool = False,
-        ema_warmup_gamma: float = 1.0,
-        ema_warmup_power: float = 2 / 3,
-        ema_update_after_step: int = 0,
-        ema_update_every: int = 1,
-        foreach: bool | None = None,
-        capturable: bool = False,
-        differentiable: bool = False,
-        fused: bool | None = None,
+        **options: Unpack[SharedOptions],
     ) -> None:
-        _check_lr(lr)
-        own = _own_group_keys(dict(
-            ema_decay=ema_decay, ema_min_decay=ema_min_decay, ema_use_warmup=ema_use_warmup,
-            ema_warmup_gamma=ema_warmup_gamma, ema_warmup_power=ema_warmup_power,
-            ema_update_after_step=ema_update_after_step, ema_update_every=ema_update_every,
-            master_weights=master_weights, seed=seed,
-        ))
+        moments = dict(exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_sq_dtype)
+        shared = self._shared_defaults(lr, options, moments)
         _check_scalars(eps=eps, weight_decay=weight_decay)
         betas = (_scalar(betas[0], "betas[0]"), _scalar(betas[1], "betas[1]"))
         if not 0.0 <= eps:
@@ -282,12 +282,8 @@ class AdamW(_FusedMasterWeightOptimizer):
             raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        lean = lean_defaults("AdamW", param_remainders, master_weights,
-                             dict(exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_sq_dtype))
         defaults = dict(
-            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize, **own,
-            **lean,
-            **_torch_flags(foreach, capturable, differentiable, fused),
+            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize, **shared,
         )
         super().__init__(params, defaults)
 
@@ -326,6 +322,7 @@ class SGD(_FusedMasterWeightOptimizer):
     _MOMENTS = SGD_MOMENTS
     _SCALE_ARGS = {"momentum_buffer": "buf_scales"}
 
+    @shared_options
     def __init__(
         self,
         params,
@@ -336,29 +333,10 @@ class SGD(_FusedMasterWeightOptimizer):
         nesterov: bool = False,
         *,
         maximize: bool = False,
-        master_weights: bool = True,
-        param_remainders: bool = False,
         momentum_dtype: torch.dtype = torch.float32,
-        seed: int | None = None,
-        ema_decay: float | None = None,
-        ema_min_decay: float = 0.0,
-        ema_use_warmup: bool = False,
-        ema_warmup_gamma: float = 1.0,
-        ema_warmup_power: float = 2 / 3,
-        ema_update_after_step: int = 0,
-        ema_update_every: int = 1,
-        foreach: bool | None = None,
-        capturable: bool = False,
-        differentiable: bool = False,
-        fused: bool | None = None,
+        **options: Unpack[SharedOptions],
     ) -> None:
-        _check_lr(lr)
-        own = _own_group_keys(dict(
-            ema_decay=ema_decay, ema_min_decay=ema_min_decay, ema_use_warmup=ema_use_warmup,
-            ema_warmup_gamma=ema_warmup_gamma, ema_warmup_power=ema_warmup_power,
-            ema_update_after_step=ema_update_after_step, ema_update_every=ema_update_every,
-            master_weights=master_weights, seed=seed,
-        ))
+        shared = self._shared_defaults(lr, options, dict(momentum_dtype=momentum_dtype))
         _check_scalars(momentum=momentum, dampening=dampening, weight_decay=weight_decay)
         if not 0.0 <= momentum:
             raise ValueError(f"Invalid momentum value: {momentum}")
@@ -370,11 +348,9 @@ class SGD(_FusedMasterWeightOptimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
-        lean = lean_defaults("SGD", param_remainders, master_weights, dict(momentum_dtype=momentum_dtype))
         defaults = dict(
             lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-            nesterov=nesterov, maximize=maximize, **own, **lean,
-            **_torch_flags(foreach, capturable, differentiable, fused),
+            nesterov=nesterov, maximize=maximize, **shared,
         )
         super().__init__(params, defaults)
 

@@ -326,3 +326,29 @@ def test_optimizer_op_aliasing_refused():
         torch.ops.mixprec.adamw_step_([p], [g], [torch.empty(0)], [ea], [ea], [], [torch.zeros(())], 1e-2, 0.9, 0.999,
                                       0.0, 1e-8, False, False, None, None, None)
     assert torch.equal(p, before) and torch.equal(ea, torch.zeros(8))
+
+
+@pytest.mark.parametrize("cls", [AdamW, SGD])
+def test_signature_lists_every_keyword(cls):
+    """The keywords both optimizers share are declared once (``**options``)
+    but listed in the signature with their defaults, as explicit ones
+    would be (help(), IDEs, LightningCLI's introspection); an unknown
+    keyword raises Python's TypeError."""
+    import inspect
+
+    want = dict(
+        maximize=False, master_weights=True, param_remainders=False, seed=None, ema_decay=None, ema_min_decay=0.0,
+        ema_use_warmup=False, ema_warmup_gamma=1.0, ema_warmup_power=2 / 3, ema_update_after_step=0,
+        ema_update_every=1, foreach=None, capturable=False, differentiable=False, fused=None,
+    )
+    want.update({"exp_avg_dtype": torch.float32, "exp_avg_sq_dtype": torch.float32} if cls is AdamW
+                else {"momentum_dtype": torch.float32})
+    params = inspect.signature(cls).parameters
+    got = {k: p.default for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert got == want
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    with pytest.raises(TypeError, match="unexpected keyword argument 'ema_dacay'"):
+        cls(_params(), ema_dacay=0.9)
+    opt = cls(_params(), seed=5, ema_decay=0.5, fused=True)
+    assert opt.param_groups[0]["seed"] == 5 and opt.param_groups[0]["ema_decay"] == 0.5
+    assert opt.param_groups[0]["fused"] is True

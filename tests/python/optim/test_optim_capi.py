@@ -37,76 +37,43 @@ pytestmark = [
 ]
 
 
+P, I, I64, U64, D = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_uint64, ctypes.c_double
+
+
+def _fields(*runs):
+    """A ctypes ``_fields_`` list from (type, "name name ...") runs, in the
+    C struct's order."""
+    return [(name, t) for t, names in runs for name in names.split()]
+
+
 class OptTensor(ctypes.Structure):
-    _fields_ = [
-        ("param", ctypes.c_void_p),
-        ("grad", ctypes.c_void_p),
-        ("master", ctypes.c_void_p),
-        ("exp_avg", ctypes.c_void_p),
-        ("exp_avg_sq", ctypes.c_void_p),
-        ("max_exp_avg_sq", ctypes.c_void_p),
-        ("step", ctypes.c_void_p),
-        ("numel", ctypes.c_int64),
-        ("param_dtype", ctypes.c_int),
-        ("grad_dtype", ctypes.c_int),
+    _fields_ = _fields(
+        (P, "param grad master exp_avg exp_avg_sq max_exp_avg_sq step"), (I64, "numel"),
+        (I, "param_dtype grad_dtype"),
         # The lean state (mixprec_state_dtype), zero: none.
-        ("remainder", ctypes.c_void_p),
-        ("exp_avg_dtype", ctypes.c_int),
-        ("exp_avg_sq_dtype", ctypes.c_int),
-        ("exp_avg_scale", ctypes.c_void_p),
-        ("exp_avg_sq_scale", ctypes.c_void_p),
-    ]
+        (P, "remainder"), (I, "exp_avg_dtype exp_avg_sq_dtype"), (P, "exp_avg_scale exp_avg_sq_scale"),
+    )
 
 
 class EmaParams(ctypes.Structure):
     """mixprec_ema_params (all zero: no EMA)."""
 
-    _fields_ = [
-        ("bufs", ctypes.c_void_p),
-        ("decay", ctypes.c_double),
-        ("min_decay", ctypes.c_double),
-        ("use_warmup", ctypes.c_int),
-        ("warmup_gamma", ctypes.c_double),
-        ("warmup_power", ctypes.c_double),
-        ("update_after_step", ctypes.c_int64),
-        ("update_every", ctypes.c_int64),
-    ]
+    _fields_ = _fields((P, "bufs"), (D, "decay min_decay"), (I, "use_warmup"), (D, "warmup_gamma warmup_power"),
+                       (I64, "update_after_step update_every"))
+
+
+# The scaler's device tensors, in both step structs.
+_SCALER = (P, "lr_tensor grad_scale found_inf")
 
 
 class AdamWParams(ctypes.Structure):
-    _fields_ = [
-        ("lr", ctypes.c_double),
-        ("beta1", ctypes.c_double),
-        ("beta2", ctypes.c_double),
-        ("eps", ctypes.c_double),
-        ("weight_decay", ctypes.c_double),
-        ("amsgrad", ctypes.c_int),
-        ("maximize", ctypes.c_int),
-        ("lr_tensor", ctypes.c_void_p),
-        ("grad_scale", ctypes.c_void_p),
-        ("found_inf", ctypes.c_void_p),
-        ("sr_seed", ctypes.c_uint64),
-        ("unscale_grads", ctypes.c_int),
-        ("ema", EmaParams),
-    ]
+    _fields_ = _fields((D, "lr beta1 beta2 eps weight_decay"), (I, "amsgrad maximize"), _SCALER,
+                       (U64, "sr_seed"), (I, "unscale_grads"), (EmaParams, "ema"))
 
 
 class SGDParams(ctypes.Structure):
-    _fields_ = [
-        ("lr", ctypes.c_double),
-        ("momentum", ctypes.c_double),
-        ("dampening", ctypes.c_double),
-        ("weight_decay", ctypes.c_double),
-        ("nesterov", ctypes.c_int),
-        ("maximize", ctypes.c_int),
-        ("lr_tensor", ctypes.c_void_p),
-        ("grad_scale", ctypes.c_void_p),
-        ("found_inf", ctypes.c_void_p),
-        ("first_step", ctypes.c_int),
-        ("sr_seed", ctypes.c_uint64),
-        ("unscale_grads", ctypes.c_int),
-        ("ema", EmaParams),
-    ]
+    _fields_ = _fields((D, "lr momentum dampening weight_decay"), (I, "nesterov maximize"), _SCALER,
+                       (I, "first_step"), (U64, "sr_seed"), (I, "unscale_grads"), (EmaParams, "ema"))
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import torch
 import mixprec
 from mixprec.optim import SGD, AdamW
 
+from _optim_cuda import capture_step, on_cuda, step_both
 from _reference import assert_same, requires_cuda
 
 pytestmark = [pytest.mark.cuda, requires_cuda]
@@ -22,14 +23,9 @@ pytestmark = [pytest.mark.cuda, requires_cuda]
 def test_optimizer_cuda_matches_cpu(gen, cls, kw, dtype):
     shapes = [(1,), (7,), (33, 5), (4097,), (100003,)]
     cpu = [torch.nn.Parameter(torch.randn(*s, generator=gen).to(dtype)) for s in shapes]
-    gpu = [torch.nn.Parameter(p.detach().cuda()) for p in cpu]
+    gpu = on_cuda(cpu)
     oc, og = cls(cpu, **kw), cls(gpu, **kw)
-    for step in range(10):
-        for p, q in zip(cpu, gpu):
-            g = torch.randn(p.shape, generator=gen).to(dtype)
-            p.grad, q.grad = g, g.cuda()
-        oc.step()
-        og.step()
+    step_both(gen, oc, og, cpu, gpu, 10, dtype)
     for p, q in zip(cpu, gpu):
         assert_same(p.detach(), q.detach().cpu())
         for k, v in oc.state[p].items():
@@ -50,15 +46,7 @@ def test_optimizer_step_in_cuda_graph_with_scaler(gen):
     ref_opt.step()
     found_inf = torch.zeros((), device="cuda")
     grad_scale = torch.tensor(256.0, device="cuda")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(s):
-        opt.found_inf, opt.grad_scale = found_inf, grad_scale
-        with torch.cuda.graph(graph, stream=s):
-            opt.step()
-        del opt.found_inf, opt.grad_scale
-    torch.cuda.current_stream().wait_stream(s)
+    graph = capture_step(opt, found_inf, grad_scale)
     for step in range(5):
         grads = [torch.randn(p.shape, generator=gen).to("cuda", torch.bfloat16) for p in model.parameters()]
         for p, q, g in zip(model.parameters(), ref_params, grads):
@@ -92,12 +80,11 @@ def test_folded_clip_on_cuda_matches_cpu(gen):
         torch.testing.assert_close(opts["cuda"].state[q]["master"].cpu(), opts["cpu"].state[p]["master"], rtol=1e-4, atol=1e-5)
 
 
-
 @pytest.mark.parametrize("opt", ["adamw", "sgd"])
 def test_master_free_cuda_matches_cpu_bit_for_bit(gen, opt):
     shapes = [(3,), (4097,), (33, 7), (100003,)]
     cpu_p = [torch.nn.Parameter(torch.randn(*s, generator=gen).bfloat16()) for s in shapes]
-    gpu_p = [torch.nn.Parameter(p.detach().cuda()) for p in cpu_p]
+    gpu_p = on_cuda(cpu_p)
 
     def make(ps):
         if opt == "adamw":
@@ -105,12 +92,6 @@ def test_master_free_cuda_matches_cpu_bit_for_bit(gen, opt):
         return SGD(ps, lr=1e-2, momentum=0.9, nesterov=True, master_weights=False, seed=99)
 
     oc, og = make(cpu_p), make(gpu_p)
-    for _ in range(5):
-        for c, g in zip(cpu_p, gpu_p):
-            grad = torch.randn(c.shape, generator=gen).bfloat16()
-            c.grad = grad
-            g.grad = grad.cuda()
-        oc.step()
-        og.step()
+    step_both(gen, oc, og, cpu_p, gpu_p, 5)
     for c, g in zip(cpu_p, gpu_p):
         assert torch.equal(c.detach().view(torch.int16), g.detach().cpu().view(torch.int16))

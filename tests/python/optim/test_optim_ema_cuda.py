@@ -8,6 +8,7 @@ import torch
 
 from mixprec.optim import SGD, AdamW
 
+from _optim_cuda import capture_step, on_cuda, step_both
 from _reference import assert_same, requires_cuda
 
 pytestmark = [pytest.mark.cuda, requires_cuda]
@@ -22,15 +23,10 @@ SHAPES = [(1,), (7,), (33, 5), (4097,), (100003,)]
                                                              ema_update_after_step=2)])
 def test_ema_cuda_matches_cpu_bitwise(gen, cls, kw, dtype, mw, ema):
     cpu = [torch.nn.Parameter((torch.randn(*s, generator=gen) * 0.5).to(dtype)) for s in SHAPES]
-    gpu = [torch.nn.Parameter(p.detach().cuda()) for p in cpu]
+    gpu = on_cuda(cpu)
     oc = cls(cpu, master_weights=mw, seed=3, **kw, **ema)
     og = cls(gpu, master_weights=mw, seed=3, **kw, **ema)
-    for _ in range(9):
-        for p, q in zip(cpu, gpu):
-            g = torch.randn(p.shape, generator=gen).to(dtype)
-            p.grad, q.grad = g, g.cuda()
-        oc.step()
-        og.step()
+    step_both(gen, oc, og, cpu, gpu, 9, dtype)
     for p, q in zip(cpu, gpu):
         assert_same(p.detach(), q.detach().cpu())
         assert_same(oc.state[p]["ema"], og.state[q]["ema"].cpu())
@@ -40,15 +36,10 @@ def test_ema_warmup_cuda_close_to_cpu(gen):
     # The warmup's pow is the device's (within 2 ulp in double): equal but
     # for a rare last-bit difference of the float weight.
     cpu = [torch.nn.Parameter(torch.randn(*s, generator=gen).bfloat16()) for s in SHAPES]
-    gpu = [torch.nn.Parameter(p.detach().cuda()) for p in cpu]
+    gpu = on_cuda(cpu)
     kw = dict(lr=1e-2, ema_decay=0.9999, ema_use_warmup=True, ema_warmup_power=0.75)
     oc, og = AdamW(cpu, **kw), AdamW(gpu, **kw)
-    for _ in range(20):
-        for p, q in zip(cpu, gpu):
-            g = torch.randn(p.shape, generator=gen).bfloat16()
-            p.grad, q.grad = g, g.cuda()
-        oc.step()
-        og.step()
+    step_both(gen, oc, og, cpu, gpu, 20)
     for p, q in zip(cpu, gpu):
         torch.testing.assert_close(og.state[q]["ema"].cpu(), oc.state[p]["ema"], rtol=1e-6, atol=1e-7)
 
@@ -65,15 +56,7 @@ def test_ema_skip_and_graph_replay(gen):
     ref.step()
     found_inf = torch.zeros((), device="cuda")
     grad_scale = torch.tensor(4.0, device="cuda")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(s):
-        opt.found_inf, opt.grad_scale = found_inf, grad_scale
-        with torch.cuda.graph(graph, stream=s):
-            opt.step()
-        del opt.found_inf, opt.grad_scale
-    torch.cuda.current_stream().wait_stream(s)
+    graph = capture_step(opt, found_inf, grad_scale)
     for it in range(6):
         skip = it == 2
         for p, r in zip(params, ref_params):

@@ -10,6 +10,7 @@ test_optim_lean_accuracy.py, distributed runs in
 test_optim_lean_distributed.py."""
 
 import copy
+import math
 
 import pytest
 import torch
@@ -428,10 +429,19 @@ def test_compiled_step_equals_eager(gen, mode):
 # ---- checkpoints ----------------------------------------------------------------------------
 
 
+# Rows of whole 256-blocks (the 8-bit row form) and shapes whose 8-bit
+# moments are saved in FP32 ([note: checkpoint format]).
+CKPT_SHAPES = [*SHAPES, (3, 256), (5, 2, 128), (2, 1024)]
+
+
+def row_form(shape):
+    return len(shape) >= 2 and (math.prod(shape) // shape[0]) % 256 == 0
+
+
 @pytest.mark.parametrize("kind", ["adamw", "sgd"])
 @pytest.mark.parametrize("mode", LEAN_MODES)
 def test_state_dict_is_compact_and_resumes_bit_for_bit(gen, kind, mode, tmp_path):
-    base = bf16_params(gen)
+    base = bf16_params(gen, CKPT_SHAPES)
     seq = [grads_for(base, gen) for _ in range(6)]
     pa = [torch.nn.Parameter(p.detach().clone()) for p in base]
     oa = make(kind, pa, mode)
@@ -451,17 +461,73 @@ def test_state_dict_is_compact_and_resumes_bit_for_bit(gen, kind, mode, tmp_path
             ob = make(kind, pb, mode)
             ob.load_state_dict(ck["opt"])
             kw = kwargs(kind, mode)
-            saved = ck["opt"]["state"][0]
-            if kw.get("param_remainders"):
-                assert saved["remainder"].dtype is torch.int16 and "master" not in saved
             key = "exp_avg" if kind == "adamw" else "momentum_buffer"
             dt = kw.get("exp_avg_dtype", kw.get("momentum_dtype", F32))
-            # 8-bit moments are saved dequantised (FP32: reshardable).
-            assert saved[key].dtype is (F32 if dt == U8 else dt) and key + "_scale" not in saved
+            for i, shape in enumerate(CKPT_SHAPES):
+                saved = ck["opt"]["state"][i]
+                if kw.get("param_remainders"):
+                    assert saved["remainder"].dtype is torch.int16 and "master" not in saved
+                assert key + "_scale" not in saved
+                if dt == U8 and row_form(shape):  # codes + a scale per row's 256-run
+                    assert key not in saved and saved[key + "_q8"].dtype is U8
+                    rows = saved[key + "_q8_scale"]
+                    assert rows.dtype is F32 and rows.shape == (shape[0], math.prod(shape[1:]) // 256)
+                    assert_same(lean.dequantize(saved[key + "_q8"], rows, key != "exp_avg_sq"),
+                                oa.fp32_state(pa[i])[key])
+                else:  # 8-bit moments of other shapes: dequantised to FP32
+                    assert saved[key].dtype is (F32 if dt == U8 else dt) and key + "_q8" not in saved
     for a, b in zip(pa, pb):
         assert torch.equal(bits(a.detach()), bits(b.detach()))
         for k, v in oa.state[a].items():
             assert torch.equal(v, ob.state[b][k]), k
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_checkpoint_bytes_drop(gen, kind, tmp_path):
+    """torch.save of state_dict() for a model of whole-256-block rows: the
+    compact form's bytes per parameter against the FP32 form's
+    (fp32_state_dict(), what 8-bit checkpoints held before)."""
+    shapes = [(256, 1024), (512, 512), (16, 1024)]
+    n = sum(math.prod(s) for s in shapes)
+    sizes = {}
+    for mode in ("master", "rem", "rem+bf16", "rem+8bit", "sr+bf16"):
+        ps = bf16_params(gen, shapes)
+        opt = make(kind, ps, mode)
+        for p, g in zip(ps, grads_for(ps, gen)):
+            p.grad = g
+        opt.step()
+        torch.save(opt.state_dict(), tmp_path / f"{mode}.pt")
+        sizes[mode] = (tmp_path / f"{mode}.pt").stat().st_size / n
+        if mode == "rem+8bit":
+            torch.save(opt.fp32_state_dict(), tmp_path / "fp32.pt")
+            sizes["fp32"] = (tmp_path / "fp32.pt").stat().st_size / n
+    moments = 2 if kind == "adamw" else 1
+    # Hand-counted state bytes per param (+ < 0.05 of pickling and headers).
+    want = {"master": 4 + 4 * moments, "rem": 2 + 4 * moments, "rem+bf16": 2 + 2 * moments,
+            "rem+8bit": 2 + (1 + 4 / 256) * moments, "sr+bf16": 2 * moments, "fp32": 4 + 4 * moments}
+    for mode, b in want.items():
+        assert b <= sizes[mode] <= b + 0.05, (mode, sizes[mode], b)
+
+
+def test_bad_saved_8bit_moments_raise_and_change_nothing(gen):
+    ps = bf16_params(gen, [(3, 256)])
+    opt = make("adamw", ps, "rem+8bit")
+    ps[0].grad = grads_for(ps, gen)[0]
+    opt.step()
+    good = opt.state_dict()
+    before = copy.deepcopy(opt.state[ps[0]])
+    for edit, match in [
+        (lambda st: st.pop("exp_avg_q8_scale"), "exp_avg_q8_scale"),
+        (lambda st: st.update(exp_avg_q8=st["exp_avg_q8"][:2]), "exp_avg_q8"),
+        (lambda st: st.update(exp_avg_sq_q8_scale=st["exp_avg_sq_q8_scale"].reshape(-1)), "exp_avg_sq_q8_scale"),
+        (lambda st: st.update(exp_avg_q8=st["exp_avg_q8"].float()), "uint8"),
+    ]:
+        sd = copy.deepcopy(good)
+        edit(sd["state"][0])
+        with pytest.raises(RuntimeError, match=match):
+            opt.load_state_dict(sd)
+        for k, v in before.items():
+            assert torch.equal(v, opt.state[ps[0]][k]), k
 
 
 @pytest.mark.parametrize("mode", ["rem", "rem+bf16", "rem+8bit", "sr+bf16"])

@@ -2,10 +2,12 @@
 DDP replicas stay bit-identical in every lean mode (the BF16 moments' drawn
 rounding seed is shared); FSDP2 shards the state with the params (DTensors)
 and trains like the unsharded run; torch.distributed.checkpoint saves the
-state and reshards it 2 -> 1 and 1 -> 2, giving the same dequantised moments
-within the 8-bit error (the blocks fall elsewhere on a new layout: re-blocked
-on load, see [note: 8-bit moments] in mixprec/_optim_lean.py) and the same
-masters bit for bit, and training goes on.
+state compact and reshards it 2 -> 1 and 1 -> 2: the masters and BF16
+moments bit for bit, 8-bit moments whose rows are whole 256-blocks as
+uint8 codes + row scales bit for bit, the others (saved in FP32) within the
+8-bit error (their blocks fall elsewhere on a new layout: re-blocked on
+load, see [note: checkpoint format] in mixprec/_optim_lean.py); a 2 -> 2
+reload gives back every rank's state bit for bit; training goes on.
 
 All scenarios run in one pair of processes (a module fixture)."""
 
@@ -34,11 +36,20 @@ MODES = {
 Q8_TOL = 0.03
 
 
-def _net(seed=0):
+def _net(seed=0, row_form=False):
     # 30 x 20 = 600 weights: 2 ranks hold 300 each, so the 256-element
-    # blocks of a shard do not line up with the unsharded tensor's.
+    # blocks of a shard do not line up with the unsharded tensor's (8-bit
+    # moments saved in FP32). row_form (the checkpoint scenarios) adds a
+    # 7 x 256 weight: rows of one block each, 4 + 3 rows per rank (saved as
+    # codes + row scales).
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.Tanh(), torch.nn.Linear(30, 7)).bfloat16()
+    layers = [torch.nn.Linear(20, 30), torch.nn.Tanh(), torch.nn.Linear(30, 7)]
+    if row_form:
+        layers[2:] = [torch.nn.Linear(30, 256), torch.nn.Tanh(), torch.nn.Linear(256, 7)]
+    return torch.nn.Sequential(*layers).bfloat16()
+
+
+ROW_FORM = "4.weight"  # the param whose 8-bit moments are saved as codes + row scales
 
 
 def _batches(rank, n=3):
@@ -71,8 +82,9 @@ def _fp32_by_name(model, opt):
 def _shard(model):
     from torch.distributed.fsdp import fully_shard
 
-    for layer in (model[0], model[2]):
-        fully_shard(layer)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
     return fully_shard(model)
 
 
@@ -131,28 +143,52 @@ def _scenario_dcp_save(out, ckpt_dir):
 
     res = {}
     for name in ("rem+bf16", "rem+8bit"):
-        model = _shard(_net())
+        model = _shard(_net(row_form=True))
         opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2, seed=4, **MODES[name])
         _train(model, opt, _batches(dist.get_rank()))
         msd, osd = get_state_dict(model, opt)
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(ckpt_dir, name))
         res[name] = _fp32_by_name(model, opt)
+        # 2 -> 2: a fresh sharded model and optimizer load it back.
+        model2, opt2 = _loaded(_shard(_net(seed=3, row_form=True)), name, os.path.join(ckpt_dir, name))
+        res[name + " 2->2"] = _same_local_state(model, opt, model2, opt2)
     out["dcp_saved"] = res
+
+
+def _loaded(model, name, path):
+    """``model`` (sharded or not) and a new optimizer of mode ``name``,
+    loaded from the checkpoint at ``path`` as torch.distributed.checkpoint's
+    users do (the templates from get_state_dict, set_state_dict)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2, seed=4, **MODES[name])
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return model, opt
+
+
+def _same_local_state(model, opt, model2, opt2):
+    """Whether every param and state tensor of this rank is the same bits
+    in both (the keys included)."""
+    from mixprec._distributed import local
+
+    for p, q in zip(model.parameters(), model2.parameters()):
+        a, b = opt.state[p], opt2.state[q]
+        if a.keys() != b.keys() or not torch.equal(local(p).view(torch.int16), local(q).view(torch.int16)):
+            return False
+        if not all(torch.equal(local(a[k]), local(b[k])) for k in a):
+            return False
+    return True
 
 
 def _scenario_dcp_load(out, ckpt_dir):
     """The 1-process checkpoints into 2 ranks (1 -> 2)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
     res = {}
     for name in ("rem+bf16", "rem+8bit"):
-        model = _shard(_net(seed=3))
-        opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2, seed=4, **MODES[name])
-        msd, osd = get_state_dict(model, opt)
-        state = {"model": msd, "optim": osd}
-        dcp.load(state, checkpoint_id=os.path.join(ckpt_dir, name))
-        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        model, opt = _loaded(_shard(_net(seed=3, row_form=True)), name, os.path.join(ckpt_dir, name))
         loaded = _fp32_by_name(model, opt)
         _train(model, opt, _batches(dist.get_rank(), 1))
         after = _fp32_by_name(model, opt)
@@ -185,7 +221,7 @@ def _one_process_save(ckpt_dir):
 
     res = {}
     for name in ("rem+bf16", "rem+8bit"):
-        model = _net()
+        model = _net(row_form=True)
         opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2, seed=4, **MODES[name])
         _train(model, opt, _batches(0))
         msd, osd = get_state_dict(model, opt)
@@ -196,17 +232,9 @@ def _one_process_save(ckpt_dir):
 
 def _one_process_load(ckpt_dir):
     """The 2-rank checkpoints into plain models here (2 -> 1)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
     res = {}
     for name in ("rem+bf16", "rem+8bit"):
-        model = _net(seed=3)
-        opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2, seed=4, **MODES[name])
-        msd, osd = get_state_dict(model, opt)
-        state = {"model": msd, "optim": osd}
-        dcp.load(state, checkpoint_id=os.path.join(ckpt_dir, name))
-        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        model, opt = _loaded(_net(seed=3, row_form=True), name, os.path.join(ckpt_dir, name))
         loaded = _fp32_by_name(model, opt)
         _train(model, opt, _batches(0, 1))
         res[name] = {"loaded": loaded, "state": {n: dict(opt.state[p]) for n, p in model.named_parameters()},
@@ -222,7 +250,8 @@ def results():
         spawn(_worker, (free_port(), d), WORLD, timeout=240.0)
         ranks = [torch.load(os.path.join(d, f"rank{r}.pt")) for r in range(WORLD)]
         one_loaded = _one_process_load(os.path.join(d, "two"))
-    return {"ranks": ranks, "one_saved": one_saved, "one_loaded": one_loaded}
+        dtypes = {src: _saved_dtypes(os.path.join(d, src, "rem+8bit")) for src in ("one", "two")}
+    return {"ranks": ranks, "one_saved": one_saved, "one_loaded": one_loaded, "saved_dtypes": dtypes}
 
 
 @pytest.mark.parametrize("name", list(MODES))
@@ -255,12 +284,39 @@ def _assert_loaded(loaded, saved, name):
     for k, (m, ea, eq) in saved.items():
         lm, la, lq = loaded[k]
         assert torch.equal(lm.view(torch.int32), m.view(torch.int32)), k  # masters exact
-        if name == "rem+bf16":
-            assert torch.equal(la, ea) and torch.equal(lq, eq), k  # BF16 moments: element by element
+        if name == "rem+bf16" or k == ROW_FORM:
+            # BF16 moments element by element; 8-bit codes + row scales too
+            assert torch.equal(la, ea) and torch.equal(lq, eq), k
         else:
             for got, want in ((la, ea), (lq, eq)):
                 err = float((got - want).abs().max() / want.abs().max())
                 assert err <= Q8_TOL, (k, err)
+
+
+def _saved_dtypes(path):
+    """Saved tensor key -> dtype of a torch.distributed.checkpoint."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    md = FileSystemReader(path).read_metadata().state_dict_metadata
+    return {k: m.properties.dtype for k, m in md.items() if isinstance(m, TensorStorageMetadata)}
+
+
+@pytest.mark.parametrize("src", ["one", "two"])
+def test_dcp_saves_8bit_moments_compact(results, src):
+    got = results["saved_dtypes"][src]
+    for m in ("exp_avg", "exp_avg_sq"):
+        assert got[f"optim.state.{ROW_FORM}.{m}_q8"] is U8
+        assert got[f"optim.state.{ROW_FORM}.{m}_q8_scale"] is torch.float32
+        assert f"optim.state.{ROW_FORM}.{m}" not in got
+        assert got[f"optim.state.0.weight.{m}"] is torch.float32  # 30 x 20: no layout-free compact form
+    assert got[f"optim.state.{ROW_FORM}.remainder"] is torch.int16
+
+
+@pytest.mark.parametrize("name", ["rem+bf16", "rem+8bit"])
+def test_dcp_two_ranks_to_two_is_bit_for_bit(results, name):
+    for r in results["ranks"]:
+        assert r["dcp_saved"][name + " 2->2"]
 
 
 @pytest.mark.parametrize("name", ["rem+bf16", "rem+8bit"])
@@ -273,6 +329,8 @@ def test_dcp_two_ranks_to_one(results, name):
     if name == "rem+8bit":
         st = got["state"]["0.weight"]
         assert st["exp_avg"].dtype is U8 and st["exp_avg_scale"].numel() == 3  # re-blocked: 600 -> 3 blocks
+        st = got["state"][ROW_FORM]
+        assert st["exp_avg"].dtype is U8 and st["exp_avg_scale"].numel() == 7
 
 
 @pytest.mark.parametrize("name", ["rem+bf16", "rem+8bit"])

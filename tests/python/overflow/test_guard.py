@@ -53,6 +53,21 @@ def _train_amp(model, data, guard=None, lr=1e-3, scaler=None, opt=None, hook=Non
     return losses, skipped, scaler
 
 
+def _train_half(model, opt, guard, data):
+    """A .half() model (no autocast) with the guard attached to a scaler."""
+    scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
+    guard.attach(scaler)
+    losses = []
+    for x, y in data:
+        loss = F.cross_entropy(model(x.half()).float(), y)
+        losses.append(loss.item())
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    return losses
+
+
 def test_plain_torch_amp_skips_every_step_and_the_scale_collapses():
     model, data = vit(), batches(STEPS)
     with torch.no_grad():
@@ -123,16 +138,7 @@ def test_half_model_moves_params_and_optimizer_state_to_fp32():
     model = vit().half()
     opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)
     guard = ForwardGuard(model, fallback=True, optimizer=opt)
-    scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
-    guard.attach(scaler)
-    losses = []
-    for x, y in data:
-        loss = F.cross_entropy(model(x.half()).float(), y)
-        losses.append(loss.item())
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad()
+    losses = _train_half(model, opt, guard, data)
     attn = model.blocks[1].attn
     assert guard.fallback_set == {"blocks.1.attn": torch.float32}
     for p in attn.parameters():
@@ -142,6 +148,24 @@ def test_half_model_moves_params_and_optimizer_state_to_fp32():
     assert not math.isfinite(losses[0]) and all(math.isfinite(v) for v in losses[1:])
     gaps = [abs(a - b) / abs(b) for a, b in zip(losses[1:], fp32)]
     assert max(gaps) < 2e-2, gaps  # a whole-FP16 model (FP16 LayerNorm, GELU) elsewhere
+
+
+def test_half_model_without_moving_params_runs_on_upcast_copies():
+    # move_params=False (the default under DDP / FSDP2): the params and the
+    # optimizer state stay FP16 + FP32 masters; the module computes in FP32.
+    data = batches(STEPS + 1)
+    fp32 = _train_fp32(vit(), data[1:])
+    model = vit().half()
+    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)
+    guard = ForwardGuard(model, fallback=True, optimizer=opt, move_params=False)
+    losses = _train_half(model, opt, guard, data)
+    assert guard.fallback_set == {"blocks.1.attn": torch.float32}
+    for p in model.parameters():
+        assert isinstance(p, torch.nn.Parameter) and p.dtype == torch.float16
+        assert torch.equal(p.detach(), opt.state[p]["master"].half())
+    assert not math.isfinite(losses[0]) and all(math.isfinite(v) for v in losses[1:])
+    gaps = [abs(a - b) / abs(b) for a, b in zip(losses[1:], fp32)]
+    assert max(gaps) < 2e-2, gaps
 
 
 def test_master_becomes_the_param_exactly():
@@ -311,3 +335,32 @@ def test_torch_compile_with_hooks():
     assert skipped == [True, False, False]
     assert guard.reports()[0].module == "blocks.1.attn"
     assert guard.fallback_set == {"blocks.1.attn": torch.float32}
+
+
+class _Boost(torch.nn.Module):
+    """An in-place module that overflows FP16 (returns its input)."""
+
+    def forward(self, x):
+        return x.mul_(1e6)
+
+
+def test_sequential_containers_are_not_read_again_unless_a_module_works_in_place():
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8))
+    guard = ForwardGuard(plain)
+    x = torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.float16):
+        plain(x)
+    checked = {guard._names[i] for i in guard._order}
+    assert checked == {"0", "2"}  # not the Sequential ("<model>"), not the GELU
+    # In place: the module's own check sees its input already inf, so only
+    # a container can be named; Sequentials are checked again.
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Sequential(_Boost(), torch.nn.Linear(8, 8)))
+    guard = ForwardGuard(model)
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = model(torch.full((4, 8), 10.0))
+    assert not torch.isfinite(out).all()
+    rep = guard.step(found_inf=1.0)
+    # "1"'s input is the tensor _Boost wrote in place (inf by then): the
+    # outer Sequential, whose input stayed finite, is the one named.
+    assert rep.kind == "forward" and rep.module == "<model>", rep

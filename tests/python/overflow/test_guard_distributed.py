@@ -1,9 +1,13 @@
-"""mixprec.guard under DDP, 2 gloo processes: the overflow happens on rank 0's
-data only; DDP's all-reduce makes both ranks skip the step, both read the
-guard's flags reduced over the ranks and move the same module to FP32 in the
-same step; the replicas stay bit-identical."""
+"""mixprec.guard under DDP and FSDP2 (fully_shard), 2 gloo processes: the
+overflow happens on rank 0's data only; the gradient all-reduce (DDP) or
+reduce-scatter (FSDP2, then the scaler's found_inf reduction) makes both
+ranks skip the step, both read the guard's flags reduced over the ranks and
+move the same module to FP32 in the same step; DDP replicas stay
+bit-identical, FSDP2's full parameters equal one process training on both
+ranks' data."""
 
 import datetime
+import math
 import os
 import tempfile
 
@@ -14,16 +18,21 @@ import torch.nn.functional as F
 import mixprec
 from mixprec.guard import ForwardGuard
 
+from _models import batches, vit
 from _reference import free_port, spawn
 
 WORLD = 2
 
 
-def _worker(rank, port, result_dir):
+def _init(rank, port):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+
+
+def _worker(rank, port, result_dir):
+    _init(rank, port)
     try:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 5))
@@ -58,6 +67,148 @@ def _worker(rank, port, result_dir):
     finally:
         dist.destroy_process_group()
     os._exit(0)  # see tests/python/distributed/test_ddp.py: DDP teardown may hang on 2.13
+
+
+def _fsdp_net():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 5))
+    with torch.no_grad():
+        model[0].weight.mul_(40.0)  # FP16 overflows for inputs of a few thousand
+    return model
+
+
+def _fsdp_batches(rank, steps=4):
+    g = torch.Generator().manual_seed(rank)
+    out = []
+    for _ in range(steps):
+        x = torch.randn(8, 16, generator=g) * (5000.0 if rank == 0 else 1.0)
+        out.append((x, torch.randint(0, 5, (8,), generator=g)))
+    return out
+
+
+def _fsdp_train(model, guard_model, batches):
+    """FP16 autocast steps with the guard's fallback; returns the skipped
+    flags and the guard."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
+    guard = ForwardGuard(guard_model, fallback=True).attach(scaler)
+    skipped = []
+    for x, y in batches:
+        before = scaler.get_skipped_steps()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.cross_entropy(model(x).float(), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        skipped.append(scaler.get_skipped_steps() > before)
+    return skipped, guard
+
+
+def _fsdp_worker(rank, port, result_dir):
+    _init(rank, port)
+    try:
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor import DTensor
+
+        model = _fsdp_net()
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
+        fully_shard(model)
+        assert all(isinstance(p, DTensor) for p in model.parameters())
+        skipped, guard = _fsdp_train(model, model, _fsdp_batches(rank))
+        half = _fsdp_net().half()
+        fully_shard(half)
+        refused = ""
+        try:
+            ForwardGuard(half, fallback=True, move_params=True)
+        except ValueError as e:
+            refused = str(e)
+        default_move = ForwardGuard(half, fallback=True).move_params
+        full = {n: p.full_tensor() for n, p in model.named_parameters()}
+        rep = guard.report()
+        torch.save(
+            {"skipped": skipped, "fallback": sorted(guard.fallback_set), "events": guard.events,
+             "module": rep.module if rep else None, "params": full, "refused": refused,
+             "default_move": default_move},
+            os.path.join(result_dir, f"rank{rank}.pt"),
+        )
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)
+
+
+def test_fsdp2_ranks_agree_on_the_fallback():
+    with tempfile.TemporaryDirectory() as d:
+        spawn(_fsdp_worker, (free_port(), d), WORLD)
+        r0, r1 = (torch.load(os.path.join(d, f"rank{r}.pt"), weights_only=False) for r in range(WORLD))
+    assert r0["skipped"] == r1["skipped"] == [True, False, False, False]
+    assert r0["fallback"] == r1["fallback"] == ["0"]
+    assert r0["module"] == r1["module"] == "0"  # rank 1 saw no overflow itself, and names it too
+    assert [tuple(e) for e in r0["events"]] == [tuple(e) for e in r1["events"]]
+    for n in r0["params"]:
+        assert torch.equal(r0["params"][n], r1["params"][n]), n
+    # A .half() model under FSDP2: its DTensor shards cannot change dtype.
+    assert "move_params=True cannot move FSDP2's sharded (DTensor) parameters" in r0["refused"]
+    assert r0["default_move"] is False
+    # Reference: one process, both ranks' batches in one (the mean loss of
+    # 16 samples is the mean of the ranks' means; FSDP2 averages gradients).
+    ref = _fsdp_net()
+    both = [(torch.cat([a[0], b[0]]), torch.cat([a[1], b[1]])) for a, b in zip(_fsdp_batches(0), _fsdp_batches(1))]
+    skipped, guard = _fsdp_train(ref, ref, both)
+    assert skipped == r0["skipped"] and sorted(guard.fallback_set) == r0["fallback"]
+    for n, p in ref.named_parameters():
+        torch.testing.assert_close(r0["params"][n], p.detach(), rtol=1e-4, atol=1e-5)
+    assert not torch.equal(r0["params"]["0.weight"], _fsdp_net()[0].weight)  # it trained
+
+
+def _half_ddp_worker(rank, port, result_dir):
+    _init(rank, port)
+    try:
+        model = vit().half()  # an FP16 model (no autocast) whose block 1 attention logits pass 65504
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)
+        scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
+        guard = ForwardGuard(model, fallback=True, optimizer=opt).attach(scaler)
+        skipped, losses = [], []
+        for x, y in batches(5, seed=10 + rank):
+            before = scaler.get_skipped_steps()
+            loss = F.cross_entropy(ddp(x.half()).float(), y)
+            losses.append(loss.item())
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            skipped.append(scaler.get_skipped_steps() > before)
+        flat = torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
+        masters = torch.cat([opt.state[p]["master"].reshape(-1) for p in model.parameters()])
+        both = torch.cat([flat, masters])
+        every = [torch.empty_like(both) for _ in range(WORLD)]
+        dist.all_gather(every, both)
+        torch.save(
+            {"skipped": skipped, "losses": losses, "fallback": sorted(guard.fallback_set),
+             "move_params": guard.move_params, "dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+             "rounded": torch.equal(flat, masters.half().float()),
+             "differ": int((every[0] != every[1]).sum())},
+            os.path.join(result_dir, f"rank{rank}.pt"),
+        )
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)
+
+
+def test_half_model_under_ddp_runs_the_fallback_on_upcast_params():
+    with tempfile.TemporaryDirectory() as d:
+        spawn(_half_ddp_worker, (free_port(), d), WORLD)
+        r0, r1 = (torch.load(os.path.join(d, f"rank{r}.pt"), weights_only=False) for r in range(WORLD))
+    assert r0["move_params"] is False and r1["move_params"] is False  # the default with 2 ranks
+    assert r0["skipped"] == r1["skipped"] == [True, False, False, False, False]
+    assert r0["fallback"] == r1["fallback"] == ["blocks.1.attn"]
+    assert r0["dtypes"] == r1["dtypes"] == ["torch.float16"]  # DDP's buckets still fit
+    assert r0["differ"] == 0  # params and masters bit-identical across ranks
+    assert r0["rounded"] and r1["rounded"]  # each param is its FP32 master rounded
+    for r in (r0, r1):
+        assert not math.isfinite(r["losses"][0]) and all(math.isfinite(v) for v in r["losses"][1:])
 
 
 def test_ranks_agree_on_the_fallback():
