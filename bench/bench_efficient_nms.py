@@ -19,8 +19,6 @@ Usage: python bench/bench_efficient_nms.py [--device cpu|cuda] [--quick] [--out 
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import statistics
 import sys
 from pathlib import Path
@@ -29,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import mixprec  # noqa: E402
-from _common import machine, timed_with_output  # noqa: E402
+from _common import Table, add_threads_option, apply_threads, device_of, parser, utc_now, machine, timed_with_output  # noqa: E402
 
 C = 80
 THR, TOP_K, IOU, K = 0.05, 1000, 0.5, 100
@@ -90,60 +88,39 @@ def bench_one(tv, b, n, device, reps):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--quick", action="store_true", help="small sizes, few runs (smoke test)")
-    ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--out", default=None, help="write the table as Markdown here")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="CPU threads for torch and mixprec alike (default: their own defaults)")
+    ap = parser(__doc__)
+    add_threads_option(ap)
     args = ap.parse_args()
-    device = torch.device(args.device)
-    if args.threads:
-        import ctypes
-
-        torch.set_num_threads(args.threads)
-        ctypes.CDLL(mixprec.library_path()).mixprec_set_num_threads(args.threads)
-    if device.type == "cuda" and not mixprec.cuda_ops_loaded():
-        sys.exit("mixprec CUDA ops not loaded (no GPU, or libmixprec_cuda.so not built)")
+    apply_threads(args)
+    device = device_of(args)
     try:
         import torchvision as tv
     except ImportError:
         sys.exit("torchvision is needed for the comparison")
     batches, sizes = ([1, 8], [1000, 5000]) if args.quick else ([1, 8, 32], [1000, 5000, 20000])
     reps = args.reps or (3 if args.quick else 7)
-    header = (
+    table = Table(
         "| B | N | loop+torchvision ms | loop+mixprec ms | efficient_nms ms | bf16 ms | "
         "vs loop+tv | vs loop+mp | per image ms | mean dets | identical tv / mp |"
     )
-    rows = [header, "|" + "---|" * 11]
-    print(header, flush=True)
     for b in batches:
         for n in sizes:
             ms, rt, rm, s_tv, s_mp, dets = bench_one(tv, b, n, device, reps)
-            row = (
+            table.add(
                 f"| {b} | {n:,} | {ms['tv']:.2f} | {ms['mp']:.2f} | {ms['eff']:.2f} | {ms['bf16']:.2f} | "
                 f"{rt:.1f}x | {rm:.1f}x | {ms['eff'] / b:.3f} | {dets:.0f} | "
                 f"{'yes' if s_tv else 'NO'} / {'yes' if s_mp else 'NO'} |"
             )
-            rows.append(row)
-            print(row, flush=True)
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = utc_now()
     info = f"{machine(device)}; torchvision {tv.__version__}"
     print(f"\nmachine: {info}; date: {when}; median of {reps} interleaved runs; ratios = median of per-round ratios")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(f"# Batched detection post-processing benchmark ({device.type})\n\n")
-            f.write(
+    table.write(args.out, f"Batched detection post-processing benchmark ({device.type})",
                 f"Machine: {info}. Date: {when}. Median of {reps} interleaved runs in one process; "
                 "the ratio columns are medians of the per-round ratios (loop time / efficient_nms time). "
                 f"C = {C}, score threshold {THR}, pre-NMS top-k {TOP_K}, IoU {IOU}, {K} detections per image; "
-                "float32 inputs (bf16: the same values cast to bfloat16).\n"
-            )
-            f.write(f"Command: `python bench/bench_efficient_nms.py --device {args.device}{' --quick' if args.quick else ''}"
-                    f"{f' --threads {args.threads}' if args.threads else ''} --reps {reps}`\n\n")
-            f.write("\n".join(rows) + "\n")
+                "float32 inputs (bf16: the same values cast to bfloat16).",
+                f"python bench/bench_efficient_nms.py --device {args.device}{' --quick' if args.quick else ''}"
+                f"{f' --threads {args.threads}' if args.threads else ''} --reps {reps}")
 
 
 if __name__ == "__main__":

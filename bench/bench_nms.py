@@ -17,8 +17,6 @@ Usage: python bench/bench_nms.py [--device cpu|cuda] [--quick] [--out FILE]
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import math
 import statistics
 import sys
@@ -28,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import mixprec  # noqa: E402
-from _common import machine, sync, timed, timed_with_output  # noqa: E402,F401
+from _common import Table, cpu_isa, device_of, parser, utc_now, machine, sync, timed, timed_with_output  # noqa: E402,F401
 
 SIZES = [1000, 5000, 10000, 20000, 50000]
 QUICK_SIZES = [1000, 5000]
@@ -89,62 +87,37 @@ def bench_one(tv, n, overlap, n_classes, device, reps, thr=0.5):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--quick", action="store_true", help="small sizes, few runs (smoke test)")
-    ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--out", default=None, help="write the table as Markdown here")
-    args = ap.parse_args()
-    device = torch.device(args.device)
-    if device.type == "cuda" and not mixprec.cuda_ops_loaded():
-        sys.exit("mixprec CUDA ops not loaded (no GPU, or libmixprec_cuda.so not built)")
+    args = parser(__doc__).parse_args()
+    device = device_of(args)
     try:
         import torchvision as tv
     except ImportError:
         sys.exit("torchvision is needed for the comparison")
     sizes = QUICK_SIZES if args.quick else SIZES
     reps = args.reps or (3 if args.quick else 7)
-    isa = ""
-    capi = mixprec.capi_library_path()
-    if capi and device.type == "cpu":
-        import ctypes
-
-        lib = ctypes.CDLL(capi)
-        isa = {1: "scalar", 2: "avx2", 3: "avx512"}.get(lib.mixprec_get_cpu_isa(), "?")
-    header = (
+    isa = cpu_isa(device)
+    table = Table(
         "| boxes | overlap | classes | torchvision ms | mixprec ms | speedup | mixprec fp16 ms | "
         "kept torchvision | kept mixprec | kept fp16 | identical |"
     )
-    rows = [header, "|" + "---|" * 11]
-    print(header)
     for overlap in ("dense", "sparse"):
         for n_classes in CLASSES:
             for n in sizes:
                 r = bench_one(tv, n, overlap, n_classes, device, reps)
-                row = (
+                table.add(
                     f"| {n:,} | {overlap} | {n_classes} | {r['tv_ms']:.2f} | {r['mp_ms']:.2f} | "
                     f"{r['tv_ms'] / r['mp_ms']:.1f}x | {r['mp16_ms']:.2f} | {r['kept_tv']} | "
                     f"{r['kept_mp']} | {r['kept_16']} | {'yes' if r['same'] else 'NO'} |"
                 )
-                rows.append(row)
-                print(row, flush=True)
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = utc_now()
     info = f"{machine(device)}; torchvision {tv.__version__}"
     if isa:
         info += f"; CPU path {isa}"
     print(f"\nmachine: {info}; date: {when}; median of {reps} interleaved runs (3 when a call takes > 2 s)")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(f"# NMS benchmark ({device.type})\n\n")
-            f.write(
-                f"Machine: {info}. Date: {when}. Median of {reps} interleaved runs "
-                "(3 when one call takes over 2 s), one process, float32 inputs; "
-                "IoU threshold 0.5.\n"
-            )
-            f.write(f"Command: `python bench/bench_nms.py --device {args.device}"
-                    f"{' --quick' if args.quick else ''}`\n\n")
-            f.write("\n".join(rows) + "\n")
+    table.write(args.out, f"NMS benchmark ({device.type})",
+                f"Machine: {info}. Date: {when}. Median of {reps} interleaved runs (3 when one call takes over 2 s), "
+                "one process, float32 inputs; IoU threshold 0.5.",
+                f"python bench/bench_nms.py --device {args.device}{' --quick' if args.quick else ''}")
 
 
 if __name__ == "__main__":

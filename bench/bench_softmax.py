@@ -35,8 +35,6 @@ Usage: python bench/bench_softmax.py [--device cpu|cuda] [--quick] [--reps N] [-
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import statistics
 import sys
 from pathlib import Path
@@ -46,7 +44,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import mixprec  # noqa: E402
-from _common import machine, sync, timed, timed_with_output  # noqa: E402,F401
+from _common import Table, add_threads_option, apply_threads, cpu_isa, device_of, parser, utc_now, machine, sync, timed, timed_with_output  # noqa: E402,F401
 
 # (kind, shape): "sm" = softmax over the last dim, "ce" = cross-entropy over dim 1,
 # "ces" = cross-entropy with class-probability targets (Mixup/CutMix).
@@ -181,45 +179,25 @@ def peak_memory(shape, device, soft=False):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--quick", action="store_true", help="small sizes, few runs (smoke test)")
-    ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--out", default=None, help="write the tables as Markdown here")
+    ap = parser(__doc__, "write the tables as Markdown here")
     ap.add_argument("--kinds", default="sm,ce,ces", help="which rows: sm (softmax), ce, ces (soft-target CE)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="CPU threads for torch and mixprec alike (default: torch's default)")
+    add_threads_option(ap)
     args = ap.parse_args()
-    if args.threads:
-        import ctypes
-
-        torch.set_num_threads(args.threads)
-        ctypes.CDLL(mixprec.library_path()).mixprec_set_num_threads(args.threads)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not mixprec.cuda_ops_loaded():
-        sys.exit("mixprec CUDA ops not loaded (no GPU, or libmixprec_cuda.so not built)")
+    apply_threads(args)
+    device = device_of(args)
     kinds = set(args.kinds.split(","))
     configs = [c for c in (QUICK_CONFIGS if args.quick else CONFIGS) if c[0] in kinds]
     reps = args.reps or (3 if args.quick else 5)
-    isa = ""
-    if device.type == "cpu":
-        import ctypes
-
-        lib = ctypes.CDLL(mixprec.library_path())
-        isa = {1: "scalar", 2: "avx2", 3: "avx512"}.get(lib.mixprec_get_cpu_isa(), "?")
-    header = ("| op | shape | dtype | pass | upcast ms | torch-half ms | mixprec ms | mixprec half-out ms | "
-              "vs upcast | vs half | mixprec GB/s | copy GB/s | % of copy |")
-    rows = [header, "|" + "---|" * 13]
-    print(header)
+    isa = cpu_isa(device)
+    table = Table("| op | shape | dtype | pass | upcast ms | torch-half ms | mixprec ms | mixprec half-out ms | "
+                  "vs upcast | vs half | mixprec GB/s | copy GB/s | % of copy |")
     for kind, shape in configs:
         for name, dtype in DTYPES.items():
             for r in bench_config(kind, shape, dtype, device, reps):
-                row = (f"| {KIND_NAMES[kind]} | {'x'.join(map(str, shape))} | {name} | "
+                table.add(f"| {KIND_NAMES[kind]} | {'x'.join(map(str, shape))} | {name} | "
                        f"{r['phase']} | {r['up']:.2f} | {r['half']:.2f} | {r['ours']:.2f} | "
                        f"{r['ours_half']:.2f} | {r['vs_up']:.2f}x | "
-                       f"{r['vs_half']:.2f}x | {r['gbs']:.1f} | {r['copy_gbs']:.1f} | {100 * r['frac']:.0f}% |")
-                rows.append(row)
-                print(row, flush=True)
+                          f"{r['vs_half']:.2f}x | {r['gbs']:.1f} | {r['copy_gbs']:.1f} | {100 * r['frac']:.0f}% |")
     seg = (2, 21, 256, 256) if args.quick else (8, 21, 512, 512)
     logits, up, ours = peak_memory(seg, device)
     mem = (f"Peak memory of CE forward+backward on BF16 logits {'x'.join(map(str, seg))} "
@@ -232,17 +210,14 @@ def main():
                 f"({logits / 2**20:.0f} MiB) with an FP32 target ({2 * logits / 2**20:.0f} MiB, not counted): "
                 f"upcast+torch {up / 2**20:.0f} MiB, mixprec {ours / 2**20:.0f} MiB ({up / max(ours, 1):.1f}x less).")
     print(mem)
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = utc_now()
     info = f"{machine(device)}; CPU path {isa}" if isa else machine(device)
     print(f"\nmachine: {info}; date: {when}; median of {reps} interleaved runs")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(f"# softmax / cross-entropy benchmark ({device.type})\n\n")
-            f.write(f"Machine: {info}. Date: {when}. Median of {reps} interleaved runs, one process.\n")
-            f.write(f"Command: `python bench/bench_softmax.py --device {args.device}"
-                    f"{' --quick' if args.quick else ''}{f' --kinds {args.kinds}' if args.kinds != 'sm,ce,ces' else ''}{f' --threads {args.threads}' if args.threads else ''}`\n\n")
-            f.write("\n".join(rows) + "\n\n" + mem + "\n")
+    table.write(args.out, f"softmax / cross-entropy benchmark ({device.type})",
+                f"Machine: {info}. Date: {when}. Median of {reps} interleaved runs, one process.",
+                f"python bench/bench_softmax.py --device {args.device}{' --quick' if args.quick else ''}"
+                f"{f' --kinds {args.kinds}' if args.kinds != 'sm,ce,ces' else ''}"
+                f"{f' --threads {args.threads}' if args.threads else ''}", mem)
 
 
 if __name__ == "__main__":

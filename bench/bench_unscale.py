@@ -18,8 +18,6 @@ Prints a table; --out writes it as Markdown with machine and date.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import statistics
 import sys
 from pathlib import Path
@@ -28,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import mixprec  # noqa: E402
-from _common import machine, sync, timed, timed_with_output  # noqa: E402,F401
+from _common import Table, cpu_isa, device_of, parser, utc_now, machine, sync, timed, timed_with_output  # noqa: E402,F401
 
 CONFIGS = [(1, 100_000_000), (100, 1_000_000), (2000, 10_000)]
 QUICK_CONFIGS = [(1, 10_000_000), (100, 100_000), (2000, 1_000)]
@@ -98,52 +96,30 @@ def bench_config(n_tensors, numel, dtype, device, reps):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--quick", action="store_true", help="small sizes, few runs (smoke test)")
-    ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--out", default=None, help="write the table as Markdown here")
-    args = ap.parse_args()
-    device = torch.device(args.device)
-    if device.type == "cuda" and not mixprec.cuda_ops_loaded():
-        sys.exit("mixprec CUDA ops not loaded (no GPU, or libmixprec_cuda.so not built)")
+    args = parser(__doc__).parse_args()
+    device = device_of(args)
     configs = QUICK_CONFIGS if args.quick else CONFIGS
     reps = args.reps or (3 if args.quick else 7)
-    isa = ""
-    capi = mixprec.capi_library_path()
-    if capi and device.type == "cpu":
-        import ctypes
-
-        lib = ctypes.CDLL(capi)
-        isa = {1: "scalar", 2: "avx2", 3: "avx512"}.get(lib.mixprec_get_cpu_isa(), "?")
-    header = (
+    isa = cpu_isa(device)
+    table = Table(
         "| list | dtype | MB | torch ms | mixprec ms | speedup | mixprec GB/s | RMW limit GB/s | "
         "% of limit | unscale+clip torch ms | mixprec ms | speedup |"
     )
-    rows = [header, "|" + "---|" * 12]
-    print(header)
     for n, numel in configs:
         for name, dtype in DTYPES.items():
             r = bench_config(n, numel, dtype, device, reps)
-            row = (
+            table.add(
                 f"| {n}x{numel:,} | {name} | {r['nbytes'] / 1e6:.0f} | {r['torch_ms']:.2f} | "
                 f"{r['mixprec_ms']:.2f} | {r['speedup']:.2f}x | {r['mixprec_gbs']:.1f} | "
                 f"{r['limit_gbs']:.1f} | {100 * r['frac_limit']:.0f}% | {r['torch_clip_ms']:.2f} | "
                 f"{r['mixprec_clip_ms']:.2f} | {r['clip_speedup']:.2f}x |"
             )
-            rows.append(row)
-            print(row, flush=True)
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = utc_now()
     info = f"{machine(device)}; CPU path {isa}" if isa else machine(device)
     print(f"\nmachine: {info}; date: {when}; median of {reps} interleaved runs")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(f"# unscale benchmark ({device.type})\n\n")
-            f.write(f"Machine: {info}. Date: {when}. Median of {reps} interleaved runs, one process.\n")
-            f.write(f"Command: `python bench/bench_unscale.py --device {args.device}"
-                    f"{' --quick' if args.quick else ''}`\n\n")
-            f.write("\n".join(rows) + "\n")
+    table.write(args.out, f"unscale benchmark ({device.type})",
+                f"Machine: {info}. Date: {when}. Median of {reps} interleaved runs, one process.",
+                f"python bench/bench_unscale.py --device {args.device}{' --quick' if args.quick else ''}")
 
 
 if __name__ == "__main__":

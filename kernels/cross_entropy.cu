@@ -1,30 +1,20 @@
-/* Cross-entropy with class-index targets on CUDA: the GPU twin of
- * c_ops/src/cross_entropy.c (same parameters, formulas and outputs).
+/* Cross-entropy (class-index and class-probability targets) on CUDA: the
+ * GPU twin of c_ops/src/cross_entropy.c, the same per-position rules
+ * (cross_entropy_rules.h). Contracts: mixprec/cross_entropy.h. Geometry:
+ * [note: slice launch] (softmax.cuh); reductions: [note: fixed-order loss
+ * reduce]. Not yet run on a GPU.
  *
- * Forward: rows (inner == 1) take one warp (C <= 1024) or one block per
- * position; strided logits (N, C, d...) one thread per position. Each reads
- * its logits once with the online (max, sum) of softmax.cuh (plus a second,
- * cached pass for the label-smoothing sum when it is on), writes the
- * position's max and log-sum (stats) and, for reduction none, its loss;
- * each row / block leaves its loss and target-weight sums (double) in the
- * workspace, and one last single-block kernel adds those in index order:
- * the SUM/MEAN loss is the same on every run (no atomics).
- * Backward: the same layout, one read of the logits, one write of the
- * gradient in their dtype.
- * Class-probability targets (mixprec_cuda_cross_entropy_soft): the same
- * layouts, the target read beside the logits in the second (cached) pass;
- * the per-unit (loss, position count) pairs go through the same fixed-order
- * reduce, so MEAN divides by the number of positions.
- * An out-of-range target cannot be reported without a host sync: its
- * position gets a NaN loss (so a reduced loss is NaN too), NaN stats and a
- * NaN gradient slice. */
+ * [note: fixed-order loss reduce] Each row / block of columns leaves its
+ * (loss sum, weight sum or position count) in the workspace as doubles, and
+ * one single-block kernel (ce_reduce) adds them in index order: the SUM/MEAN
+ * loss is the same on every run, no atomics.
+ * [note: bad target on the GPU] An out-of-range class index cannot be
+ * reported without a host sync: its position gets a NaN loss (so a reduced
+ * loss is NaN too), NaN stats and a NaN gradient slice. */
 #include "cross_entropy_check.h"
 #include "cross_entropy_rules.h"
 #include "softmax.cuh"
 
-#define MIXPREC__CE_THREADS 256
-#define MIXPREC__CE_WARP_ROW_MAX 1024
-#define MIXPREC__CE_MAX_Y 65535
 
 namespace {
 
@@ -69,18 +59,7 @@ __global__ void ce_rows(const void *logits, CeArgs a) {
   double l = 0.0, wt = 0.0;
   float m = 0.0f, lg = 0.0f;
   if (!ignored && !bad) {
-    constexpr int V = VecWidth<D>::value;
-    MaxSum acc{-INFINITY, 0.0f};
-    if (aligned16(xr) && C % V == 0) {
-      for (int64_t i = (int64_t)tid * V; i < C; i += (int64_t)nt * V) {
-        float v[8];
-        ld_vec<D>(xr, i, v);
-        online_add_vec<V>(acc, v);
-      }
-    } else {
-      for (int64_t i = tid; i < C; i += nt) online_add(acc, ld<D>(xr, i));
-    }
-    acc = WARP ? warp_merge(acc) : block_merge(acc, scratch);
+    const MaxSum acc = row_max_sum<D, WARP>(xr, C, tid, nt, scratch);
     m = acc.m;
     lg = logf(acc.s);
     float wx = 0.0f, W = 0.0f;
@@ -119,8 +98,7 @@ __global__ void ce_cols(const void *logits, CeArgs a, int64_t o0) {
     const bool bad = !ignored && (t < 0 || t >= C);
     float m = 0.0f, lg = 0.0f;
     if (!ignored && !bad) {
-      MaxSum acc{-INFINITY, 0.0f};
-      for (int64_t c = 0; c < C; c++) online_add(acc, ld<D>(logits, base + c * inner));
+      const MaxSum acc = col_max_sum<D>(logits, base, C, inner);
       m = acc.m;
       lg = logf(acc.s);
       float wx = 0.0f, W = 0.0f;
@@ -212,7 +190,7 @@ __global__ void ce_rows_bwd(const void *logits, void *dx, CeBwdArgs a) {
   const float m = a.stats[row], lg = a.stats[a.positions + row];
   const mixprec__ce_coefs k = mixprec__ce_grad_coefs(g, (double)wt, (double)a.eps, (double)W, C);
   for (int64_t i = tid; i < C; i += nt) {
-    const float p = expf((ld<D>(logits, off + i) - m) - lg);
+    const float p = mixprec__ce_prob(ld<D>(logits, off + i), m, lg);
     st<D>(dx, off + i, mixprec__ce_grad_elem(k.a, k.b, k.t, p, a.weight ? a.weight[i] : 1.0f, i == t));
   }
 }
@@ -239,7 +217,7 @@ __global__ void ce_cols_bwd(const void *logits, void *dx, CeBwdArgs a, int64_t o
   const mixprec__ce_coefs k = mixprec__ce_grad_coefs(g, (double)wt, (double)a.eps, (double)W, C);
   for (int64_t c = 0; c < C; c++) {
     const int64_t i = base + c * inner;
-    const float p = expf((ld<D>(logits, i) - m) - lg);
+    const float p = mixprec__ce_prob(ld<D>(logits, i), m, lg);
     const float v = mixprec__ce_grad_elem(k.a, k.b, k.t, p, a.weight ? a.weight[c] : 1.0f, c == t);
     st<D>(dx, i, v);
   }
@@ -260,9 +238,10 @@ struct SoftArgs {
   float keep, add; /* t' = t * keep + add */
 };
 
-template <int TD>
-__device__ __forceinline__ float soft_t(const SoftArgs &a, int64_t i, int64_t c) {
-  return (a.weight ? a.weight[c] : 1.0f) * (ld<TD>(a.target, i) * a.keep + a.add);
+/* w_c t'_c of [note: soft cross-entropy]. */
+template <int TD, class A>
+__device__ __forceinline__ float soft_t(const A &a, int64_t i, int64_t c) {
+  return mixprec__ce_soft_weight(a.weight ? a.weight[c] : 1.0f, ld<TD>(a.target, i), a.keep, a.add);
 }
 
 template <int D, int TD, bool WARP>
@@ -274,18 +253,7 @@ __global__ void ces_rows(const void *logits, SoftArgs a) {
   const int nt = WARP ? 32 : blockDim.x;
   const int64_t C = a.classes, off = row * C;
   const char *xr = static_cast<const char *>(logits) + off * (D == MIXPREC_F32 ? 4 : 2);
-  constexpr int V = VecWidth<D>::value;
-  MaxSum acc{-INFINITY, 0.0f};
-  if (aligned16(xr) && C % V == 0) {
-    for (int64_t i = (int64_t)tid * V; i < C; i += (int64_t)nt * V) {
-      float v[8];
-      ld_vec<D>(xr, i, v);
-      online_add_vec<V>(acc, v);
-    }
-  } else {
-    for (int64_t i = tid; i < C; i += nt) online_add(acc, ld<D>(xr, i));
-  }
-  acc = WARP ? warp_merge(acc) : block_merge(acc, scratch);
+  const MaxSum acc = row_max_sum<D, WARP>(xr, C, tid, nt, scratch);
   const float m = acc.m, lg = logf(acc.s);
   /* Second pass (from L2): sum_c w t' and sum_c w t' (x_c - max). */
   float tw = 0.0f, twx = 0.0f;
@@ -297,7 +265,7 @@ __global__ void ces_rows(const void *logits, SoftArgs a) {
   tw = WARP ? warp_sum(tw) : block_sum(tw, scratch);
   twx = WARP ? warp_sum(twx) : block_sum(twx, scratch);
   if (tid == 0) {
-    const double l = (double)tw * (double)lg - (double)twx;
+    const double l = mixprec__ce_soft_loss(tw, lg, twx);
     if (a.loss) a.loss[row] = (float)l;
     a.stats[row] = m;
     a.stats[a.positions + row] = lg;
@@ -316,8 +284,7 @@ __global__ void ces_cols(const void *logits, SoftArgs a, int64_t o0) {
   double l = 0.0, cnt = 0.0;
   if (col < inner) {
     const int64_t pos = o * inner + col, base = o * C * inner + col;
-    MaxSum acc{-INFINITY, 0.0f};
-    for (int64_t c = 0; c < C; c++) online_add(acc, ld<D>(logits, base + c * inner));
+    const MaxSum acc = col_max_sum<D>(logits, base, C, inner);
     const float m = acc.m, lg = logf(acc.s);
     float tw = 0.0f, twx = 0.0f;
     for (int64_t c = 0; c < C; c++) {
@@ -325,7 +292,7 @@ __global__ void ces_cols(const void *logits, SoftArgs a, int64_t o0) {
       tw += p;
       twx += p * (ld<D>(logits, base + c * inner) - m);
     }
-    l = (double)tw * (double)lg - (double)twx;
+    l = mixprec__ce_soft_loss(tw, lg, twx);
     cnt = 1.0;
     if (a.loss) a.loss[pos] = (float)l;
     a.stats[pos] = m;
@@ -355,32 +322,31 @@ struct SoftBwdArgs {
 __device__ __forceinline__ float soft_grad_of(const SoftBwdArgs &a, int64_t pos) {
   if (a.reduction == MIXPREC_REDUCTION_NONE) return a.grad_loss[pos];
   if (a.reduction == MIXPREC_REDUCTION_SUM) return a.grad_loss[0];
-  return (float)((double)a.grad_loss[0] / (double)a.positions);
+  return mixprec__ce_soft_mean_grad(a.grad_loss[0], a.positions);
 }
 
-/* One element c of a position: dx = g T p_c - g w t'_c, dt = -g keep w lp. */
+/* One element c of a position: dx_c and dt_c of [note: soft cross-entropy]. */
 template <int D, int TD>
 __device__ __forceinline__ void soft_grad_at(const void *logits, void *dx, void *dt, const SoftBwdArgs &a,
-                                             int64_t i, int64_t c, float m, float lg, float ca, float g,
-                                             float cdt) {
+                                             int64_t i, int64_t c, float m, float lg,
+                                             const mixprec__ce_soft_coefs &k, float g) {
   const float w = a.weight ? a.weight[c] : 1.0f;
-  const float lp = (ld<D>(logits, i) - m) - lg;
-  if (dx) st<D>(dx, i, ca * expf(lp) - g * (w * (ld<TD>(a.target, i) * a.keep + a.add)));
-  if (dt) st<TD>(dt, i, cdt * w * lp);
+  const float lp = mixprec__ce_log_prob(ld<D>(logits, i), m, lg);
+  if (dx) st<D>(dx, i, mixprec__ce_soft_grad_elem(k.a, lp, g, soft_t<TD>(a, i, c)));
+  if (dt) st<TD>(dt, i, mixprec__ce_soft_target_grad(k.dt, w, lp));
 }
 
-template <int D, int TD>
-__global__ void ces_rows_bwd(const void *logits, void *dx, void *dt, SoftBwdArgs a, int warp_rows) {
-  const int64_t row = warp_rows ? (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
+template <int D, int TD, bool WARP>
+__global__ void ces_rows_bwd(const void *logits, void *dx, void *dt, SoftBwdArgs a) {
+  const int64_t row = WARP ? (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
   if (row >= a.outer) return;
-  const int tid = warp_rows ? threadIdx.x % 32 : threadIdx.x;
-  const int nt = warp_rows ? 32 : blockDim.x;
+  const int tid = WARP ? threadIdx.x % 32 : threadIdx.x;
+  const int nt = WARP ? 32 : blockDim.x;
   const int64_t C = a.classes, off = row * C;
   const float g = soft_grad_of(a, row);
   const float m = a.stats[row], lg = a.stats[a.positions + row];
-  const float ca = (float)((double)g * (double)a.stats[2 * a.positions + row]);
-  const float cdt = (float)(-(double)g * a.keep_d);
-  for (int64_t i = tid; i < C; i += nt) soft_grad_at<D, TD>(logits, dx, dt, a, off + i, i, m, lg, ca, g, cdt);
+  const mixprec__ce_soft_coefs k = mixprec__ce_soft_grad_coefs(g, a.stats[2 * a.positions + row], a.keep_d);
+  for (int64_t i = tid; i < C; i += nt) soft_grad_at<D, TD>(logits, dx, dt, a, off + i, i, m, lg, k, g);
 }
 
 template <int D, int TD>
@@ -392,10 +358,8 @@ __global__ void ces_cols_bwd(const void *logits, void *dx, void *dt, SoftBwdArgs
   const int64_t pos = o * inner + col, base = o * C * inner + col;
   const float g = soft_grad_of(a, pos);
   const float m = a.stats[pos], lg = a.stats[a.positions + pos];
-  const float ca = (float)((double)g * (double)a.stats[2 * a.positions + pos]);
-  const float cdt = (float)(-(double)g * a.keep_d);
-  for (int64_t c = 0; c < C; c++)
-    soft_grad_at<D, TD>(logits, dx, dt, a, base + c * inner, c, m, lg, ca, g, cdt);
+  const mixprec__ce_soft_coefs k = mixprec__ce_soft_grad_coefs(g, a.stats[2 * a.positions + pos], a.keep_d);
+  for (int64_t c = 0; c < C; c++) soft_grad_at<D, TD>(logits, dx, dt, a, base + c * inner, c, m, lg, k, g);
 }
 
 /* ---- host side ---------------------------------------------------------------- */
@@ -415,57 +379,27 @@ mixprec_status check(const void *logits, mixprec_dtype dtype, const int64_t *tar
 /* Work units (rows, or blocks of columns) of the forward launch. */
 int64_t units_of(const mixprec_cross_entropy_params *p) {
   if (p->inner == 1) return p->outer;
-  return p->outer * ((p->inner + MIXPREC__CE_THREADS - 1) / MIXPREC__CE_THREADS);
+  return p->outer * ((p->inner + MIXPREC__SM_THREADS - 1) / MIXPREC__SM_THREADS);
 }
 
 template <int D>
 mixprec_status launch_fwd(const void *logits, const CeArgs &a, cudaStream_t s) {
-  if (a.inner == 1) {
-    if (a.classes <= MIXPREC__CE_WARP_ROW_MAX) {
-      const int64_t per = MIXPREC__CE_THREADS / 32, blocks = (a.outer + per - 1) / per;
-      if (blocks > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
-      ce_rows<D, true><<<(unsigned)blocks, MIXPREC__CE_THREADS, 0, s>>>(logits, a);
-    } else {
-      if (a.outer > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
-      const int threads = a.classes >= 16384 ? 1024 : MIXPREC__CE_THREADS;
-      ce_rows<D, false><<<(unsigned)a.outer, threads, 0, s>>>(logits, a);
-    }
-    return mixprec__cuda_launch_status();
-  }
-  const int64_t bx = (a.inner + MIXPREC__CE_THREADS - 1) / MIXPREC__CE_THREADS;
-  if (bx > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
-  for (int64_t o0 = 0; o0 < a.outer; o0 += MIXPREC__CE_MAX_Y) {
-    const int64_t cnt = a.outer - o0 < MIXPREC__CE_MAX_Y ? a.outer - o0 : MIXPREC__CE_MAX_Y;
-    ce_cols<D><<<dim3((unsigned)bx, (unsigned)cnt), MIXPREC__CE_THREADS, 0, s>>>(logits, a, o0);
-    mixprec_status st = mixprec__cuda_launch_status();
-    if (st != MIXPREC_OK) return st;
-  }
-  return MIXPREC_OK;
+  return launch_slices(
+      a.outer, a.classes, a.inner,
+      [&](unsigned blocks, int threads) { ce_rows<D, true><<<blocks, threads, 0, s>>>(logits, a); },
+      [&](unsigned blocks, int threads) { ce_rows<D, false><<<blocks, threads, 0, s>>>(logits, a); },
+      [&](dim3 grid, int64_t o0, int64_t) { ce_cols<D><<<grid, MIXPREC__SM_THREADS, 0, s>>>(logits, a, o0); });
 }
 
 template <int D>
 mixprec_status launch_bwd(const void *logits, void *dx, const CeBwdArgs &a, cudaStream_t s) {
-  if (a.inner == 1) {
-    if (a.classes <= MIXPREC__CE_WARP_ROW_MAX) {
-      const int64_t per = MIXPREC__CE_THREADS / 32, blocks = (a.outer + per - 1) / per;
-      if (blocks > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
-      ce_rows_bwd<D, true><<<(unsigned)blocks, MIXPREC__CE_THREADS, 0, s>>>(logits, dx, a);
-    } else {
-      if (a.outer > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
-      const int threads = a.classes >= 16384 ? 1024 : MIXPREC__CE_THREADS;
-      ce_rows_bwd<D, false><<<(unsigned)a.outer, threads, 0, s>>>(logits, dx, a);
-    }
-    return mixprec__cuda_launch_status();
-  }
-  const int64_t bx = (a.inner + MIXPREC__CE_THREADS - 1) / MIXPREC__CE_THREADS;
-  if (bx > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
-  for (int64_t o0 = 0; o0 < a.outer; o0 += MIXPREC__CE_MAX_Y) {
-    const int64_t cnt = a.outer - o0 < MIXPREC__CE_MAX_Y ? a.outer - o0 : MIXPREC__CE_MAX_Y;
-    ce_cols_bwd<D><<<dim3((unsigned)bx, (unsigned)cnt), MIXPREC__CE_THREADS, 0, s>>>(logits, dx, a, o0);
-    mixprec_status st = mixprec__cuda_launch_status();
-    if (st != MIXPREC_OK) return st;
-  }
-  return MIXPREC_OK;
+  return launch_slices(
+      a.outer, a.classes, a.inner,
+      [&](unsigned blocks, int threads) { ce_rows_bwd<D, true><<<blocks, threads, 0, s>>>(logits, dx, a); },
+      [&](unsigned blocks, int threads) { ce_rows_bwd<D, false><<<blocks, threads, 0, s>>>(logits, dx, a); },
+      [&](dim3 grid, int64_t o0, int64_t) {
+        ce_cols_bwd<D><<<grid, MIXPREC__SM_THREADS, 0, s>>>(logits, dx, a, o0);
+      });
 }
 
 }  // namespace
@@ -587,47 +521,28 @@ mixprec_status soft_check(const void *logits, mixprec_dtype dtype, const void *t
 
 template <int D, int TD>
 mixprec_status launch_soft_fwd(const void *logits, const SoftArgs &a, cudaStream_t s) {
-  if (a.inner == 1) {
-    if (a.classes <= MIXPREC__CE_WARP_ROW_MAX) {
-      const int64_t per = MIXPREC__CE_THREADS / 32, blocks = (a.outer + per - 1) / per;
-      if (blocks > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
-      ces_rows<D, TD, true><<<(unsigned)blocks, MIXPREC__CE_THREADS, 0, s>>>(logits, a);
-    } else {
-      if (a.outer > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
-      const int threads = a.classes >= 16384 ? 1024 : MIXPREC__CE_THREADS;
-      ces_rows<D, TD, false><<<(unsigned)a.outer, threads, 0, s>>>(logits, a);
-    }
-    return mixprec__cuda_launch_status();
-  }
-  const int64_t bx = (a.inner + MIXPREC__CE_THREADS - 1) / MIXPREC__CE_THREADS;
-  if (bx > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
-  for (int64_t o0 = 0; o0 < a.outer; o0 += MIXPREC__CE_MAX_Y) {
-    const int64_t cnt = a.outer - o0 < MIXPREC__CE_MAX_Y ? a.outer - o0 : MIXPREC__CE_MAX_Y;
-    ces_cols<D, TD><<<dim3((unsigned)bx, (unsigned)cnt), MIXPREC__CE_THREADS, 0, s>>>(logits, a, o0);
-    mixprec_status st = mixprec__cuda_launch_status();
-    if (st != MIXPREC_OK) return st;
-  }
-  return MIXPREC_OK;
+  return launch_slices(
+      a.outer, a.classes, a.inner,
+      [&](unsigned blocks, int threads) { ces_rows<D, TD, true><<<blocks, threads, 0, s>>>(logits, a); },
+      [&](unsigned blocks, int threads) { ces_rows<D, TD, false><<<blocks, threads, 0, s>>>(logits, a); },
+      [&](dim3 grid, int64_t o0, int64_t) {
+        ces_cols<D, TD><<<grid, MIXPREC__SM_THREADS, 0, s>>>(logits, a, o0);
+      });
 }
 
 template <int D, int TD>
 mixprec_status launch_soft_bwd(const void *logits, void *dx, void *dt, const SoftBwdArgs &a, cudaStream_t s) {
-  if (a.inner == 1) {
-    const int warp_rows = a.classes <= MIXPREC__CE_WARP_ROW_MAX;
-    const int64_t per = warp_rows ? MIXPREC__CE_THREADS / 32 : 1, blocks = (a.outer + per - 1) / per;
-    if (blocks > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
-    ces_rows_bwd<D, TD><<<(unsigned)blocks, MIXPREC__CE_THREADS, 0, s>>>(logits, dx, dt, a, warp_rows);
-    return mixprec__cuda_launch_status();
-  }
-  const int64_t bx = (a.inner + MIXPREC__CE_THREADS - 1) / MIXPREC__CE_THREADS;
-  if (bx > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
-  for (int64_t o0 = 0; o0 < a.outer; o0 += MIXPREC__CE_MAX_Y) {
-    const int64_t cnt = a.outer - o0 < MIXPREC__CE_MAX_Y ? a.outer - o0 : MIXPREC__CE_MAX_Y;
-    ces_cols_bwd<D, TD><<<dim3((unsigned)bx, (unsigned)cnt), MIXPREC__CE_THREADS, 0, s>>>(logits, dx, dt, a, o0);
-    mixprec_status st = mixprec__cuda_launch_status();
-    if (st != MIXPREC_OK) return st;
-  }
-  return MIXPREC_OK;
+  return launch_slices(
+      a.outer, a.classes, a.inner,
+      [&](unsigned blocks, int threads) {
+        ces_rows_bwd<D, TD, true><<<blocks, threads, 0, s>>>(logits, dx, dt, a);
+      },
+      [&](unsigned blocks, int threads) {
+        ces_rows_bwd<D, TD, false><<<blocks, threads, 0, s>>>(logits, dx, dt, a);
+      },
+      [&](dim3 grid, int64_t o0, int64_t) {
+        ces_cols_bwd<D, TD><<<grid, MIXPREC__SM_THREADS, 0, s>>>(logits, dx, dt, a, o0);
+      });
 }
 
 }  // namespace

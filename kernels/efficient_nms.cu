@@ -1,22 +1,7 @@
 /* Batched detection post-processing on CUDA: the GPU twin of
- * c_ops/src/efficient_nms.c, the whole batch in one fixed set of launches.
- *
- * 1. keys: every (b, n, c) score becomes mixprec_nms's 32-bit key (0 for a
- *    non-candidate: NaN or not above the threshold); warps count each image's
- *    candidates (one atomic per image and warp).
- * 2. CUB radix sort (stable) of all B * N * C keys, descending, with the flat
- *    index as value: decreasing score, equal scores by index. A second stable
- *    radix sort by image id (only its bits) regroups the batch per image with
- *    that order intact, so image b's candidates lead its segment. (A
- *    segmented sort would give one block per image: one SM for B = 1.)
- * 3. gather: the first T = min(candidates, top-k) of each image as float4 +
- *    area in float32, class id (0 when class-agnostic) and flat index.
- * 4. One bitmask grid over all images (64x64 tiles, blockIdx.z = image) and
- *    5. one reduction block per image: the tile and the walk of
- *    kernels/nms.cuh, shared with mixprec_cuda_nms, so the decisions are the
- *    CPU's. The walk writes each kept candidate's box and score (input bits),
- *    class and index straight to the outputs, pads to K, writes the count.
- * Scratch comes from the caller; nothing is copied to the host. */
+ * c_ops/src/efficient_nms.c, the whole batch in one fixed set of launches,
+ * written to make the CPU's decisions; not yet run on a GPU. Contracts:
+ * mixprec/efficient_nms.h. Steps: [note: cuda efficient_nms steps]. */
 #include <cub/device/device_radix_sort.cuh>
 
 #include "efficient_nms_check.h"
@@ -211,6 +196,22 @@ __global__ void __launch_bounds__(MIXPREC__EFFICIENT_NMS_REDUCE_THREADS)
 
 extern "C" {
 
+/* [note: cuda efficient_nms steps]
+ * 1. keys: every (b, n, c) score becomes mixprec_nms's 32-bit key (0 for a
+ *    non-candidate: NaN or not above the threshold); warps count each
+ *    image's candidates (one atomic per image and warp).
+ * 2. A stable CUB radix sort of all B * N * C keys, descending, the flat
+ *    index as value; then a second stable sort by image id (only its bits)
+ *    regroups the batch per image with that order intact. (A segmented sort
+ *    would give one block per image: one SM for B = 1.)
+ * 3. gather: the first T = min(candidates, top-k) of each image as float4 +
+ *    area in float32, class id (0 when class-agnostic) and flat index.
+ * 4. One bitmask grid over all images (64x64 tiles, blockIdx.z = image),
+ *    then one reduction block per image: the tile and the walk of nms.cuh,
+ *    shared with mixprec_cuda_nms ([note: cuda nms steps]). The walk writes
+ *    each kept candidate's box and score (input bits), class and index to
+ *    the outputs, pads to K and writes the count. Scratch comes from the
+ *    caller; nothing is copied to the host. */
 int64_t mixprec_cuda_efficient_nms_workspace_size(int64_t batch, int64_t n, int64_t classes,
                                                   const mixprec_detect_params *p) {
   if (!p || batch < 0 || n < 0 || classes < 0) return -1;

@@ -1,22 +1,6 @@
-/* Greedy NMS and class-aware NMS on CUDA: the GPU twin of c_ops/src/nms.c.
- *
- * 1. keys: each score becomes a 32-bit key (larger = earlier; NaN highest,
- *    -0 == +0, as on the CPU); boxes failing the score threshold get key 0,
- *    below every real key, and are counted out (valid count m, on device).
- * 2. CUB's radix sort (stable) orders (key, index) descending: equal scores
- *    keep their input order, exactly like the CPU's stable sort.
- * 3. The boxes are gathered in that order as float4 + area (float32 from any
- *    storage dtype), with their class ids.
- * 4. Bitmask tiles: block (row, col) of 64 threads sets, for row box i and
- *    the 64 boxes j of the column block (j > i, same class), bit j when
- *    IoU(i, j) > threshold, by nms_rules.h's test, the one the CPU runs.
- * 5. One block walks the mask on the device: per 64-box block, warp 0
- *    resolves the block's own boxes serially from the diagonal tile (in
- *    registers, via shuffles), then every thread ORs the rows of the boxes
- *    just kept into the `removed` words of later blocks, in parallel. Kept
- *    indices go straight to `keep` (padded with -1), the count to n_keep,
- *    and the walk stops at max_output. No device-to-host copy of anything.
- */
+/* Greedy NMS and class-aware NMS on CUDA: the GPU twin of c_ops/src/nms.c,
+ * written to make the CPU's decisions (the IoU test of nms_rules.h); not yet
+ * run on a GPU. Contracts: mixprec/nms.h. Steps: [note: cuda nms steps]. */
 #include <cub/device/device_radix_sort.cuh>
 
 #include "nms.cuh"
@@ -143,6 +127,20 @@ bool misaligned(const void *p, size_t a) { return p && (uintptr_t)p % a != 0; }
 
 extern "C" {
 
+/* [note: cuda nms steps]
+ * 1. keys: each score becomes a 32-bit key (larger = earlier; NaN highest,
+ *    -0 == +0, as on the CPU); boxes failing the score threshold get key 0,
+ *    below every real key, and are counted out (valid count m, on device).
+ * 2. CUB's stable radix sort orders (key, index) descending: equal scores
+ *    keep their input order, as the CPU's stable sort.
+ * 3. The boxes are gathered in that order as float4 + area (float32 from any
+ *    storage dtype), with their class ids.
+ * 4. Bitmask tiles (nms.cuh): block (row, col) of 64 threads sets, for row
+ *    box i and the 64 boxes j > i of the column block of its class, bit j
+ *    when IoU(i, j) > threshold, by nms_rules.h's test.
+ * 5. One block walks the mask (nms.cuh) on the device; kept indices go
+ *    straight to `keep` (padded with -1), the count to n_keep, and the walk
+ *    stops at max_output. Nothing is copied to the host. */
 int64_t mixprec_cuda_nms_workspace_size(int64_t n) {
   if (n < 0 || n > INT32_MAX) return -1;
   nms_layout L;

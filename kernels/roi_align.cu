@@ -174,16 +174,11 @@ mixprec_status mixprec_cuda_roi_align_backward(
     void *grad_input, mixprec_dtype grad_input_dtype, void *workspace, int64_t workspace_bytes,
     void *stream) {
   int64_t in_numel, out_numel;
-  mixprec_status st = mixprec__roi_align_check(grad_input_dtype, batch, channels, height, width,
-                                               rois_dtype, n_rois, p, grad_dtype, &in_numel,
-                                               &out_numel);
-  if (st != MIXPREC_OK) return st;
-  if (!grad_strides) return MIXPREC_ERR_NULL_POINTER;
-  for (int d = 0; d < 4; d++)
-    if (grad_strides[d] < 0) return MIXPREC_ERR_BAD_ARGUMENT;
-  if (in_numel == 0) return MIXPREC_OK;
-  if (!grad_input || !workspace || (out_numel > 0 && (!grad_output || !rois)))
-    return MIXPREC_ERR_NULL_POINTER;
+  mixprec_status st = mixprec__roi_align_backward_check(
+      grad_output, grad_dtype, grad_strides, rois, rois_dtype, n_rois, batch, channels, height, width, p,
+      grad_input, grad_input_dtype, &in_numel, &out_numel);
+  if (st != MIXPREC_OK || in_numel == 0) return st;
+  if (!workspace) return MIXPREC_ERR_NULL_POINTER;
   if (out_numel == 0) n_rois = 0;
   if (workspace_bytes < mixprec_cuda_roi_align_backward_workspace_size(n_rois, batch) ||
       (uintptr_t)workspace % 256 != 0)

@@ -1,20 +1,10 @@
 /* Softmax and log_softmax, forward and backward, on CUDA: the GPU twin of
- * c_ops/src/softmax.c (same (outer, n, inner) layout, same formulas).
- *
- * Rows (inner == 1): one warp per row for n <= 1024, one block per row
- * above. Each thread walks its share of the row with 16-byte loads (when
- * the row is 16-byte aligned and n is a multiple of the vector width, else
- * element by element) and keeps an online (max, sum) pair:
- *   v > m: s = s * exp(m - v) + 1, m = v;  else s += exp(v - m)
- * so the row is read once for both; the pairs are merged with warp shuffles
- * (then across warps through shared memory). The write pass reads the row
- * again, from L2 for all but huge rows.
- * Strided slices (inner > 1): one thread per column (outer, j); neighbouring
- * threads read neighbouring columns, so each load instruction of a warp is
- * coalesced; the same online pair, then the write pass.
- * Every launch goes to the caller's stream; nothing synchronises.
- * The element helpers and the online (max, sum) reductions are in
- * softmax.cuh, shared with cross_entropy.cu. */
+ * c_ops/src/softmax.c, the same element steps ([note: softmax steps]).
+ * Contracts: mixprec/softmax.h. Geometry: [note: slice launch] (softmax.cuh).
+ * A row is read once for the online (max, sum) and once more (from L2 for
+ * all but huge rows) to write; strided columns are one thread each, so a
+ * warp's loads are coalesced. Launches go to the caller's stream; nothing
+ * synchronises. Not yet run on a GPU. */
 #include "softmax.cuh"
 #include "softmax_check.h"
 
@@ -34,19 +24,9 @@ __global__ void softmax_rows(const void *x, void *y, int64_t rows, int64_t n) {
   char *yr = static_cast<char *>(y) + row * n * (DY == MIXPREC_F32 ? 4 : 2);
   constexpr int VX = VecWidth<DX>::value;
   const bool vec = aligned16(xr) && n % VX == 0;
-  MaxSum a{-INFINITY, 0.0f};
-  if (vec) {
-    for (int64_t i = (int64_t)tid * VX; i < n; i += (int64_t)nt * VX) {
-      float v[8];
-      ld_vec<DX>(xr, i, v);
-      online_add_vec<VX>(a, v);
-    }
-  } else {
-    for (int64_t i = tid; i < n; i += nt) online_add(a, ld<DX>(xr, i));
-  }
-  a = WARP ? warp_merge(a) : block_merge(a, scratch);
+  const MaxSum a = row_max_sum<DX, WARP>(xr, n, tid, nt, scratch);
   const float m = a.m;
-  const float f = LOG ? logf(a.s) : 1.0f / a.s;
+  const float f = mixprec__sm_factor(a.s, LOG);
   constexpr int VY = VecWidth<DY>::value;
   if (vec && aligned16(yr) && n % VY == 0) {
     /* Read in x vectors, write in y vectors: handle VX * VY / gcd... simply
@@ -56,17 +36,14 @@ __global__ void softmax_rows(const void *x, void *y, int64_t rows, int64_t n) {
         float v[8];
         ld_vec<DX>(xr, i, v);
         if (VX == 4) ld_vec<DX>(xr, i + 4, v + 4);
-        for (int k = 0; k < 8; k++) v[k] = LOG ? (v[k] - m) - f : expf(v[k] - m) * f;
+        for (int k = 0; k < 8; k++) v[k] = mixprec__sm_out(v[k] - m, f, LOG);
         st_vec<DY>(yr, i, v);
         if (VY == 4) st_vec<DY>(yr, i + 4, v + 4);
       }
       return;
     }
   }
-  for (int64_t i = tid; i < n; i += nt) {
-    const float d = ld<DX>(xr, i) - m;
-    st<DY>(yr, i, LOG ? d - f : expf(d) * f);
-  }
+  for (int64_t i = tid; i < n; i += nt) st<DY>(yr, i, mixprec__sm_out(ld<DX>(xr, i) - m, f, LOG));
 }
 
 template <int DY, int DX, bool LOG, bool WARP>
@@ -79,15 +56,10 @@ __global__ void softmax_rows_bwd(const void *dy, const void *y, void *dx,
   const int nt = WARP ? 32 : blockDim.x;
   const int64_t off = row * n;
   float s = 0.0f;
-  for (int64_t i = tid; i < n; i += nt) {
-    const float g = ld<DY>(dy, off + i);
-    s += LOG ? g : g * ld<DY>(y, off + i);
-  }
+  for (int64_t i = tid; i < n; i += nt) s += mixprec__sm_bwd_term(ld<DY>(dy, off + i), ld<DY>(y, off + i), LOG);
   s = WARP ? warp_sum(s) : block_sum(s, scratch);
-  for (int64_t i = tid; i < n; i += nt) {
-    const float g = ld<DY>(dy, off + i), o = ld<DY>(y, off + i);
-    st<DX>(dx, off + i, LOG ? g - expf(o) * s : o * (g - s));
-  }
+  for (int64_t i = tid; i < n; i += nt)
+    st<DX>(dx, off + i, mixprec__sm_bwd_out(ld<DY>(dy, off + i), ld<DY>(y, off + i), s, LOG));
 }
 
 /* ---- strided kernels: one thread per column ---------------------------------- */
@@ -99,13 +71,9 @@ __global__ void softmax_cols(const void *x, void *y, int64_t outer, int64_t n,
   const int64_t o = blockIdx.y;
   if (col >= inner) return;
   const int64_t base = o * n * inner + col;
-  MaxSum a{-INFINITY, 0.0f};
-  for (int64_t c = 0; c < n; c++) online_add(a, ld<DX>(x, base + c * inner));
-  const float f = LOG ? logf(a.s) : 1.0f / a.s;
-  for (int64_t c = 0; c < n; c++) {
-    const float d = ld<DX>(x, base + c * inner) - a.m;
-    st<DY>(y, base + c * inner, LOG ? d - f : expf(d) * f);
-  }
+  const MaxSum a = col_max_sum<DX>(x, base, n, inner);
+  const float f = mixprec__sm_factor(a.s, LOG);
+  for (int64_t c = 0; c < n; c++) st<DY>(y, base + c * inner, mixprec__sm_out(ld<DX>(x, base + c * inner) - a.m, f, LOG));
 }
 
 template <int DY, int DX, bool LOG>
@@ -116,80 +84,47 @@ __global__ void softmax_cols_bwd(const void *dy, const void *y, void *dx,
   if (col >= inner) return;
   const int64_t base = o * n * inner + col;
   float s = 0.0f;
-  for (int64_t c = 0; c < n; c++) {
-    const float g = ld<DY>(dy, base + c * inner);
-    s += LOG ? g : g * ld<DY>(y, base + c * inner);
-  }
+  for (int64_t c = 0; c < n; c++) s += mixprec__sm_bwd_term(ld<DY>(dy, base + c * inner), ld<DY>(y, base + c * inner), LOG);
   for (int64_t c = 0; c < n; c++) {
     const int64_t i = base + c * inner;
-    const float g = ld<DY>(dy, i), v = ld<DY>(y, i);
-    st<DX>(dx, i, LOG ? g - expf(v) * s : v * (g - s));
+    st<DX>(dx, i, mixprec__sm_bwd_out(ld<DY>(dy, i), ld<DY>(y, i), s, LOG));
   }
 }
 
-/* ---- launch ------------------------------------------------------------------ */
-
-/* grid.y is at most 65535: outer beyond that goes in several launches. */
-#define MIXPREC__SM_MAX_Y 65535
+/* ---- launch: [note: slice launch] ------------------------------------------------- */
 
 template <int DX, int DY, bool LOG>
 mixprec_status launch_fwd(const void *x, void *y, int64_t outer, int64_t n, int64_t inner, cudaStream_t s) {
   const int xs = DX == MIXPREC_F32 ? 4 : 2, ys = DY == MIXPREC_F32 ? 4 : 2;
-  if (inner == 1) {
-    if (n <= MIXPREC__SM_WARP_ROW_MAX) {
-      const int64_t per_block = MIXPREC__SM_THREADS / 32;
-      const int64_t blocks = (outer + per_block - 1) / per_block;
-      if (blocks > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
-      softmax_rows<DX, DY, LOG, true><<<(unsigned)blocks, MIXPREC__SM_THREADS, 0, s>>>(x, y, outer, n);
-    } else {
-      if (outer > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
-      const int threads = n >= 16384 ? MIXPREC__SM_BIG_THREADS : MIXPREC__SM_THREADS;
-      softmax_rows<DX, DY, LOG, false><<<(unsigned)outer, threads, 0, s>>>(x, y, outer, n);
-    }
-    return mixprec__cuda_launch_status();
-  }
-  const int64_t bx = (inner + MIXPREC__SM_THREADS - 1) / MIXPREC__SM_THREADS;
-  if (bx > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
-  for (int64_t o0 = 0; o0 < outer; o0 += MIXPREC__SM_MAX_Y) {
-    const int64_t cnt = outer - o0 < MIXPREC__SM_MAX_Y ? outer - o0 : MIXPREC__SM_MAX_Y;
-    const size_t off = (size_t)(o0 * n * inner);
-    softmax_cols<DX, DY, LOG><<<dim3((unsigned)bx, (unsigned)cnt), MIXPREC__SM_THREADS, 0, s>>>(
-        static_cast<const char *>(x) + off * xs, static_cast<char *>(y) + off * ys, cnt, n, inner);
-    mixprec_status st = mixprec__cuda_launch_status();
-    if (st != MIXPREC_OK) return st;
-  }
-  return MIXPREC_OK;
+  return launch_slices(
+      outer, n, inner,
+      [&](unsigned blocks, int threads) { softmax_rows<DX, DY, LOG, true><<<blocks, threads, 0, s>>>(x, y, outer, n); },
+      [&](unsigned blocks, int threads) { softmax_rows<DX, DY, LOG, false><<<blocks, threads, 0, s>>>(x, y, outer, n); },
+      [&](dim3 grid, int64_t o0, int64_t cnt) {
+        const size_t off = (size_t)(o0 * n * inner);
+        softmax_cols<DX, DY, LOG><<<grid, MIXPREC__SM_THREADS, 0, s>>>(
+            static_cast<const char *>(x) + off * xs, static_cast<char *>(y) + off * ys, cnt, n, inner);
+      });
 }
 
 template <int DY, int DX, bool LOG>
 mixprec_status launch_bwd(const void *dy, const void *y, void *dx, int64_t outer, int64_t n,
                           int64_t inner, cudaStream_t s) {
   const int ys = DY == MIXPREC_F32 ? 4 : 2, xs = DX == MIXPREC_F32 ? 4 : 2;
-  if (inner == 1) {
-    if (n <= MIXPREC__SM_WARP_ROW_MAX) {
-      const int64_t per_block = MIXPREC__SM_THREADS / 32;
-      const int64_t blocks = (outer + per_block - 1) / per_block;
-      if (blocks > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
-      softmax_rows_bwd<DY, DX, LOG, true><<<(unsigned)blocks, MIXPREC__SM_THREADS, 0, s>>>(dy, y, dx, outer, n);
-    } else {
-      if (outer > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
-      const int threads = n >= 16384 ? MIXPREC__SM_BIG_THREADS : MIXPREC__SM_THREADS;
-      softmax_rows_bwd<DY, DX, LOG, false><<<(unsigned)outer, threads, 0, s>>>(dy, y, dx, outer, n);
-    }
-    return mixprec__cuda_launch_status();
-  }
-  const int64_t bx = (inner + MIXPREC__SM_THREADS - 1) / MIXPREC__SM_THREADS;
-  if (bx > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
-  for (int64_t o0 = 0; o0 < outer; o0 += MIXPREC__SM_MAX_Y) {
-    const int64_t cnt = outer - o0 < MIXPREC__SM_MAX_Y ? outer - o0 : MIXPREC__SM_MAX_Y;
-    const size_t off = (size_t)(o0 * n * inner);
-    softmax_cols_bwd<DY, DX, LOG><<<dim3((unsigned)bx, (unsigned)cnt), MIXPREC__SM_THREADS, 0, s>>>(
-        static_cast<const char *>(dy) + off * ys, static_cast<const char *>(y) + off * ys,
-        static_cast<char *>(dx) + off * xs, cnt, n, inner);
-    mixprec_status st = mixprec__cuda_launch_status();
-    if (st != MIXPREC_OK) return st;
-  }
-  return MIXPREC_OK;
+  return launch_slices(
+      outer, n, inner,
+      [&](unsigned blocks, int threads) {
+        softmax_rows_bwd<DY, DX, LOG, true><<<blocks, threads, 0, s>>>(dy, y, dx, outer, n);
+      },
+      [&](unsigned blocks, int threads) {
+        softmax_rows_bwd<DY, DX, LOG, false><<<blocks, threads, 0, s>>>(dy, y, dx, outer, n);
+      },
+      [&](dim3 grid, int64_t o0, int64_t cnt) {
+        const size_t off = (size_t)(o0 * n * inner);
+        softmax_cols_bwd<DY, DX, LOG><<<grid, MIXPREC__SM_THREADS, 0, s>>>(
+            static_cast<const char *>(dy) + off * ys, static_cast<const char *>(y) + off * ys,
+            static_cast<char *>(dx) + off * xs, cnt, n, inner);
+      });
 }
 
 /* One dispatch per dtype argument of an entry point: (input dtype, output dtype, log). */

@@ -1,14 +1,17 @@
 /* Device code shared by softmax.cu and cross_entropy.cu: loads and stores
- * of the three dtypes (element and 16-byte vector) and the online (max, sum)
+ * of the three dtypes (element and 16-byte vector), the online (max, sum)
  * reductions over a row or a column,
  *   v > m: s = s * exp(m - v) + 1, m = v;  else s += exp(v - m),
- * merged across a warp with shuffles and across warps through shared memory.
- * Templates in an anonymous namespace: each .cu instantiates what it uses. */
+ * built from the steps of [note: softmax steps] (softmax_rules.h) and merged
+ * across a warp with shuffles and across warps through shared memory, and
+ * the launch geometry both files use. Templates in an anonymous namespace:
+ * each .cu instantiates what it uses. */
 #ifndef MIXPREC_KERNELS_SOFTMAX_CUH
 #define MIXPREC_KERNELS_SOFTMAX_CUH
 
 #include "common.cuh"
 #include "mixprec/softmax.h"
+#include "softmax_rules.h"
 
 #define MIXPREC__SM_THREADS 256
 #define MIXPREC__SM_BIG_THREADS 1024
@@ -90,10 +93,10 @@ struct MaxSum {
  * and +inf make the sum NaN, as the two-pass CPU formula does. */
 __device__ __forceinline__ void online_add(MaxSum &a, float v) {
   if (v > a.m) {
-    a.s = v == INFINITY ? NAN : a.s * expf(a.m - v) + 1.0f;
+    a.s = v == INFINITY ? NAN : a.s * mixprec__sm_exp_term(a.m, v) + 1.0f;
     a.m = v;
   } else if (v != -INFINITY) {
-    a.s += expf(v - a.m);
+    a.s += mixprec__sm_exp_term(v, a.m);
   }
 }
 
@@ -110,7 +113,7 @@ __device__ __forceinline__ void online_add_vec(MaxSum &a, const float *v) {
     nan |= v[k] != v[k];
   }
   if (vm > a.m) {
-    a.s = vm == INFINITY ? NAN : a.s * expf(a.m - vm);
+    a.s = vm == INFINITY ? NAN : a.s * mixprec__sm_exp_term(a.m, vm);
     a.m = vm;
   }
   if (nan) {
@@ -119,15 +122,15 @@ __device__ __forceinline__ void online_add_vec(MaxSum &a, const float *v) {
   }
   if (a.m == -INFINITY) return;
   float s = 0.0f;
-  for (int k = 0; k < K; k++) s += expf(v[k] - a.m);
+  for (int k = 0; k < K; k++) s += mixprec__sm_exp_term(v[k], a.m);
   a.s += s;
 }
 
 __device__ __forceinline__ MaxSum online_merge(MaxSum a, MaxSum b) {
   const float m = fmaxf(a.m, b.m);
   if (m == -INFINITY || m == INFINITY) return {m, a.s + b.s};
-  const float sa = a.m == -INFINITY ? 0.0f : a.s * expf(a.m - m);
-  const float sb = b.m == -INFINITY ? 0.0f : b.s * expf(b.m - m);
+  const float sa = a.m == -INFINITY ? 0.0f : a.s * mixprec__sm_exp_term(a.m, m);
+  const float sb = b.m == -INFINITY ? 0.0f : b.s * mixprec__sm_exp_term(b.m, m);
   return {m, sa + sb};
 }
 
@@ -168,6 +171,75 @@ __device__ __forceinline__ float block_sum(float v, float *scratch) {
   for (int w = 0; w < nw; w++) r += scratch[w];
   __syncthreads();
   return r;
+}
+
+/* ---- one row -------------------------------------------------------------------- */
+
+/* The row's online (max, sum) by threads tid of nt (one warp when WARP,
+ * else the block), every thread getting the result: 16-byte loads when the
+ * row is 16-byte aligned and n is a multiple of the vector width, else
+ * element by element. scratch: 2 * 32 floats (block rows). */
+template <int D, bool WARP>
+__device__ __forceinline__ MaxSum row_max_sum(const void *xr, int64_t n, int tid, int nt, float *scratch) {
+  constexpr int V = VecWidth<D>::value;
+  MaxSum a{-INFINITY, 0.0f};
+  if (aligned16(xr) && n % V == 0) {
+    for (int64_t i = (int64_t)tid * V; i < n; i += (int64_t)nt * V) {
+      float v[8];
+      ld_vec<D>(xr, i, v);
+      online_add_vec<V>(a, v);
+    }
+  } else {
+    for (int64_t i = tid; i < n; i += nt) online_add(a, ld<D>(xr, i));
+  }
+  return WARP ? warp_merge(a) : block_merge(a, scratch);
+}
+
+/* One column's online (max, sum): n values `inner` apart from base, by one
+ * thread. */
+template <int D>
+__device__ __forceinline__ MaxSum col_max_sum(const void *x, int64_t base, int64_t n, int64_t inner) {
+  MaxSum a{-INFINITY, 0.0f};
+  for (int64_t c = 0; c < n; c++) online_add(a, ld<D>(x, base + c * inner));
+  return a;
+}
+
+/* ---- launch geometry ---------------------------------------------------------------- */
+
+/* grid.y is at most 65535: outer beyond that goes in several launches. */
+#define MIXPREC__SM_MAX_Y 65535
+
+/* [note: slice launch] Rows (inner == 1): one warp per row for n <=
+ * MIXPREC__SM_WARP_ROW_MAX (MIXPREC__SM_THREADS / 32 rows per block), one
+ * block per row above (MIXPREC__SM_BIG_THREADS threads from n = 16384).
+ * Strided (inner > 1): one thread per column, grid (columns / threads, outer)
+ * in launches of at most MIXPREC__SM_MAX_Y outer indices. The callables
+ * launch their kernel: warp_rows(blocks, threads), block_rows(blocks,
+ * threads), cols(grid, o0, count); each returns nothing. */
+template <class WarpRows, class BlockRows, class Cols>
+mixprec_status launch_slices(int64_t outer, int64_t n, int64_t inner, const WarpRows &warp_rows,
+                             const BlockRows &block_rows, const Cols &cols) {
+  if (inner == 1) {
+    if (n <= MIXPREC__SM_WARP_ROW_MAX) {
+      const int64_t per_block = MIXPREC__SM_THREADS / 32;
+      const int64_t blocks = (outer + per_block - 1) / per_block;
+      if (blocks > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
+      warp_rows((unsigned)blocks, MIXPREC__SM_THREADS);
+    } else {
+      if (outer > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
+      block_rows((unsigned)outer, n >= 16384 ? MIXPREC__SM_BIG_THREADS : MIXPREC__SM_THREADS);
+    }
+    return mixprec__cuda_launch_status();
+  }
+  const int64_t bx = (inner + MIXPREC__SM_THREADS - 1) / MIXPREC__SM_THREADS;
+  if (bx > MIXPREC__MAX_GRID) return MIXPREC_ERR_BAD_SIZE;
+  for (int64_t o0 = 0; o0 < outer; o0 += MIXPREC__SM_MAX_Y) {
+    const int64_t cnt = outer - o0 < MIXPREC__SM_MAX_Y ? outer - o0 : MIXPREC__SM_MAX_Y;
+    cols(dim3((unsigned)bx, (unsigned)cnt), o0, cnt);
+    const mixprec_status st = mixprec__cuda_launch_status();
+    if (st != MIXPREC_OK) return st;
+  }
+  return MIXPREC_OK;
 }
 
 }  // namespace

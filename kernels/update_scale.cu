@@ -1,7 +1,8 @@
 /* Dynamic loss-scale update on CUDA: the GPU twin of
  * c_ops/src/update_scale.c. The rule and the argument checks are the very
- * code of c_ops/src/update_scale.h, so both backends agree bit for bit. The
- * state stays on the device and is read there: no host synchronisation. */
+ * code of c_ops/src/update_scale.h, written so both backends agree bit for
+ * bit (not yet run on a GPU). The state stays on the device and is read
+ * there: no host synchronisation. */
 #include "common.cuh"
 #include "update_scale.h"
 

@@ -48,18 +48,25 @@ inline void ce_weight(const char* op, const std::optional<Tensor>& weight, CeArg
   a.p.weight = a.p.classes ? static_cast<const float*>(a.weight.data_ptr()) : nullptr;
 }
 
+// What both families of checks begin with: self's dtype and device, at
+// least one dimension, a defined strided target.
+inline CeArgs ce_self(const char* op, const Tensor& self, const Tensor& target) {
+  CeArgs a;
+  a.dtype = float_arg(op, "self", self);
+  a.device = where(self);
+  MIXPREC_CHECK(self.dim() >= 1, "mixprec::", op,
+                  ": self must have shape (C), (N, C) or (N, C, d1, ...), got a 0-dim tensor");
+  MIXPREC_CHECK(target.defined() && target.layout() == Layout::Strided, "mixprec::", op,
+                  ": target must be a defined strided tensor");
+  return a;
+}
+
 // The checks of mixprec::cross_entropy and its backward, in one place.
 inline CeArgs ce_args(const char* op, const Tensor& self, const Tensor& target,
                       const std::optional<Tensor>& weight, int64_t reduction, int64_t ignore_index,
                       double label_smoothing) {
-  CeArgs a;
-  a.dtype = float_arg(op, "self", self);
-  a.device = where(self);
+  CeArgs a = ce_self(op, self, target);
   const int64_t nd = self.dim();
-  MIXPREC_CHECK(nd >= 1, "mixprec::", op,
-                  ": self must have shape (C), (N, C) or (N, C, d1, ...), got a 0-dim tensor");
-  MIXPREC_CHECK(target.defined() && target.layout() == Layout::Strided, "mixprec::", op,
-                  ": target must be a defined strided tensor");
   const ScalarType tt = target.scalar_type();
   const bool floating = tt == ScalarType::Float || tt == ScalarType::Half ||
                         tt == ScalarType::BFloat16 || tt == ScalarType::Double;
@@ -188,14 +195,8 @@ Tensor cross_entropy_backward_op(Tensor grad_loss, Tensor self, Tensor target,
 inline CeArgs soft_args(const char* op, const Tensor& self, const Tensor& target,
                         const std::optional<Tensor>& weight, int64_t reduction,
                         double label_smoothing) {
-  CeArgs a;
-  a.dtype = float_arg(op, "self", self);
-  a.device = where(self);
+  CeArgs a = ce_self(op, self, target);
   const int64_t nd = self.dim();
-  MIXPREC_CHECK(nd >= 1, "mixprec::", op,
-                  ": self must have shape (C), (N, C) or (N, C, d1, ...), got a 0-dim tensor");
-  MIXPREC_CHECK(target.defined() && target.layout() == Layout::Strided, "mixprec::", op,
-                  ": target must be a defined strided tensor");
   const ScalarType tt = target.scalar_type();
   MIXPREC_CHECK(to_mixprec_dtype(tt, &a.target_dtype), "mixprec::", op,
                   ": target holds class probabilities and must be float32, float16 or bfloat16, got ",

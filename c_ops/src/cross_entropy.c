@@ -14,11 +14,31 @@
 #include "cross_entropy_rules.h"
 #include "softmax_internal.h"
 
+#include "softmax_rules.h"
+
 typedef void (*stats_fn)(const void *, mixprec_dtype, int64_t, int64_t, int64_t,
                          const float *, float *, float *, float *);
 typedef void (*grad_fn)(const void *, mixprec_dtype, void *, int64_t, int64_t, int64_t,
                         const float *, const float *, const float *, const float *,
                         const float *, const int32_t *, const float *);
+
+/* W = sum of the class weights (C without weight), for label smoothing. */
+static double class_weight_sum(const float *weight, int64_t n) {
+  if (!weight) return (double)n;
+  double w = 0.0;
+  for (int64_t c = 0; c < n; c++) w += (double)weight[c];
+  return w;
+}
+
+/* Room for `per` partial sums (double) per slice, added in slice order after
+ * the parallel loop, so a reduction does not depend on the thread count.
+ * *part stays NULL for no slices. */
+static mixprec_status alloc_parts(int64_t slices, int per, double **part) {
+  *part = NULL;
+  if (slices == 0) return MIXPREC_OK;
+  *part = (double *)malloc(sizeof(double) * (size_t)per * (size_t)slices);
+  return *part ? MIXPREC_OK : MIXPREC_ERR_OUT_OF_MEMORY;
+}
 
 mixprec_cross_entropy_params mixprec_cross_entropy_params_default(void) {
   mixprec_cross_entropy_params p;
@@ -58,28 +78,15 @@ mixprec_status mixprec_cross_entropy(const void *logits, mixprec_dtype dtype,
   const float *weight = p->weight;
   const double eps = p->label_smoothing;
   const int smooth = eps > 0.0;
-  /* W = sum of the class weights (C without weight), for label smoothing. */
-  double wsum_all = (double)n;
-  if (weight) {
-    wsum_all = 0.0;
-    for (int64_t c = 0; c < n; c++) wsum_all += (double)weight[c];
-  }
-  stats_fn fn = mixprec__ce_stats_scalar;
-#if defined(MIXPREC_X86)
-  if (mixprec__sm_use_avx2()) fn = mixprec__ce_stats_avx2;
-#endif
-  const int64_t slices = positions ? mixprec__sm_slice_count(p->outer, inner) : 0;
-  /* Per slice: sum of losses and of target weights, added in slice order
-   * afterwards, so the reduction does not depend on the thread count. */
-  double *part = NULL;
-  if (slices > 0) {
-    part = (double *)malloc(sizeof(double) * 2 * (size_t)slices);
-    if (!part) return MIXPREC_ERR_OUT_OF_MEMORY;
-  }
+  const double wsum_all = class_weight_sum(weight, n);
+  const stats_fn fn = MIXPREC__SM_KERNEL(ce_stats);
+  const mixprec__sm_plan plan = mixprec__sm_plan_of(p->outer, inner, positions * n);
+  const int64_t slices = plan.slices;
+  /* Per slice: sum of losses and of target weights. */
+  double *part;
+  if (alloc_parts(slices, 2, &part) != MIXPREC_OK) return MIXPREC_ERR_OUT_OF_MEMORY;
   const size_t es = (size_t)mixprec_dtype_size(dtype);
-  const int n_threads = positions * n < MIXPREC__SM_PARALLEL_MIN ? 1 : mixprec__num_threads();
-  const int chunk = mixprec__sm_chunk_slices(positions * n, slices);
-#pragma omp parallel for schedule(dynamic, chunk) num_threads(n_threads) if (n_threads > 1)
+#pragma omp parallel for schedule(dynamic, plan.chunk) num_threads(plan.n_threads) if (plan.n_threads > 1)
   for (int64_t t = 0; t < slices; t++) {
     int64_t width, pos;
     const int64_t off = mixprec__sm_slice_at(t, n, inner, &width, &pos);
@@ -135,25 +142,16 @@ mixprec_status mixprec_cross_entropy_backward(const float *grad_loss, const void
   const int64_t n = p->classes, inner = p->inner;
   const float *weight = p->weight;
   const double eps = p->label_smoothing;
-  double wsum_all = (double)n;
-  if (weight) {
-    wsum_all = 0.0;
-    for (int64_t c = 0; c < n; c++) wsum_all += (double)weight[c];
-  }
+  const double wsum_all = class_weight_sum(weight, n);
   /* The gradient of a SUM/MEAN loss is the same for every position. */
   float g_all = 0.0f;
   if (p->reduction == MIXPREC_REDUCTION_SUM) g_all = grad_loss[0];
   if (p->reduction == MIXPREC_REDUCTION_MEAN) g_all = grad_loss[0] / weight_sum[0];
-  grad_fn fn = mixprec__ce_grad_scalar;
-#if defined(MIXPREC_X86)
-  if (mixprec__sm_use_avx2()) fn = mixprec__ce_grad_avx2;
-#endif
-  const int64_t slices = mixprec__sm_slice_count(p->outer, inner);
+  const grad_fn fn = MIXPREC__SM_KERNEL(ce_grad);
+  const mixprec__sm_plan plan = mixprec__sm_plan_of(p->outer, inner, positions * n);
   const size_t es = (size_t)mixprec_dtype_size(dtype);
-  const int n_threads = positions * n < MIXPREC__SM_PARALLEL_MIN ? 1 : mixprec__num_threads();
-  const int chunk = mixprec__sm_chunk_slices(positions * n, slices);
-#pragma omp parallel for schedule(dynamic, chunk) num_threads(n_threads) if (n_threads > 1)
-  for (int64_t t = 0; t < slices; t++) {
+#pragma omp parallel for schedule(dynamic, plan.chunk) num_threads(plan.n_threads) if (plan.n_threads > 1)
+  for (int64_t t = 0; t < plan.slices; t++) {
     int64_t width, pos;
     const int64_t off = mixprec__sm_slice_at(t, n, inner, &width, &pos);
     const char *x = (const char *)logits + (size_t)off * es;
@@ -206,17 +204,14 @@ void mixprec__ce_soft_stats_scalar(const void *x, mixprec_dtype xd, const void *
     s[j] = a[j] = b[j] = 0.0;
   }
   for (int64_t c = 0; c < n; c++)
-    for (int64_t j = 0; j < width; j++) {
-      const float v = mixprec__load_f32(x, xd, c * stride + j);
-      if (v > mx[j]) mx[j] = v;
-    }
+    for (int64_t j = 0; j < width; j++) mx[j] = mixprec__sm_max_step(mx[j], mixprec__load_f32(x, xd, c * stride + j));
   for (int64_t c = 0; c < n; c++) {
     const float wc = weight ? weight[c] : 1.0f;
     for (int64_t j = 0; j < width; j++) {
       const int64_t i = c * stride + j;
-      const float d = mixprec__load_f32(x, xd, i) - mx[j];
-      const float wt = wc * (mixprec__load_f32(t, td, i) * keep + add);
-      s[j] += (double)expf(d);
+      const float v = mixprec__load_f32(x, xd, i), d = v - mx[j];
+      const float wt = mixprec__ce_soft_weight(wc, mixprec__load_f32(t, td, i), keep, add);
+      s[j] += (double)mixprec__sm_exp_term(v, mx[j]);
       a[j] += (double)wt;
       b[j] += (double)wt * (double)d;
     }
@@ -237,12 +232,12 @@ void mixprec__ce_soft_grad_scalar(const void *x, mixprec_dtype xd, const void *t
     const float wc = weight ? weight[c] : 1.0f;
     for (int64_t j = 0; j < width; j++) {
       const int64_t i = c * stride + j;
-      const float lp = (mixprec__load_f32(x, xd, i) - mx[j]) - lg[j];
+      const float lp = mixprec__ce_log_prob(mixprec__load_f32(x, xd, i), mx[j], lg[j]);
       if (dx) {
-        const float wt = wc * (mixprec__load_f32(t, td, i) * keep + add);
-        mixprec__store_f32(dx, xd, i, a[j] * expf(lp) - g[j] * wt);
+        const float wt = mixprec__ce_soft_weight(wc, mixprec__load_f32(t, td, i), keep, add);
+        mixprec__store_f32(dx, xd, i, mixprec__ce_soft_grad_elem(a[j], lp, g[j], wt));
       }
-      if (dt) mixprec__store_f32(dt, td, i, cdt[j] * wc * lp);
+      if (dt) mixprec__store_f32(dt, td, i, mixprec__ce_soft_target_grad(cdt[j], wc, lp));
     }
   }
 }
@@ -260,21 +255,14 @@ mixprec_status mixprec_cross_entropy_soft(const void *logits, mixprec_dtype dtyp
   /* t' = t * (1 - eps) + eps / C in float, as torch's FP32 expression. */
   const float keep = (float)(1.0 - p->label_smoothing);
   const float add = n > 0 ? (float)(p->label_smoothing / (double)n) : 0.0f;
-  soft_stats_fn fn = mixprec__ce_soft_stats_scalar;
-#if defined(MIXPREC_X86)
-  if (mixprec__sm_use_avx2()) fn = mixprec__ce_soft_stats_avx2;
-#endif
-  const int64_t slices = positions ? mixprec__sm_slice_count(p->outer, inner) : 0;
-  /* Per-slice loss sums, added in slice order: independent of the threads. */
-  double *part = NULL;
-  if (slices > 0) {
-    part = (double *)malloc(sizeof(double) * (size_t)slices);
-    if (!part) return MIXPREC_ERR_OUT_OF_MEMORY;
-  }
+  const soft_stats_fn fn = MIXPREC__SM_KERNEL(ce_soft_stats);
+  const mixprec__sm_plan plan = mixprec__sm_plan_of(p->outer, inner, positions * n);
+  const int64_t slices = plan.slices;
+  /* Per-slice loss sums. */
+  double *part;
+  if (alloc_parts(slices, 1, &part) != MIXPREC_OK) return MIXPREC_ERR_OUT_OF_MEMORY;
   const size_t es = (size_t)mixprec_dtype_size(dtype), ts = (size_t)mixprec_dtype_size(target_dtype);
-  const int n_threads = positions * n < MIXPREC__SM_PARALLEL_MIN ? 1 : mixprec__num_threads();
-  const int chunk = mixprec__sm_chunk_slices(positions * n, slices);
-#pragma omp parallel for schedule(dynamic, chunk) num_threads(n_threads) if (n_threads > 1)
+#pragma omp parallel for schedule(dynamic, plan.chunk) num_threads(plan.n_threads) if (plan.n_threads > 1)
   for (int64_t t = 0; t < slices; t++) {
     int64_t width, pos;
     const int64_t off = mixprec__sm_slice_at(t, n, inner, &width, &pos);
@@ -284,9 +272,7 @@ mixprec_status mixprec_cross_entropy_soft(const void *logits, mixprec_dtype dtyp
     double sl = 0.0;
     for (int64_t j = 0; j < width; j++) {
       const float lg = logf(se[j]);
-      /* -sum_c w t' ((x_c - max) - lg) = T * lg - sum_c w t' (x_c - max): for a
-       * non-negative target both terms are >= 0, nothing cancels. */
-      const double v = (double)tw[j] * (double)lg - (double)twx[j];
+      const double v = mixprec__ce_soft_loss(tw[j], lg, twx[j]); /* [note: soft cross-entropy] */
       sl += v;
       if (p->reduction == MIXPREC_REDUCTION_NONE) loss[pos + j] = (float)v;
       if (stats) {
@@ -322,28 +308,24 @@ mixprec_status mixprec_cross_entropy_soft_backward(const float *grad_loss, const
   const float add = (float)(p->label_smoothing / (double)n);
   float g_all = 0.0f;
   if (p->reduction == MIXPREC_REDUCTION_SUM) g_all = grad_loss[0];
-  if (p->reduction == MIXPREC_REDUCTION_MEAN) g_all = (float)((double)grad_loss[0] / (double)positions);
-  soft_grad_fn fn = mixprec__ce_soft_grad_scalar;
-#if defined(MIXPREC_X86)
-  if (mixprec__sm_use_avx2()) fn = mixprec__ce_soft_grad_avx2;
-#endif
-  const int64_t slices = mixprec__sm_slice_count(p->outer, inner);
+  if (p->reduction == MIXPREC_REDUCTION_MEAN) g_all = mixprec__ce_soft_mean_grad(grad_loss[0], positions);
+  const soft_grad_fn fn = MIXPREC__SM_KERNEL(ce_soft_grad);
+  const mixprec__sm_plan plan = mixprec__sm_plan_of(p->outer, inner, positions * n);
   const size_t es = (size_t)mixprec_dtype_size(dtype), ts = (size_t)mixprec_dtype_size(target_dtype);
-  const int n_threads = positions * n < MIXPREC__SM_PARALLEL_MIN ? 1 : mixprec__num_threads();
-  const int chunk = mixprec__sm_chunk_slices(positions * n, slices);
-#pragma omp parallel for schedule(dynamic, chunk) num_threads(n_threads) if (n_threads > 1)
-  for (int64_t t = 0; t < slices; t++) {
+#pragma omp parallel for schedule(dynamic, plan.chunk) num_threads(plan.n_threads) if (plan.n_threads > 1)
+  for (int64_t t = 0; t < plan.slices; t++) {
     int64_t width, pos;
     const int64_t off = mixprec__sm_slice_at(t, n, inner, &width, &pos);
     float m[MIXPREC__SM_WIDTH], l[MIXPREC__SM_WIDTH], a[MIXPREC__SM_WIDTH], g[MIXPREC__SM_WIDTH];
     float cdt[MIXPREC__SM_WIDTH];
     for (int64_t j = 0; j < width; j++) {
       const float gj = p->reduction == MIXPREC_REDUCTION_NONE ? grad_loss[pos + j] : g_all;
+      const mixprec__ce_soft_coefs k = mixprec__ce_soft_grad_coefs(gj, stats[2 * positions + pos + j], keep_d);
       m[j] = stats[pos + j];
       l[j] = stats[positions + pos + j];
-      a[j] = (float)((double)gj * (double)stats[2 * positions + pos + j]);
+      a[j] = k.a;
       g[j] = gj;
-      cdt[j] = (float)(-(double)gj * keep_d);
+      cdt[j] = k.dt;
     }
     fn((const char *)logits + (size_t)off * es, dtype, (const char *)target + (size_t)off * ts,
        target_dtype, grad_logits ? (char *)grad_logits + (size_t)off * es : NULL,

@@ -72,60 +72,49 @@ static int64_t select_smallest(uint32_t *keys, int32_t *idx, int64_t m, int64_t 
  * keys/idx are ever touched (they are fresh pages of a large allocation).
  * The histogram is a pass over the candidates only. */
 #define EFFICIENT_NMS_BLOCK 1024
-#define EFFICIENT_NMS_SCORE_LOOP(LOAD)                                              \
-  for (int64_t j0 = 0; j0 < nc; j0 += EFFICIENT_NMS_BLOCK) {                        \
-    const int64_t j1 = j0 + EFFICIENT_NMS_BLOCK < nc ? j0 + EFFICIENT_NMS_BLOCK : nc;      \
-    int64_t q = 0;                                                           \
-    for (int64_t j = j0; j < j1; j++) {                                      \
-      const float s = LOAD;                                                  \
-      const int ok = (s == s) & (!use_thr | (s > thr));                      \
-      lk[q] = ~mixprec__nms_score_key(s);                                    \
-      li[q] = (int32_t)j;                                                    \
-      q += ok;                                                               \
-    }                                                                        \
-    memcpy(keys + m, lk, sizeof *lk * (size_t)q);                            \
-    memcpy(idx + m, li, sizeof *li * (size_t)q);                             \
-    m += q;                                                                  \
-  }
 
 #if defined(MIXPREC_X86)
 int64_t mixprec__efficient_nms_score_avx2(const void *scores, mixprec_dtype dt, int64_t nc, int use_thr,
                                    float thr, uint32_t *keys, int32_t *idx);
 #endif
 
+/* The scalar loop of score_run for scores of dtype D (a constant once
+ * dispatched, so each dtype gets its own copy of the loop). */
+MIXPREC__FORCE_INLINE int64_t score_body(const void *scores, const mixprec_dtype D, int64_t nc, int use_thr,
+                                         float thr, uint32_t *keys, int32_t *idx) {
+  uint32_t lk[EFFICIENT_NMS_BLOCK];
+  int32_t li[EFFICIENT_NMS_BLOCK];
+  int64_t m = 0;
+  for (int64_t j0 = 0; j0 < nc; j0 += EFFICIENT_NMS_BLOCK) {
+    const int64_t j1 = j0 + EFFICIENT_NMS_BLOCK < nc ? j0 + EFFICIENT_NMS_BLOCK : nc;
+    int64_t q = 0;
+    for (int64_t j = j0; j < j1; j++) {
+      const float s = mixprec__load_f32(scores, D, j);
+      const int ok = (s == s) & (!use_thr | (s > thr));
+      lk[q] = ~mixprec__nms_score_key(s);
+      li[q] = (int32_t)j;
+      q += ok;
+    }
+    memcpy(keys + m, lk, sizeof *lk * (size_t)q);
+    memcpy(idx + m, li, sizeof *li * (size_t)q);
+    m += q;
+  }
+  return m;
+}
+#undef EFFICIENT_NMS_BLOCK
+
 /* The candidates of nc contiguous scores, (~key, position) in position
  * order; returns their count. */
 static int64_t score_run(const void *scores, mixprec_dtype dt, int64_t nc, int use_thr,
                          float thr, uint32_t *keys, int32_t *idx) {
-  uint32_t lk[EFFICIENT_NMS_BLOCK];
-  int32_t li[EFFICIENT_NMS_BLOCK];
-  int64_t m = 0;
 #if defined(MIXPREC_X86)
   const mixprec_cpu_isa isa = mixprec__active_isa();
   if (isa == MIXPREC_ISA_AVX2 || isa == MIXPREC_ISA_AVX512)
     return mixprec__efficient_nms_score_avx2(scores, dt, nc, use_thr, thr, keys, idx);
 #endif
-  switch (dt) {
-    case MIXPREC_F16: {
-      const uint16_t *v = (const uint16_t *)scores;
-      EFFICIENT_NMS_SCORE_LOOP(mixprec__f16_to_f32(v[j]))
-      break;
-    }
-    case MIXPREC_BF16: {
-      const uint16_t *v = (const uint16_t *)scores;
-      EFFICIENT_NMS_SCORE_LOOP(mixprec__bf16_to_f32(v[j]))
-      break;
-    }
-    default: {
-      const float *v = (const float *)scores;
-      EFFICIENT_NMS_SCORE_LOOP(v[j])
-      break;
-    }
-  }
-  return m;
+  MIXPREC__DISPATCH(dt, D, return score_body(scores, D, nc, use_thr, thr, keys, idx));
+  return 0;
 }
-#undef EFFICIENT_NMS_SCORE_LOOP
-#undef EFFICIENT_NMS_BLOCK
 
 /* The candidates of one image's n x classes scores (score (q, c) at element
  * q * sn + c * sc of `scores`): (~key, flat index q * classes + c) in flat

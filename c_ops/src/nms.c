@@ -1,23 +1,6 @@
-/* Greedy NMS and class-aware (batched) NMS on the CPU.
- *
- * Plan: widen the scores, drop those at or below the score threshold, sort
- * the rest by decreasing score with a stable LSD radix sort on 32-bit keys;
- * gather the boxes in that order into structure-of-arrays floats
- * (x1, y1, x2, y2, area); for the batched variant regroup them by class
- * (stable, so each class stays in score order). Then, per class, the greedy
- * loop: the first live box is kept and sweeps the later live boxes of its
- * class with an IoU test that is SIMD over 8 candidates (nms_avx2.c), marking
- * the ones it suppresses. A class of 1024+ candidates with finite x
- * coordinates is also sorted by x1, and a kept box only sweeps the x-range
- * that can intersect it (greedy_x: near-linear in sparse scenes); smaller
- * classes compact the dead candidates away once a quarter of the remaining
- * ones are dead. Classes run in parallel; each marks its kept boxes in a
- * per-rank flag array, which is read out in rank order (= global decreasing
- * score, stable) at the end, so the result does not depend on threads.
- * Everything after the score sort is mixprec__nms_sorted (nms_internal.h),
- * which the batched post-processing of efficient_nms.c calls as well.
- *
- * Bit-exactness with torchvision: nms_rules.h, [note: torchvision's IoU]. */
+/* Greedy NMS and class-aware (batched) NMS on the CPU. Contracts:
+ * mixprec/nms.h. The plan: [note: cpu nms plan] (at run()); bit-exactness
+ * with torchvision: [note: torchvision's IoU] (nms_rules.h). */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -406,6 +389,21 @@ mixprec_status mixprec__nms_sorted(const void *boxes, mixprec_dtype boxes_dtype,
   return MIXPREC_OK;
 }
 
+/* [note: cpu nms plan] Widen the scores, drop those at or below the score
+ * threshold, sort the rest by decreasing score with a stable LSD radix sort
+ * on 32-bit keys; gather the boxes in that order into structure-of-arrays
+ * floats (x1, y1, x2, y2, area); for the batched variant regroup them by
+ * class (stable, so each class stays in score order). Then, per class, the
+ * greedy loop: the first live box is kept and sweeps the later live boxes of
+ * its class with an IoU test that is SIMD over 8 candidates (nms_avx2.c). A
+ * class of 1024+ candidates with finite x coordinates is also sorted by x1,
+ * and a kept box only sweeps the x-range that can intersect it (greedy_x);
+ * smaller classes compact their dead candidates away once a quarter of the
+ * remaining ones are dead. Classes run in parallel, each marking its kept
+ * boxes in a per-rank flag array read out in rank order (= decreasing score,
+ * stable) at the end, so the result does not depend on threads. Everything
+ * after the score sort is mixprec__nms_sorted, which efficient_nms.c calls
+ * as well. */
 static mixprec_status run(const void *boxes, mixprec_dtype boxes_dtype, const void *scores,
                           mixprec_dtype scores_dtype, const void *classes,
                           mixprec_index_dtype classes_dtype, int64_t n,

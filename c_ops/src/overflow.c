@@ -34,10 +34,15 @@ void mixprec__overflow_scan_scalar(const void *data, mixprec_dtype dtype, int64_
 /* Below this many elements a parallel region costs more than the scan. */
 #define PARALLEL_MIN ((int64_t)1 << 18)
 
-/* The float whose magnitude bits a scan found (exact widening). */
+/* The float whose magnitude bits a scan found (exact widening). Widened
+ * from the bits themselves: through mixprec__load_f32(&h, ...) the compiler
+ * could not see that its 4-byte FP32 load never runs for a 2-byte h (the
+ * dtypes were checked first) and warned -Warray-bounds. */
 static float bits_value(mixprec_dtype dtype, uint32_t bits) {
   const uint16_t h = (uint16_t)bits;
-  return dtype == MIXPREC_F32 ? mixprec__f32_from_bits(bits) : mixprec__load_f32(&h, dtype, 0);
+  return dtype == MIXPREC_F16    ? mixprec__f16_to_f32(h)
+         : dtype == MIXPREC_BF16 ? mixprec__bf16_to_f32(h)
+                                 : mixprec__f32_from_bits(bits);
 }
 
 typedef void (*scan_fn)(const void *, mixprec_dtype, int64_t, uint32_t *, int *);

@@ -273,15 +273,10 @@ mixprec_status mixprec_roi_align_backward(const void *grad_output, mixprec_dtype
                                           int64_t width, const mixprec_roi_align_params *p,
                                           void *grad_input, mixprec_dtype grad_input_dtype) {
   int64_t in_numel, out_numel;
-  mixprec_status st = mixprec__roi_align_check(grad_input_dtype, batch, channels, height, width,
-                                               rois_dtype, n_rois, p, grad_dtype, &in_numel,
-                                               &out_numel);
-  if (st != MIXPREC_OK) return st;
-  if (!grad_strides) return MIXPREC_ERR_NULL_POINTER;
-  for (int d = 0; d < 4; d++)
-    if (grad_strides[d] < 0) return MIXPREC_ERR_BAD_ARGUMENT;
-  if (in_numel == 0) return MIXPREC_OK;
-  if (!grad_input || (out_numel > 0 && (!grad_output || !rois))) return MIXPREC_ERR_NULL_POINTER;
+  mixprec_status st = mixprec__roi_align_backward_check(
+      grad_output, grad_dtype, grad_strides, rois, rois_dtype, n_rois, batch, channels, height, width, p,
+      grad_input, grad_input_dtype, &in_numel, &out_numel);
+  if (st != MIXPREC_OK || in_numel == 0) return st;
   int64_t bad = -1;
   if (out_numel > 0) {
     st = mixprec_roi_align_first_bad_roi(rois, rois_dtype, n_rois, batch, &bad);

@@ -52,4 +52,25 @@ MIXPREC__INLINE mixprec_status mixprec__roi_align_check(
   return MIXPREC_OK;
 }
 
+/* The checks of both backward entry points (CPU and CUDA): the shapes and
+ * dtypes (mixprec__roi_align_check), the strides, then, for a non-empty
+ * grad_input, its pointer and, when there is any output gradient, those of
+ * grad_output and rois. MIXPREC_OK with *in_numel == 0: nothing to do. */
+MIXPREC__INLINE mixprec_status mixprec__roi_align_backward_check(
+    const void *grad_output, mixprec_dtype grad_dtype, const int64_t *grad_strides, const void *rois,
+    mixprec_dtype rois_dtype, int64_t n_rois, int64_t batch, int64_t channels, int64_t height,
+    int64_t width, const mixprec_roi_align_params *p, const void *grad_input,
+    mixprec_dtype grad_input_dtype, int64_t *in_numel, int64_t *out_numel) {
+  const mixprec_status st = mixprec__roi_align_check(grad_input_dtype, batch, channels, height, width,
+                                                     rois_dtype, n_rois, p, grad_dtype, in_numel,
+                                                     out_numel);
+  if (st != MIXPREC_OK) return st;
+  if (!grad_strides) return MIXPREC_ERR_NULL_POINTER;
+  for (int d = 0; d < 4; d++)
+    if (grad_strides[d] < 0) return MIXPREC_ERR_BAD_ARGUMENT;
+  if (*in_numel == 0) return MIXPREC_OK;
+  if (!grad_input || (*out_numel > 0 && (!grad_output || !rois))) return MIXPREC_ERR_NULL_POINTER;
+  return MIXPREC_OK;
+}
+
 #endif /* MIXPREC_ROI_ALIGN_CHECK_H */

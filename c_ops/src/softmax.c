@@ -9,6 +9,7 @@
 #include "softmax_check.h"
 #include "cross_entropy_rules.h"
 #include "softmax_internal.h"
+#include "softmax_rules.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -17,7 +18,8 @@
 /* ---- Scalar path --------------------------------------------------------- */
 
 /* The scalar path sums in double: it is the reference-like fallback, and a
- * long row summed in one float would lose more than the AVX2 path's lanes. */
+ * long row summed in one float would lose more than the AVX2 path's lanes.
+ * The element steps: [note: softmax steps] (softmax_rules.h). */
 void mixprec__softmax_fwd_scalar(const void *x, mixprec_dtype xd, void *y,
                                  mixprec_dtype yd, int64_t n, int64_t stride,
                                  int64_t width, int log, float *scratch) {
@@ -29,19 +31,15 @@ void mixprec__softmax_fwd_scalar(const void *x, mixprec_dtype xd, void *y,
     s[j] = 0.0;
   }
   for (int64_t c = 0; c < n; c++)
-    for (int64_t j = 0; j < width; j++) {
-      float v = mixprec__load_f32(x, xd, c * stride + j);
-      /* A NaN never becomes the max, but it makes the sum NaN below. */
-      if (v > m[j]) m[j] = v;
-    }
+    for (int64_t j = 0; j < width; j++) m[j] = mixprec__sm_max_step(m[j], mixprec__load_f32(x, xd, c * stride + j));
   for (int64_t c = 0; c < n; c++)
-    for (int64_t j = 0; j < width; j++) s[j] += (double)expf(mixprec__load_f32(x, xd, c * stride + j) - m[j]);
-  for (int64_t j = 0; j < width; j++) f[j] = log ? logf((float)s[j]) : 1.0f / (float)s[j];
+    for (int64_t j = 0; j < width; j++)
+      s[j] += (double)mixprec__sm_exp_term(mixprec__load_f32(x, xd, c * stride + j), m[j]);
+  for (int64_t j = 0; j < width; j++) f[j] = mixprec__sm_factor((float)s[j], log);
   for (int64_t c = 0; c < n; c++)
     for (int64_t j = 0; j < width; j++) {
       const int64_t i = c * stride + j;
-      const float d = mixprec__load_f32(x, xd, i) - m[j];
-      mixprec__store_f32(y, yd, i, log ? d - f[j] : expf(d) * f[j]);
+      mixprec__store_f32(y, yd, i, mixprec__sm_out(mixprec__load_f32(x, xd, i) - m[j], f[j], log));
     }
 }
 
@@ -55,15 +53,14 @@ void mixprec__softmax_bwd_scalar(const void *dy, const void *y,
   for (int64_t c = 0; c < n; c++)
     for (int64_t j = 0; j < width; j++) {
       const int64_t i = c * stride + j;
-      const float g = mixprec__load_f32(dy, yd, i);
-      s[j] += log ? (double)g : (double)(g * mixprec__load_f32(y, yd, i));
+      s[j] += (double)mixprec__sm_bwd_term(mixprec__load_f32(dy, yd, i), mixprec__load_f32(y, yd, i), log);
     }
   for (int64_t j = 0; j < width; j++) f[j] = (float)s[j];
   for (int64_t c = 0; c < n; c++)
     for (int64_t j = 0; j < width; j++) {
       const int64_t i = c * stride + j;
-      const float g = mixprec__load_f32(dy, yd, i), o = mixprec__load_f32(y, yd, i);
-      mixprec__store_f32(dx, dxd, i, log ? g - expf(o) * f[j] : o * (g - f[j]));
+      mixprec__store_f32(dx, dxd, i,
+                         mixprec__sm_bwd_out(mixprec__load_f32(dy, yd, i), mixprec__load_f32(y, yd, i), f[j], log));
     }
 }
 
@@ -77,15 +74,12 @@ void mixprec__ce_stats_scalar(const void *x, mixprec_dtype xd, int64_t n,
     s[j] = w[j] = 0.0;
   }
   for (int64_t c = 0; c < n; c++)
-    for (int64_t j = 0; j < width; j++) {
-      float v = mixprec__load_f32(x, xd, c * stride + j);
-      if (v > mx[j]) mx[j] = v;
-    }
+    for (int64_t j = 0; j < width; j++) mx[j] = mixprec__sm_max_step(mx[j], mixprec__load_f32(x, xd, c * stride + j));
   for (int64_t c = 0; c < n; c++) {
     const float wc = weight ? weight[c] : 1.0f;
     for (int64_t j = 0; j < width; j++) {
-      const float d = mixprec__load_f32(x, xd, c * stride + j) - mx[j];
-      s[j] += (double)expf(d);
+      const float v = mixprec__load_f32(x, xd, c * stride + j), d = v - mx[j];
+      s[j] += (double)mixprec__sm_exp_term(v, mx[j]);
       if (wx) w[j] += (double)(wc * d);
     }
   }
@@ -104,18 +98,13 @@ void mixprec__ce_grad_scalar(const void *x, mixprec_dtype xd, void *dx,
     const float wc = weight ? weight[c] : 1.0f;
     for (int64_t j = 0; j < width; j++) {
       const int64_t i = c * stride + j;
-      const float p = expf((mixprec__load_f32(x, xd, i) - mx[j]) - lg[j]);
+      const float p = mixprec__ce_prob(mixprec__load_f32(x, xd, i), mx[j], lg[j]);
       mixprec__store_f32(dx, xd, i, mixprec__ce_grad_elem(a[j], b[j], bt[j], p, wc, c == tc[j]));
     }
   }
 }
 
 /* ---- Dispatch ------------------------------------------------------------ */
-
-typedef void (*fwd_fn)(const void *, mixprec_dtype, void *, mixprec_dtype,
-                       int64_t, int64_t, int64_t, int, float *);
-typedef void (*bwd_fn)(const void *, const void *, mixprec_dtype, void *,
-                       mixprec_dtype, int64_t, int64_t, int64_t, int);
 
 static mixprec_status softmax_fwd(const void *x, mixprec_dtype xd, void *y,
                                   mixprec_dtype yd, int64_t outer, int64_t n,
@@ -125,13 +114,10 @@ static mixprec_status softmax_fwd(const void *x, mixprec_dtype xd, void *y,
   if (status != MIXPREC_OK || numel == 0) return status;
   if (!x || !y) return MIXPREC_ERR_NULL_POINTER;
   const int avx2 = mixprec__sm_use_avx2();
-  fwd_fn fn = mixprec__softmax_fwd_scalar;
-#if defined(MIXPREC_X86)
-  if (avx2) fn = mixprec__softmax_fwd_avx2;
-#endif
-  const int64_t slices = mixprec__sm_slice_count(outer, inner);
-  const int n_threads = numel < MIXPREC__SM_PARALLEL_MIN ? 1 : mixprec__num_threads();
-  const int chunk = mixprec__sm_chunk_slices(numel, slices);
+  void (*const fn)(const void *, mixprec_dtype, void *, mixprec_dtype, int64_t, int64_t, int64_t, int,
+                   float *) = MIXPREC__SM_KERNEL(softmax_fwd);
+  const mixprec__sm_plan plan = mixprec__sm_plan_of(outer, inner, numel);
+  const int n_threads = plan.n_threads;
   /* The AVX2 row kernel keeps exp(x - max) of its row in float scratch
    * (n floats per thread, L2-resident for rows up to ~100k). */
   float *scratch = NULL;
@@ -148,8 +134,8 @@ static mixprec_status softmax_fwd(const void *x, mixprec_dtype xd, void *y,
     tid = omp_get_thread_num();
 #endif
     float *mine = scratch ? scratch + (size_t)tid * (size_t)per_thread : NULL;
-#pragma omp for schedule(dynamic, chunk)
-    for (int64_t t = 0; t < slices; t++) {
+#pragma omp for schedule(dynamic, plan.chunk)
+    for (int64_t t = 0; t < plan.slices; t++) {
       int64_t width;
       const int64_t off = mixprec__sm_slice_at(t, n, inner, &width, NULL);
       fn((const char *)x + (size_t)off * xs, xd, (char *)y + (size_t)off * ys, yd, n, inner,
@@ -167,16 +153,12 @@ static mixprec_status softmax_bwd(const void *dy, const void *y, mixprec_dtype y
   mixprec_status status = mixprec__softmax_check_shape(yd, dxd, outer, n, inner, &numel);
   if (status != MIXPREC_OK || numel == 0) return status;
   if (!dy || !y || !dx) return MIXPREC_ERR_NULL_POINTER;
-  bwd_fn fn = mixprec__softmax_bwd_scalar;
-#if defined(MIXPREC_X86)
-  if (mixprec__sm_use_avx2()) fn = mixprec__softmax_bwd_avx2;
-#endif
-  const int64_t slices = mixprec__sm_slice_count(outer, inner);
-  const int n_threads = numel < MIXPREC__SM_PARALLEL_MIN ? 1 : mixprec__num_threads();
-  const int chunk = mixprec__sm_chunk_slices(numel, slices);
+  void (*const fn)(const void *, const void *, mixprec_dtype, void *, mixprec_dtype, int64_t, int64_t,
+                   int64_t, int) = MIXPREC__SM_KERNEL(softmax_bwd);
+  const mixprec__sm_plan plan = mixprec__sm_plan_of(outer, inner, numel);
   const size_t ys = (size_t)mixprec_dtype_size(yd), xs = (size_t)mixprec_dtype_size(dxd);
-#pragma omp parallel for schedule(dynamic, chunk) num_threads(n_threads) if (n_threads > 1)
-  for (int64_t t = 0; t < slices; t++) {
+#pragma omp parallel for schedule(dynamic, plan.chunk) num_threads(plan.n_threads) if (plan.n_threads > 1)
+  for (int64_t t = 0; t < plan.slices; t++) {
     int64_t width;
     const int64_t off = mixprec__sm_slice_at(t, n, inner, &width, NULL);
     fn((const char *)dy + (size_t)off * ys, (const char *)y + (size_t)off * ys, yd,

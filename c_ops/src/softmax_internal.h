@@ -62,74 +62,71 @@ MIXPREC__FORCE_INLINE int64_t mixprec__sm_slice_at(int64_t t, int64_t n, int64_t
   return o * n * inner + col;
 }
 
-/* ---- The slice kernels (scalar: softmax.c; AVX2: softmax_avx2.c) -------- */
+/* How the slices of one call are run: how many, on how many threads, in
+ * hand-outs of how many. numel: the elements the call reads. */
+typedef struct mixprec__sm_plan {
+  int64_t slices;
+  int n_threads;
+  int chunk;
+} mixprec__sm_plan;
 
-/* Forward over one slice. scratch (AVX2 rows only) holds n floats. */
-void mixprec__softmax_fwd_scalar(const void *x, mixprec_dtype xd, void *y,
-                                 mixprec_dtype yd, int64_t n, int64_t stride,
-                                 int64_t width, int log, float *scratch);
-void mixprec__softmax_bwd_scalar(const void *dy, const void *y,
-                                 mixprec_dtype yd, void *dx, mixprec_dtype dxd,
-                                 int64_t n, int64_t stride, int64_t width,
-                                 int log);
-/* Per column j: mx[j] = max_c x_c, se[j] = sum_c exp(x_c - mx[j]) and, if
- * wx is not NULL, wx[j] = sum_c w_c * (x_c - mx[j]) (w_c = 1 without
- * weight). */
-void mixprec__ce_stats_scalar(const void *x, mixprec_dtype xd, int64_t n,
-                              int64_t stride, int64_t width,
-                              const float *weight, float *mx, float *se,
-                              float *wx);
-/* Per column j: dx_c = a[j] * exp((x_c - mx[j]) - lg[j]) - b[j] * w_c,
- * minus bt[j] where c == tc[j] (the target; -1 for an ignored position). */
-void mixprec__ce_grad_scalar(const void *x, mixprec_dtype xd, void *dx,
-                             int64_t n, int64_t stride, int64_t width,
-                             const float *mx, const float *lg, const float *a,
-                             const float *b, const float *weight, const int32_t *tc,
-                             const float *bt);
-/* Soft (class-probability) targets; t has x's layout, t'_c = t_c * keep +
- * add (keep = 1 - eps, add = eps / C), w_c = 1 without weight. Per column j:
- * mx[j] = max_c x_c, se[j] = sum_c exp(x_c - mx[j]), tw[j] = sum_c w_c t'_c,
- * twx[j] = sum_c w_c t'_c (x_c - mx[j]). */
-void mixprec__ce_soft_stats_scalar(const void *x, mixprec_dtype xd, const void *t,
-                                   mixprec_dtype td, int64_t n, int64_t stride,
-                                   int64_t width, const float *weight, float keep,
-                                   float add, float *mx, float *se, float *tw,
-                                   float *twx);
-/* Per column j, with lp_c = (x_c - mx[j]) - lg[j]: dx_c = a[j] * exp(lp_c)
- * - g[j] * w_c t'_c (when dx is not NULL) and dt_c = cdt[j] * w_c * lp_c in
- * td (when dt is not NULL). */
-void mixprec__ce_soft_grad_scalar(const void *x, mixprec_dtype xd, const void *t,
-                                  mixprec_dtype td, void *dx, void *dt, int64_t n,
-                                  int64_t stride, int64_t width, const float *mx,
-                                  const float *lg, const float *a, const float *g,
-                                  const float *cdt, const float *weight, float keep,
-                                  float add);
+MIXPREC__FORCE_INLINE mixprec__sm_plan mixprec__sm_plan_of(int64_t outer, int64_t inner, int64_t numel) {
+  mixprec__sm_plan p;
+  p.slices = mixprec__sm_slice_count(outer, inner); /* 0 when outer * inner is */
+  p.n_threads = numel < MIXPREC__SM_PARALLEL_MIN ? 1 : mixprec__num_threads();
+  p.chunk = mixprec__sm_chunk_slices(numel, p.slices);
+  return p;
+}
+
+/* ---- The slice kernels (scalar: softmax.c, cross_entropy.c; AVX2:
+ * softmax_avx2.c, cross_entropy_avx2.c), declared once per ISA ----------
+ *
+ * softmax_fwd / softmax_bwd: forward / backward over one slice; scratch
+ *   (AVX2 rows only) holds n floats.
+ * ce_stats: per column j, mx[j] = max_c x_c, se[j] = sum_c exp(x_c - mx[j])
+ *   and, if wx is not NULL, wx[j] = sum_c w_c * (x_c - mx[j]) (w_c = 1
+ *   without weight).
+ * ce_grad: per column j, dx_c = a[j] * exp((x_c - mx[j]) - lg[j]) - b[j] *
+ *   w_c, minus bt[j] where c == tc[j] (the target; -1 for an ignored
+ *   position).
+ * ce_soft_stats: soft targets t (x's layout), t'_c = t_c * keep + add; per
+ *   column j, mx[j], se[j] as above, tw[j] = sum_c w_c t'_c and twx[j] =
+ *   sum_c w_c t'_c (x_c - mx[j]).
+ * ce_soft_grad: per column j, with lp_c = (x_c - mx[j]) - lg[j]: dx_c = a[j]
+ *   * exp(lp_c) - g[j] * w_c t'_c (when dx is not NULL) and dt_c = cdt[j] *
+ *   w_c * lp_c in td (when dt is not NULL). [note: soft cross-entropy]. */
+#define MIXPREC__SM_DECLARE_KERNELS(isa)                                                        \
+  void mixprec__softmax_fwd_##isa(const void *x, mixprec_dtype xd, void *y, mixprec_dtype yd,  \
+                                  int64_t n, int64_t stride, int64_t width, int log,           \
+                                  float *scratch);                                             \
+  void mixprec__softmax_bwd_##isa(const void *dy, const void *y, mixprec_dtype yd, void *dx,   \
+                                  mixprec_dtype dxd, int64_t n, int64_t stride, int64_t width, \
+                                  int log);                                                    \
+  void mixprec__ce_stats_##isa(const void *x, mixprec_dtype xd, int64_t n, int64_t stride,     \
+                               int64_t width, const float *weight, float *mx, float *se,       \
+                               float *wx);                                                     \
+  void mixprec__ce_grad_##isa(const void *x, mixprec_dtype xd, void *dx, int64_t n,            \
+                              int64_t stride, int64_t width, const float *mx, const float *lg, \
+                              const float *a, const float *b, const float *weight,             \
+                              const int32_t *tc, const float *bt);                             \
+  void mixprec__ce_soft_stats_##isa(const void *x, mixprec_dtype xd, const void *t,            \
+                                    mixprec_dtype td, int64_t n, int64_t stride,               \
+                                    int64_t width, const float *weight, float keep, float add, \
+                                    float *mx, float *se, float *tw, float *twx);              \
+  void mixprec__ce_soft_grad_##isa(const void *x, mixprec_dtype xd, const void *t,             \
+                                   mixprec_dtype td, void *dx, void *dt, int64_t n,            \
+                                   int64_t stride, int64_t width, const float *mx,             \
+                                   const float *lg, const float *a, const float *g,            \
+                                   const float *cdt, const float *weight, float keep,          \
+                                   float add)
+
+MIXPREC__SM_DECLARE_KERNELS(scalar);
 #if defined(MIXPREC_X86)
-void mixprec__softmax_fwd_avx2(const void *x, mixprec_dtype xd, void *y,
-                               mixprec_dtype yd, int64_t n, int64_t stride,
-                               int64_t width, int log, float *scratch);
-void mixprec__softmax_bwd_avx2(const void *dy, const void *y, mixprec_dtype yd,
-                               void *dx, mixprec_dtype dxd, int64_t n,
-                               int64_t stride, int64_t width, int log);
-void mixprec__ce_stats_avx2(const void *x, mixprec_dtype xd, int64_t n,
-                            int64_t stride, int64_t width, const float *weight,
-                            float *mx, float *se, float *wx);
-void mixprec__ce_grad_avx2(const void *x, mixprec_dtype xd, void *dx,
-                           int64_t n, int64_t stride, int64_t width,
-                           const float *mx, const float *lg, const float *a,
-                           const float *b, const float *weight, const int32_t *tc,
-                           const float *bt);
-void mixprec__ce_soft_stats_avx2(const void *x, mixprec_dtype xd, const void *t,
-                                 mixprec_dtype td, int64_t n, int64_t stride,
-                                 int64_t width, const float *weight, float keep,
-                                 float add, float *mx, float *se, float *tw,
-                                 float *twx);
-void mixprec__ce_soft_grad_avx2(const void *x, mixprec_dtype xd, const void *t,
-                                mixprec_dtype td, void *dx, void *dt, int64_t n,
-                                int64_t stride, int64_t width, const float *mx,
-                                const float *lg, const float *a, const float *g,
-                                const float *cdt, const float *weight, float keep,
-                                float add);
+MIXPREC__SM_DECLARE_KERNELS(avx2);
+/* The kernel `name` (softmax_fwd, ce_stats, ...) of the ISA this CPU runs. */
+#  define MIXPREC__SM_KERNEL(name) (mixprec__sm_use_avx2() ? mixprec__##name##_avx2 : mixprec__##name##_scalar)
+#else
+#  define MIXPREC__SM_KERNEL(name) mixprec__##name##_scalar
 #endif
 
 #endif /* MIXPREC_SOFTMAX_INTERNAL_H */

@@ -102,133 +102,90 @@ MIXPREC__INLINE void tail(void *p, mixprec_dtype dtype, int64_t i, int64_t n, fl
     mixprec__norm_tail(p, dtype, i, n, inv_scale, nonfinite, acc);
 }
 
-/* The three dtype loops share one body per dtype, stamped with and without
- * the norm, and with and without the stores (write = 0: mixprec_grad_norm,
- * acc never NULL), so the hot loop carries no test of `acc` or `write`. */
-MIXPREC__FORCE_INLINE void chunk_f32(float *p, int64_t n, float inv_scale,
-                                                            int *nonfinite, mixprec__norm_acc *acc,
-                                                            const int write) {
-  const __m256 s = _mm256_set1_ps(inv_scale);
-  __m256i bad = _mm256_setzero_si256();
-  norm_state ns;
-  norm_init(&ns);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m256 x0 = _mm256_loadu_ps(p + i), x1 = _mm256_loadu_ps(p + i + 8);
-    bad = _mm256_or_si256(bad, _mm256_or_si256(nonfinite_f32(x0), nonfinite_f32(x1)));
+/* One step of 16 elements at p + i in dtype D (a constant once
+ * dispatched): multiplies by s, stores the results when `write`, returns the
+ * non-finite lanes of the inputs and sets *n0, *n1 to the rounded results as
+ * floats for the norm. BF16 widens by interleaving with zeros inside each
+ * 128-bit half: n0 = elements 0-3 | 8-11, n1 = elements 4-7 | 12-15;
+ * packus_epi32 then restores the memory order with no cross-lane permute,
+ * and the norm keeps the lane mapping in mind (norm_state `interleaved`). */
+MIXPREC__FORCE_INLINE __m256i step16(void *p, const mixprec_dtype D, int64_t i, __m256 s, const int write,
+                                     __m256 *n0, __m256 *n1) {
+  if (D == MIXPREC_F32) {
+    float *f = (float *)p + i;
+    __m256 x0 = _mm256_loadu_ps(f), x1 = _mm256_loadu_ps(f + 8);
     __m256 y0 = _mm256_mul_ps(x0, s), y1 = _mm256_mul_ps(x1, s);
     if (write) {
-      _mm256_storeu_ps(p + i, y0);
-      _mm256_storeu_ps(p + i + 8, y1);
+      _mm256_storeu_ps(f, y0);
+      _mm256_storeu_ps(f + 8, y1);
     }
-    if (acc) {
-      norm_add(&ns, y0, y1);
-      if ((i + 16) % MIXPREC__NORM_BLOCK == 0)
-        norm_flush(&ns, acc, p, MIXPREC_F32, i + 16 - MIXPREC__NORM_BLOCK, 0, write, inv_scale);
-    }
+    *n0 = y0;
+    *n1 = y1;
+    return _mm256_or_si256(nonfinite_f32(x0), nonfinite_f32(x1));
   }
-  if (!_mm256_testz_si256(bad, bad)) *nonfinite = 1;
-  if (acc) norm_store(&ns, acc, 0);
-  tail(p, MIXPREC_F32, i, n, inv_scale, nonfinite, acc, write);
-}
-
-MIXPREC__FORCE_INLINE void chunk_f16(uint16_t *p, int64_t n, float inv_scale,
-                                                            int *nonfinite, mixprec__norm_acc *acc,
-                                                            const int write) {
-  const __m256 s = _mm256_set1_ps(inv_scale);
-  const __m256i exp = _mm256_set1_epi16(0x7c00);
-  __m256i bad = _mm256_setzero_si256();
-  norm_state ns;
-  norm_init(&ns);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m256i h = _mm256_loadu_si256((const __m256i *)(p + i));
-    bad = _mm256_or_si256(bad, _mm256_cmpeq_epi16(_mm256_and_si256(h, exp), exp));
+  uint16_t *q = (uint16_t *)p + i;
+  const __m256i exp = _mm256_set1_epi16(D == MIXPREC_F16 ? 0x7c00 : 0x7f80);
+  __m256i h = _mm256_loadu_si256((const __m256i *)q);
+  if (D == MIXPREC_F16) {
     __m256 y0 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), s);
     __m256 y1 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), s);
     __m128i r0 = _mm256_cvtps_ph(y0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m128i r1 = _mm256_cvtps_ph(y1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    if (write) _mm256_storeu_si256((__m256i *)(p + i), _mm256_set_m128i(r1, r0));
-    if (acc) {
-      norm_add(&ns, _mm256_cvtph_ps(r0), _mm256_cvtph_ps(r1));
-      if ((i + 16) % MIXPREC__NORM_BLOCK == 0)
-        norm_flush(&ns, acc, p, MIXPREC_F16, i + 16 - MIXPREC__NORM_BLOCK, 0, write, inv_scale);
-    }
+    if (write) _mm256_storeu_si256((__m256i *)q, _mm256_set_m128i(r1, r0));
+    *n0 = _mm256_cvtph_ps(r0);
+    *n1 = _mm256_cvtph_ps(r1);
+  } else {
+    const __m256i zero = _mm256_setzero_si256();
+    __m256 ylo = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, h)), s);
+    __m256 yhi = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, h)), s);
+    __m256i rlo = round_bf16(ylo), rhi = round_bf16(yhi);
+    /* Values are < 2^16, so the signed-to-unsigned saturation never bites. */
+    if (write) _mm256_storeu_si256((__m256i *)q, _mm256_packus_epi32(rlo, rhi));
+    *n0 = _mm256_castsi256_ps(_mm256_slli_epi32(rlo, 16));
+    *n1 = _mm256_castsi256_ps(_mm256_slli_epi32(rhi, 16));
   }
-  if (!_mm256_testz_si256(bad, bad)) *nonfinite = 1;
-  if (acc) norm_store(&ns, acc, 0);
-  tail(p, MIXPREC_F16, i, n, inv_scale, nonfinite, acc, write);
+  return _mm256_cmpeq_epi16(_mm256_and_si256(h, exp), exp);
 }
 
-/* BF16 widens by interleaving with zeros inside each 128-bit half:
- * lo = elements 0-3 | 8-11, hi = elements 4-7 | 12-15. packus_epi32 then
- * restores the memory order with no cross-lane permute, and the norm keeps
- * the lane mapping in mind (norm_state `interleaved`). */
-MIXPREC__FORCE_INLINE void chunk_bf16(uint16_t *p, int64_t n, float inv_scale,
-                                                             int *nonfinite, mixprec__norm_acc *acc,
-                                                             const int write) {
+/* The loop, stamped per dtype, with and without the norm, and with and
+ * without the stores (write = 0: mixprec_grad_norm, acc never NULL), so the
+ * hot loop carries no test of `acc` or `write`. */
+MIXPREC__FORCE_INLINE void chunk(void *p, const mixprec_dtype D, int64_t n, float inv_scale, int *nonfinite,
+                                 mixprec__norm_acc *acc, const int write) {
+  const int interleaved = D == MIXPREC_BF16;
   const __m256 s = _mm256_set1_ps(inv_scale);
-  const __m256i exp = _mm256_set1_epi16(0x7f80);
-  const __m256i zero = _mm256_setzero_si256();
   __m256i bad = _mm256_setzero_si256();
   norm_state ns;
   norm_init(&ns);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    __m256i h = _mm256_loadu_si256((const __m256i *)(p + i));
-    bad = _mm256_or_si256(bad, _mm256_cmpeq_epi16(_mm256_and_si256(h, exp), exp));
-    __m256 ylo = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, h)), s);
-    __m256 yhi = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, h)), s);
-    __m256i rlo = round_bf16(ylo), rhi = round_bf16(yhi);
-    /* Values are < 2^16, so the signed-to-unsigned saturation never bites. */
-    if (write) _mm256_storeu_si256((__m256i *)(p + i), _mm256_packus_epi32(rlo, rhi));
+    __m256 n0, n1;
+    bad = _mm256_or_si256(bad, step16(p, D, i, s, write, &n0, &n1));
     if (acc) {
-      norm_add(&ns, _mm256_castsi256_ps(_mm256_slli_epi32(rlo, 16)),
-               _mm256_castsi256_ps(_mm256_slli_epi32(rhi, 16)));
+      norm_add(&ns, n0, n1);
       if ((i + 16) % MIXPREC__NORM_BLOCK == 0)
-        norm_flush(&ns, acc, p, MIXPREC_BF16, i + 16 - MIXPREC__NORM_BLOCK, 1, write, inv_scale);
+        norm_flush(&ns, acc, p, D, i + 16 - MIXPREC__NORM_BLOCK, interleaved, write, inv_scale);
     }
   }
   if (!_mm256_testz_si256(bad, bad)) *nonfinite = 1;
-  if (acc) norm_store(&ns, acc, 1);
-  tail(p, MIXPREC_BF16, i, n, inv_scale, nonfinite, acc, write);
+  if (acc) norm_store(&ns, acc, interleaved);
+  tail(p, D, i, n, inv_scale, nonfinite, acc, write);
 }
 
 void mixprec__unscale_chunk_avx2(void *data, mixprec_dtype dtype, int64_t n,
                                  float inv_scale, int *nonfinite, double *norm) {
   mixprec__norm_acc acc;
-  switch (dtype) {
-    case MIXPREC_F16:
-      if (norm) chunk_f16((uint16_t *)data, n, inv_scale, nonfinite, &acc, 1);
-      else chunk_f16((uint16_t *)data, n, inv_scale, nonfinite, NULL, 1);
-      break;
-    case MIXPREC_BF16:
-      if (norm) chunk_bf16((uint16_t *)data, n, inv_scale, nonfinite, &acc, 1);
-      else chunk_bf16((uint16_t *)data, n, inv_scale, nonfinite, NULL, 1);
-      break;
-    default:
-      if (norm) chunk_f32((float *)data, n, inv_scale, nonfinite, &acc, 1);
-      else chunk_f32((float *)data, n, inv_scale, nonfinite, NULL, 1);
-      break;
-  }
+  MIXPREC__DISPATCH(dtype, D,
+                    if (norm) chunk(data, D, n, inv_scale, nonfinite, &acc, 1);
+                    else chunk(data, D, n, inv_scale, nonfinite, NULL, 1));
   if (norm) *norm = mixprec__sum_lanes(&acc);
 }
 
-/* mixprec_grad_norm's chunk kernel: the loops above without their stores
- * (data is only read; the casts drop const for the shared bodies). */
+/* mixprec_grad_norm's chunk kernel: the loop above without its stores
+ * (data is only read; the cast drops const for the shared body). */
 void mixprec__norm_chunk_avx2(const void *data, mixprec_dtype dtype, int64_t n,
                               float inv_scale, int *nonfinite, double *norm) {
   mixprec__norm_acc acc;
-  switch (dtype) {
-    case MIXPREC_F16:
-      chunk_f16((uint16_t *)data, n, inv_scale, nonfinite, &acc, 0);
-      break;
-    case MIXPREC_BF16:
-      chunk_bf16((uint16_t *)data, n, inv_scale, nonfinite, &acc, 0);
-      break;
-    default:
-      chunk_f32((float *)data, n, inv_scale, nonfinite, &acc, 0);
-      break;
-  }
+  MIXPREC__DISPATCH(dtype, D, chunk((void *)data, D, n, inv_scale, nonfinite, &acc, 0));
   *norm = mixprec__sum_lanes(&acc);
 }

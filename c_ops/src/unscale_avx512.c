@@ -83,38 +83,20 @@ MIXPREC__FORCE_INLINE void chunk_f32(float *p, int64_t n, float inv_scale,
   mixprec__unscale_tail(p, MIXPREC_F32, i, n, inv_scale, nonfinite, acc);
 }
 
-MIXPREC__FORCE_INLINE void chunk_f16(uint16_t *p, int64_t n, float inv_scale,
-                                                            int *nonfinite, mixprec__norm_acc *acc) {
-  const __m512 s = _mm512_set1_ps(inv_scale);
-  const __m512i exp = _mm512_set1_epi16(0x7c00);
-  __mmask32 bad = 0;
-  norm_state ns;
-  norm_init(&ns);
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    __m512i h = _mm512_loadu_si512((const void *)(p + i));
-    bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(h, exp), exp);
-    __m512 y0 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), s);
-    __m512 y1 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), s);
-    __m256i r0 = _mm512_cvtps_ph(y0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256i r1 = _mm512_cvtps_ph(y1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm512_storeu_si512((void *)(p + i), _mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1));
-    if (acc) {
-      norm_add(&ns, _mm512_cvtph_ps(r0)); /* elements i..i+15: lanes 0-15 */
-      norm_add(&ns, _mm512_cvtph_ps(r1)); /* then i+16..i+31, same lanes */
-      if ((i + 32) % MIXPREC__NORM_BLOCK == 0)
-        norm_flush(&ns, acc, p, MIXPREC_F16, i + 32 - MIXPREC__NORM_BLOCK);
-    }
-  }
-  if (bad) *nonfinite = 1;
-  if (acc) norm_store(&ns, acc);
-  mixprec__unscale_tail(p, MIXPREC_F16, i, n, inv_scale, nonfinite, acc);
+/* FP16 and BF16 share one loop: 32 elements a step, widened and rounded
+ * per D (a constant once dispatched). */
+MIXPREC__FORCE_INLINE __m512 widen16(__m256i h, const mixprec_dtype D) {
+  return D == MIXPREC_F16 ? _mm512_cvtph_ps(h) : bf16_to_f32_16(h);
 }
 
-MIXPREC__FORCE_INLINE void chunk_bf16(uint16_t *p, int64_t n, float inv_scale,
-                                                             int *nonfinite, mixprec__norm_acc *acc) {
+MIXPREC__FORCE_INLINE __m256i narrow16(__m512 y, const mixprec_dtype D) {
+  return D == MIXPREC_F16 ? _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC) : round_bf16(y);
+}
+
+MIXPREC__FORCE_INLINE void chunk_half(uint16_t *p, const mixprec_dtype D, int64_t n, float inv_scale,
+                                      int *nonfinite, mixprec__norm_acc *acc) {
   const __m512 s = _mm512_set1_ps(inv_scale);
-  const __m512i exp = _mm512_set1_epi16(0x7f80);
+  const __m512i exp = _mm512_set1_epi16(D == MIXPREC_F16 ? 0x7c00 : 0x7f80);
   __mmask32 bad = 0;
   norm_state ns;
   norm_init(&ns);
@@ -122,38 +104,35 @@ MIXPREC__FORCE_INLINE void chunk_bf16(uint16_t *p, int64_t n, float inv_scale,
   for (; i + 32 <= n; i += 32) {
     __m512i h = _mm512_loadu_si512((const void *)(p + i));
     bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(h, exp), exp);
-    __m512 y0 = _mm512_mul_ps(bf16_to_f32_16(_mm512_castsi512_si256(h)), s);
-    __m512 y1 = _mm512_mul_ps(bf16_to_f32_16(_mm512_extracti64x4_epi64(h, 1)), s);
-    __m256i r0 = round_bf16(y0), r1 = round_bf16(y1);
+    __m512 y0 = _mm512_mul_ps(widen16(_mm512_castsi512_si256(h), D), s);
+    __m512 y1 = _mm512_mul_ps(widen16(_mm512_extracti64x4_epi64(h, 1), D), s);
+    __m256i r0 = narrow16(y0, D), r1 = narrow16(y1, D);
     _mm512_storeu_si512((void *)(p + i), _mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1));
     if (acc) {
-      norm_add(&ns, bf16_to_f32_16(r0));
-      norm_add(&ns, bf16_to_f32_16(r1));
+      norm_add(&ns, widen16(r0, D)); /* elements i..i+15: lanes 0-15 */
+      norm_add(&ns, widen16(r1, D)); /* then i+16..i+31, same lanes */
       if ((i + 32) % MIXPREC__NORM_BLOCK == 0)
-        norm_flush(&ns, acc, p, MIXPREC_BF16, i + 32 - MIXPREC__NORM_BLOCK);
+        norm_flush(&ns, acc, p, D, i + 32 - MIXPREC__NORM_BLOCK);
     }
   }
   if (bad) *nonfinite = 1;
   if (acc) norm_store(&ns, acc);
-  mixprec__unscale_tail(p, MIXPREC_BF16, i, n, inv_scale, nonfinite, acc);
+  mixprec__unscale_tail(p, D, i, n, inv_scale, nonfinite, acc);
+}
+
+MIXPREC__FORCE_INLINE void chunk(void *p, const mixprec_dtype D, int64_t n, float inv_scale,
+                                 int *nonfinite, mixprec__norm_acc *acc) {
+  if (D == MIXPREC_F32)
+    chunk_f32((float *)p, n, inv_scale, nonfinite, acc);
+  else
+    chunk_half((uint16_t *)p, D, n, inv_scale, nonfinite, acc);
 }
 
 void mixprec__unscale_chunk_avx512(void *data, mixprec_dtype dtype, int64_t n,
                                    float inv_scale, int *nonfinite, double *norm) {
   mixprec__norm_acc acc;
-  switch (dtype) {
-    case MIXPREC_F16:
-      if (norm) chunk_f16((uint16_t *)data, n, inv_scale, nonfinite, &acc);
-      else chunk_f16((uint16_t *)data, n, inv_scale, nonfinite, NULL);
-      break;
-    case MIXPREC_BF16:
-      if (norm) chunk_bf16((uint16_t *)data, n, inv_scale, nonfinite, &acc);
-      else chunk_bf16((uint16_t *)data, n, inv_scale, nonfinite, NULL);
-      break;
-    default:
-      if (norm) chunk_f32((float *)data, n, inv_scale, nonfinite, &acc);
-      else chunk_f32((float *)data, n, inv_scale, nonfinite, NULL);
-      break;
-  }
+  MIXPREC__DISPATCH(dtype, D,
+                    if (norm) chunk(data, D, n, inv_scale, nonfinite, &acc);
+                    else chunk(data, D, n, inv_scale, nonfinite, NULL));
   if (norm) *norm = mixprec__sum_lanes(&acc);
 }

@@ -137,19 +137,8 @@ def _update_scale_fake(scale, growth_tracker, found_inf, growth_factor, backoff_
 
 
 @torch.library.register_fake("mixprec::update_scale_ex_")
-def _update_scale_ex_fake(
-    scale,
-    growth_tracker,
-    hysteresis_tracker,
-    skipped_steps,
-    found_inf,
-    growth_factor,
-    backoff_factor,
-    growth_interval,
-    hysteresis,
-    min_scale,
-    max_scale,
-):
+def _update_scale_ex_fake(scale, growth_tracker, hysteresis_tracker, skipped_steps, found_inf, growth_factor,
+                          backoff_factor, growth_interval, hysteresis, min_scale, max_scale):
     _check_update_scale("update_scale_ex_", scale, growth_tracker, hysteresis_tracker, skipped_steps, found_inf,
                         growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale)
     return None
@@ -247,16 +236,5 @@ def update_scale_(
         hysteresis_tracker = torch.ones((), dtype=torch.int32, device=scale.device)
     if skipped_steps is None:
         skipped_steps = torch.zeros((), dtype=torch.int64, device=scale.device)
-    torch.ops.mixprec.update_scale_ex_(
-        scale,
-        growth_tracker,
-        hysteresis_tracker,
-        skipped_steps,
-        found_inf,
-        growth_factor,
-        backoff_factor,
-        growth_interval,
-        hysteresis,
-        min_scale,
-        max_scale,
-    )
+    torch.ops.mixprec.update_scale_ex_(scale, growth_tracker, hysteresis_tracker, skipped_steps, found_inf,
+                                       growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale)

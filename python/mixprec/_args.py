@@ -8,8 +8,10 @@ scale or max_norm turns every gradient into NaN without an error. These
 helpers take what is unambiguous (Python and NumPy numbers, one-element
 tensors, integral floats for integers) and raise otherwise, before anything
 is written, with the function and the argument named: ``TypeError`` for a
-value of the wrong kind (bool, str, None, a list), ``ValueError`` for the
-right kind out of range (NaN, inf, non-integral, below a bound).
+value of the wrong kind (bool, str, None, a list; a non-integral float such as
+2.5 for an integer, as torch's argument parser and ``operator.index`` say),
+``ValueError`` for a number out of range (NaN, inf, below a bound; as
+``int(nan)`` says).
 """
 
 from __future__ import annotations
@@ -38,13 +40,15 @@ def _number(where: str, name: str, v, kind: str) -> float | int:
 
 def as_int(where: str, name: str, v, *, low: int | None = None, high: int | None = None) -> int:
     """``v`` as an int: an integer, or a float with an integral value
-    (2000.0); NaN, inf, 2.5, bools and non-numbers raise. ``low`` / ``high``:
-    inclusive bounds."""
+    (2000.0). TypeError: bools, non-numbers, non-integral floats (2.5);
+    ValueError: NaN, inf, outside the inclusive bounds ``low`` / ``high``."""
     x = _number(where, name, v, "an integer")
     if not isinstance(x, numbers.Integral):
         x = float(x)
-        if not math.isfinite(x) or not x.is_integer():
+        if not math.isfinite(x):
             raise ValueError(f"{where}: {name} must be an integer, got {v!r}")
+        if not x.is_integer():
+            raise TypeError(f"{where}: {name} must be an integer, got the non-integral {v!r}")
     x = int(x)
     if low is not None and x < low:
         raise ValueError(f"{where}: {name} must be >= {low}, got {x}")

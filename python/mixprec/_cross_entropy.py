@@ -49,11 +49,8 @@ def _ce_target_shape(op, x, target):
     return want
 
 
-def _ce_check(op, x, target, weight, reduction, label_smoothing):
-    """shim/cross_entropy_op.h's ce_args, for traced and meta calls."""
-    _check_float(op, "self", x)
-    _same_device(op, "self", x, ("target", target), ("weight", weight))
-    shape = _ce_target_shape(op, x, target)
+def _options_check(op, x, weight, reduction, label_smoothing):
+    """The checks both targets' ops share (shim/cross_entropy_op.h)."""
     torch._check(0 <= reduction <= 2,
                  lambda: f"mixprec::{op}: reduction must be 0 (none), 1 (mean) or 2 (sum), got {reduction}")
     torch._check(0.0 <= label_smoothing <= 1.0,
@@ -63,6 +60,14 @@ def _ce_check(op, x, target, weight, reduction, label_smoothing):
                      lambda: f"mixprec::{op}: weight must be a float32 tensor, got {weight.dtype}")
         torch._check(weight.dim() == 1 and weight.shape[0] == x.shape[0 if x.dim() == 1 else 1],
                      lambda: f"mixprec::{op}: weight must have shape (C,) (one per class)")
+
+
+def _ce_check(op, x, target, weight, reduction, label_smoothing):
+    """shim/cross_entropy_op.h's ce_args, for traced and meta calls."""
+    _check_float(op, "self", x)
+    _same_device(op, "self", x, ("target", target), ("weight", weight))
+    shape = _ce_target_shape(op, x, target)
+    _options_check(op, x, weight, reduction, label_smoothing)
     return shape
 
 
@@ -104,15 +109,7 @@ def _soft_check(op, x, target, weight, reduction, label_smoothing):
         lambda: f"mixprec::{op}: target has shape {list(target.shape)} but class probabilities must have "
         f"self's shape {list(x.shape)}",
     )
-    torch._check(0 <= reduction <= 2,
-                 lambda: f"mixprec::{op}: reduction must be 0 (none), 1 (mean) or 2 (sum), got {reduction}")
-    torch._check(0.0 <= label_smoothing <= 1.0,
-                 lambda: f"mixprec::{op}: label_smoothing must be in [0, 1], got {label_smoothing}")
-    if weight is not None:
-        torch._check(weight.dtype == torch.float32,
-                     lambda: f"mixprec::{op}: weight must be a float32 tensor, got {weight.dtype}")
-        torch._check(weight.dim() == 1 and weight.shape[0] == x.shape[0 if x.dim() == 1 else 1],
-                     lambda: f"mixprec::{op}: weight must have shape (C,) (one per class)")
+    _options_check(op, x, weight, reduction, label_smoothing)
     return () if x.dim() == 1 else (x.shape[0], *x.shape[2:])
 
 

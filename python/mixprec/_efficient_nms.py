@@ -1,69 +1,29 @@
-"""Batched detection post-processing: ``efficient_nms``, the job of
-TensorRT's EfficientNMS plugin for eager torch, ``torch.compile`` and
-``torch.export``, with its fake kernel.
+"""``mixprec.ops.efficient_nms`` (TensorRT's EfficientNMS plugin as one torch op
+for eager, ``torch.compile`` and ``torch.export``), its fake kernel and its
+autograd. The contract is :func:`efficient_nms`'s docstring (the C header
+``c_ops/include/mixprec/efficient_nms.h`` points here).
 
-One call handles a whole batch of detector outputs, ``boxes`` (B, N, 4)
-(shared by the classes) or (B, N, C, 4) (class-specific, as Faster R-CNN's
-box head) and ``scores`` (B, N, C), in float32, float16 or bfloat16. Per
-image b, exactly what this loop computes (with the IoU in float32)::
+[note: efficient_nms choices] Where TensorRT's plugin and torchvision differ,
+torchvision wins: IoU > threshold suppresses (the plugin: >=), score >
+threshold is a candidate (``postprocess_detections``), ties go to the lower
+flat index ``n * C + c`` (a stable sort, on CPU and CUDA), and classes /
+indices are int64 (the plugin: int32) because torch indexes with int64. The
+class-agnostic NMS runs over (box, class) pairs as the plugin's, so with
+shared boxes a box's lower-scored classes are suppressed by its best one.
 
-    s = scores[b].flatten()                          # index j = n * C + c
-    cand = ((s > score_threshold) & ~s.isnan()).nonzero()[:, 0]
-    cand = cand[s[cand].sort(descending=True, stable=True).indices]
-    cand = cand[:pre_nms_top_k]
-    n, c = cand // C, cand % C
-    bx = boxes[b, n] if boxes.dim() == 3 else boxes[b, n, c]
-    keep = torchvision.ops.batched_nms(bx, s[cand], c if class-aware else 0 * c, iou_threshold)
-    keep = keep.sort().values[:max_detections]      # kept candidates, in that order
-
-Choices (documented, tested):
-- ``score > score_threshold`` (strict, as torchvision's
-  ``postprocess_detections``); ``score_threshold=None``: no threshold. A NaN
-  score is never a candidate.
-- Ties: equal scores are ordered by the flat index ``n * C + c`` (a stable
-  sort), on the CPU and on CUDA alike.
-- ``pre_nms_top_k``: the first that many candidates of an image enter the
-  NMS (``None``: all; on CUDA at most 16384 may, so set it when N * C is
-  larger; EfficientNMS itself takes 4096).
-- ``class_agnostic=False``: a box only suppresses boxes of its class
-  (``batched_nms`` by class id); ``True``: one NMS over all (box, class)
-  pairs, as EfficientNMS's ``class_agnostic`` (with shared boxes a box's
-  lower-scored classes are then suppressed by its best one).
-- IoU > ``iou_threshold`` suppresses (strict, torchvision's rule; TensorRT's
-  plugin uses >=), computed in float32 with torchvision's operations, so the
-  decisions equal ``torchvision.ops.nms`` on the float32-widened boxes.
-- Outputs (fixed shapes, K = ``max_detections`` >= 1), as a ``Detections``
-  named tuple: ``boxes`` (B, K, 4) in the boxes' dtype and ``scores`` (B, K)
-  in the scores' dtype (the input values, bit for bit), ``classes`` (B, K)
-  and ``indices`` (B, K) int64 (the class c and the box index n, as torch
-  indexing wants; EfficientNMS gives int32), ``counts`` (B,) int64. Entries
-  past ``counts[b]`` hold boxes 0, scores 0, classes -1, indices -1.
-- Autograd: the output boxes and scores are input values gathered, so their
-  gradients scatter-add back into ``boxes`` and ``scores`` (a box kept for
-  two classes gets both); no autocast rule: the op computes in float32
-  whatever the input dtype.
-- Layouts: ``boxes`` and ``scores`` are read in place whatever their
-  strides (no copy). The raw head of a YOLO model, ``(B, 4 + C, N)``
-  channels-first, goes in as one tensor, ``efficient_nms(head,
-  box_coding="center")``: ``head[:, :4]`` are the boxes, ``head[:, 4:]`` the
-  scores. ``box_coding="center"`` (TensorRT's ``box_coding=1``) reads boxes as
-  ``cx, cy, w, h`` and decodes each candidate's box in float32 as
-  ultralytics' ``xywh2xyxy`` (``cx - w / 2``, ...); the NMS then runs on
-  those corners and the output boxes are them, rounded to the boxes' dtype.
-- CUDA: the whole batch in one fixed set of launches, nothing copied to the
-  host, no synchronisation: capturable in a CUDA graph. Written to match the
-  CPU bit for bit; not yet run on a GPU.
+[note: efficient_nms on CUDA] The whole batch in one fixed set of launches,
+nothing copied to the host, no synchronisation (capturable in a CUDA graph);
+at most :data:`CUDA_MAX_CANDIDATES` candidates per image enter its NMS.
+Written to match the CPU bit for bit; not yet run on a GPU.
 """
 
 from __future__ import annotations
 
-import math
-import operator
 from typing import NamedTuple
 
 import torch
 
-from ._args import as_real
+from ._args import as_int, as_real
 from ._registration import _refuse_sparse
 from ._library import FLOAT_DTYPES as _FLOAT
 
@@ -84,23 +44,6 @@ class Detections(NamedTuple):
 
 
 _CODINGS = {"corner": 0, "center": 1}
-
-
-def _int_arg(name, value):
-    """An integer argument as torch's argument parser takes it (an int, a
-    numpy or 0-dim integer tensor), plus integral floats; a bool, NaN, inf
-    or 1.5 is a TypeError naming the argument."""
-    op = "mixprec.ops.efficient_nms"
-    if isinstance(value, bool):
-        raise TypeError(f"{op}: {name} must be an int, not bool ({value})")
-    if isinstance(value, float):
-        if not math.isfinite(value) or value != math.floor(value):
-            raise TypeError(f"{op}: {name} must be an integer, got {value!r}")
-        return int(value)
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{op}: {name} must be an int, not {type(value).__name__}") from None
 
 
 def _check(boxes, scores, iou_threshold, score_threshold, max_detections, pre_nms_top_k, box_coding=0):
@@ -210,18 +153,37 @@ def efficient_nms(
     class_agnostic: bool = False,
     box_coding: str = "corner",
 ) -> Detections:
-    """Batched post-processing of a detector's outputs (TensorRT's
-    EfficientNMS): per image, candidates (box, class) with score >
-    ``score_threshold``, the best ``pre_nms_top_k`` of them, class-aware (or
-    ``class_agnostic``) NMS at ``iou_threshold`` with the IoU in float32, and
-    the first ``max_detections`` survivors by decreasing score.
+    """Batched post-processing of a detector's outputs. Per image b the
+    result is exactly this loop's (the IoU in float32)::
 
-    ``boxes``: (B, N, 4) or (B, N, C, 4); ``scores``: (B, N, C); any strides.
-    ``scores=None``: ``boxes`` is a YOLO head (B, 4 + C, N), channels first.
-    ``box_coding``: ``"corner"`` (x1, y1, x2, y2) or ``"center"`` (cx, cy, w,
-    h). Returns :class:`Detections` ``(boxes (B, K, 4), scores (B, K),
-    classes (B, K), indices (B, K), counts (B,))`` with fixed shapes (see the
-    module docstring for the exact semantics and the padding)."""
+        s = scores[b].flatten()                          # index j = n * C + c
+        cand = ((s > score_threshold) & ~s.isnan()).nonzero()[:, 0]
+        cand = cand[s[cand].sort(descending=True, stable=True).indices]
+        cand = cand[:pre_nms_top_k]
+        n, c = cand // C, cand % C
+        bx = boxes[b, n] if boxes.dim() == 3 else boxes[b, n, c]
+        keep = torchvision.ops.batched_nms(bx, s[cand], 0 * c if class_agnostic else c, iou_threshold)
+        keep = keep.sort().values[:max_detections]      # kept candidates, in that order
+
+    ``boxes``: (B, N, 4) shared by the classes, or (B, N, C, 4)
+    class-specific; ``scores``: (B, N, C); float32, float16 or bfloat16, any
+    strides (read in place). ``scores=None``: ``boxes`` is a YOLO head
+    (B, 4 + C, N), channels first (``head[:, :4]`` boxes, ``head[:, 4:]``
+    scores). ``box_coding``: ``"corner"`` (x1, y1, x2, y2) or ``"center"``
+    (cx, cy, w, h; each candidate decoded in float32 as ultralytics'
+    ``xywh2xyxy``, and the output boxes are those corners).
+    ``score_threshold=None``: no threshold (a NaN score is never a
+    candidate); ``pre_nms_top_k=None``: all candidates (see
+    [note: efficient_nms on CUDA] for the CUDA limit).
+
+    Returns :class:`Detections`, fixed shapes with K = ``max_detections`` >= 1:
+    ``boxes`` (B, K, 4) and ``scores`` (B, K) in their input dtypes (the
+    input values bit for bit), ``classes`` and ``indices`` (B, K) int64 (c and
+    n), ``counts`` (B,) int64; past ``counts[b]``: boxes and scores 0,
+    classes and indices -1. Gradients of the output boxes and scores
+    scatter-add back into the inputs; no autocast rule (float32 inside
+    whatever the dtype). Integer arguments go through ``_args.as_int``.
+    Rationale: [note: efficient_nms choices]."""
     op = "mixprec.ops.efficient_nms"
     if box_coding not in _CODINGS:
         raise ValueError(f"{op}: box_coding must be 'corner' or 'center', got {box_coding!r}")
@@ -232,8 +194,8 @@ def efficient_nms(
         boxes, scores = boxes[:, :4].transpose(1, 2), boxes[:, 4:].transpose(1, 2)
     iou_threshold = as_real(op, "iou_threshold", iou_threshold)
     score_threshold = None if score_threshold is None else as_real(op, "score_threshold", score_threshold)
-    max_detections = _int_arg("max_detections", max_detections)
-    top_k = -1 if pre_nms_top_k is None else _int_arg("pre_nms_top_k", pre_nms_top_k)
+    max_detections = as_int(op, "max_detections", max_detections)
+    top_k = -1 if pre_nms_top_k is None else as_int(op, "pre_nms_top_k", pre_nms_top_k)
     coding = _CODINGS[box_coding]
     _check(boxes, scores, iou_threshold, score_threshold, max_detections, top_k, coding)
     out = torch.ops.mixprec.efficient_nms(

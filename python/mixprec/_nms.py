@@ -1,31 +1,22 @@
 """FP32-safe NMS: ``nms`` / ``batched_nms`` with torchvision's signatures, a
-fixed-size ``nms_padded``, their fake kernels, and ``patch_torchvision``.
+fixed-size ``nms_padded``, their fake kernels, and ``patch_torchvision``. The
+contracts are the functions' docstrings; what they share is
+[note: nms semantics].
 
-Semantics are torchvision's (boxes ``x1, y1, x2, y2``; area without +1; a box
-is suppressed when its IoU with a kept box is strictly greater than
-``iou_threshold``; int64 indices by decreasing score, stable for ties), with
-the IoU always computed in float32: float16 and bfloat16 boxes never overflow
-(torchvision's FP16 areas do above 256 x 256), and ``batched_nms`` compares
-class ids instead of offsetting coordinates by class (which overflows or
-rounds in FP16). For float32 boxes the result is identical to
-``torchvision.ops.nms`` on the CPU.
-
-Choices (documented, tested):
-- dtypes: boxes and scores float32, float16 or bfloat16 (they may differ);
-  float64 is refused (use torchvision for it; ``patch_torchvision`` does).
-- NaN scores rank above every number, as in ``torch.sort`` (torchvision's CPU
-  kernel does the same), unless ``score_threshold`` is given (``NaN > t`` is
-  false, so they are dropped). NaN coordinates give torchvision's decisions.
-- ``iou_threshold`` must be >= 0 and not NaN (RuntimeError otherwise); above 1
-  nothing is suppressed.
-- ``score_threshold``: only boxes with ``score > score_threshold`` take part.
-  ``max_output``: at most that many indices, the first ones of the full result.
-- Autocast: the ops are not registered for autocast, so ``torch.autocast``
-  leaves their inputs alone; they compute in float32 whatever the input.
-- On CUDA, ``nms``/``batched_nms`` copy one int64 (the kept count) to the host
-  to size their output; ``nms_padded`` copies nothing (CUDA-graph capturable).
+[note: nms semantics] torchvision's rules (boxes ``x1, y1, x2, y2``; area
+without +1; suppressed when the IoU with a kept box is strictly greater than
+``iou_threshold``, which must be >= 0 and not NaN (above 1 nothing is
+suppressed); int64 indices by decreasing score, stable for ties; NaN scores
+rank above every number, as ``torch.sort`` and torchvision's CPU kernel,
+unless ``score_threshold`` drops them), with the IoU always in float32:
+float16 / bfloat16 boxes never overflow (torchvision's FP16 areas do above 256
+x 256) and ``batched_nms`` compares class ids instead of offsetting
+coordinates by class. float32 boxes give ``torchvision.ops.nms``'s result
+exactly. Boxes and scores are float32, float16 or bfloat16 (they may differ;
+float64 is left to torchvision). No autocast rule: the inputs are left alone.
+On CUDA ``nms`` / ``batched_nms`` copy one int64 (the kept count) to the host
+to size their output; ``nms_padded`` copies nothing.
 """
-
 
 import torch
 from torch.nn.modules.utils import _pair
@@ -44,31 +35,32 @@ def _check(op, boxes, scores, idxs, iou_threshold, score_threshold):
     """The checks of the real kernels (shim/nms_op.h), so traced and meta
     calls fail the same way; the public functions also run them before
     ``.contiguous()``, which would otherwise copy (or fail to allocate) a
-    huge expanded tensor, or densify a sparse one, before any check."""
+    huge expanded tensor, or densify a sparse one, before any check. The
+    messages' lambdas close over plain values only (dynamo refuses tensors
+    there, and the public functions compile with fullgraph=True)."""
     for name, t in (("boxes", boxes), ("scores", scores), ("idxs", idxs)):
         if t is not None:
             torch._check(
                 t.layout == torch.strided, lambda: f"mixprec::{op}: {name} must be a defined strided tensor"
             )
+    rows, bdtype, sdtype, bdev, sdev = boxes.shape[0], boxes.dtype, scores.dtype, boxes.device, scores.device
     torch._check(boxes.dim() == 2 and boxes.shape[1] == 4, lambda: f"mixprec::{op}: boxes must have shape (N, 4)")
+    torch._check(rows <= 2**31 - 1, lambda: f"mixprec::{op}: boxes has {rows} rows; at most 2^31 - 1 are supported")
+    torch._check(bdtype in _FLOAT, lambda: f"mixprec::{op}: boxes must be float32, float16 or bfloat16, got {bdtype}")
+    torch._check(sdtype in _FLOAT, lambda: f"mixprec::{op}: scores must be float32, float16 or bfloat16, got {sdtype}")
     torch._check(
-        boxes.shape[0] <= 2**31 - 1,
-        lambda: f"mixprec::{op}: boxes has {boxes.shape[0]} rows; at most 2^31 - 1 are supported",
-    )
-    torch._check(boxes.dtype in _FLOAT, lambda: f"mixprec::{op}: boxes must be float32, float16 or bfloat16, got {boxes.dtype}")
-    torch._check(scores.dtype in _FLOAT, lambda: f"mixprec::{op}: scores must be float32, float16 or bfloat16, got {scores.dtype}")
-    torch._check(
-        scores.dim() == 1 and scores.shape[0] == boxes.shape[0],
+        scores.dim() == 1 and scores.shape[0] == rows,
         lambda: f"mixprec::{op}: scores must have shape (N,) with N = boxes.size(0)",
     )
-    torch._check(scores.device == boxes.device, lambda: f"mixprec::{op}: scores is on {scores.device} but boxes is on {boxes.device}")
+    torch._check(sdev == bdev, lambda: f"mixprec::{op}: scores is on {sdev} but boxes is on {bdev}")
     if idxs is not None:
-        torch._check(idxs.dtype in (torch.int64, torch.int32), lambda: f"mixprec::{op}: idxs must be int64 or int32, got {idxs.dtype}")
+        idtype, idev = idxs.dtype, idxs.device
+        torch._check(idtype in (torch.int64, torch.int32), lambda: f"mixprec::{op}: idxs must be int64 or int32, got {idtype}")
         torch._check(
-            idxs.dim() == 1 and idxs.shape[0] == boxes.shape[0],
+            idxs.dim() == 1 and idxs.shape[0] == rows,
             lambda: f"mixprec::{op}: idxs must have shape (N,) with N = boxes.size(0)",
         )
-        torch._check(idxs.device == boxes.device, lambda: f"mixprec::{op}: idxs is on {idxs.device} but boxes is on {boxes.device}")
+        torch._check(idev == bdev, lambda: f"mixprec::{op}: idxs is on {idev} but boxes is on {bdev}")
     torch._check(iou_threshold >= 0, lambda: f"mixprec::{op}: iou_threshold must be >= 0 and not NaN, got {iou_threshold}")
     torch._check(
         score_threshold is None or score_threshold == score_threshold,

@@ -1,39 +1,24 @@
 """RoIAlign with FP32 accumulation: ``roi_align`` with torchvision's
 signature, the ``RoIAlign`` module, the fake kernels and the autograd of
-``torch.ops.mixprec.{roi_align, roi_align_backward}``.
+``torch.ops.mixprec.{roi_align, roi_align_backward}``. The contract is
+:func:`roi_align`'s docstring.
 
-Semantics are torchvision's (``torchvision.ops.roi_align``): boxes as a
-``Tensor[K, 5]`` (batch index, x1, y1, x2, y2) or a list of ``Tensor[L, 4]``
-(one per image); ``output_size`` an int or (h, w); ``spatial_scale``;
-``sampling_ratio`` > 0 samples per bin side, <= 0 adaptive
-(``ceil(roi_size / output_size)``); ``aligned`` shifts by -0.5 pixel. Every
-coordinate, weight and sum is float32 whatever the feature dtype:
+[note: roi_align precision] Every coordinate, weight and sum is float32
+whatever the feature dtype, with torchvision's float operations in its
+order (no FMA): float32 is torchvision bit for bit; float16 / bfloat16 are
+torchvision's float32 result on the upcast input rounded once, with no
+float32 copy of the features (the CPU backward accumulates in a float32
+workspace of 16 channel planes per thread, CUDA in registers).
 
-- float32 features: the output and the gradient are bit-identical to
-  torchvision's CPU kernel (same float operations, same order, no FMA);
-- float16 / bfloat16 features: torchvision's float32 result on the upcast
-  input, rounded once to the input dtype, forward and backward; no float32
-  copy of the features is made (the backward accumulates in a float32
-  workspace of 16 channel planes per thread on the CPU, in registers on
-  CUDA, and rounds once).
+[note: roi_align determinism] The CPU backward gives each (image, 16
+channels) block to one thread; the CUDA backward is a gather without atomics
+(one thread per input element, contributions in the CPU's order), so CPU and
+CUDA gradients are written to be bit-identical (CUDA not yet run on a GPU).
 
-Choices (documented, tested):
-- dtypes: features float32/float16/bfloat16; boxes any of the three (widened
-  exactly; torchvision requires the features' dtype). float64 is refused
-  (``patch_torchvision`` leaves it to torchvision).
-- the batch index is truncated toward zero like torchvision's; an index that
-  names no image (torchvision reads outside the input) raises on the CPU and
-  gives NaN outputs on CUDA (a check there would synchronise). A box with a
-  non-finite coordinate gives NaN outputs and no gradient.
-- ``output_size`` 0 gives an empty output (as torchvision); negative raises.
-  Rois on an empty (H or W = 0) feature map raise.
-- Non-contiguous and channels_last inputs are made contiguous in their own
-  dtype first (torchvision does the same).
-- Deterministic on every device: the CPU backward gives each (image, 16
-  channels) block to one thread; the CUDA backward is a gather without
-  atomics (one thread per input element, contributions in the CPU's order),
-  so CPU and CUDA gradients are bit-identical too.
-- Double backward is not supported (as torchvision).
+[note: roi_align batch index] The index is truncated toward zero as
+torchvision's; one that names no image (torchvision reads outside the input)
+raises on the CPU and gives NaN outputs on CUDA, where a check would
+synchronise.
 """
 
 from typing import List, Union
@@ -206,9 +191,20 @@ def roi_align(
     aligned: bool = False,
 ) -> Tensor:
     """``torchvision.ops.roi_align`` computed in float32 for float32, float16
-    and bfloat16 features (output in the input's dtype), differentiable with
-    respect to ``input``. ``boxes``: ``Tensor[K, 5]`` (batch index, x1, y1,
-    x2, y2) or a list of ``Tensor[L, 4]``, one per image. Scriptable."""
+    and bfloat16 features (output in the input's dtype; float64 refused,
+    ``patch_torchvision`` leaves it to torchvision), differentiable with
+    respect to ``input`` (no double backward, as torchvision). Scriptable.
+
+    ``boxes``: ``Tensor[K, 5]`` (batch index, x1, y1, x2, y2) or a list of
+    ``Tensor[L, 4]``, one per image, in any of the three dtypes (widened
+    exactly; torchvision requires the features'). ``output_size``: an int or
+    (h, w); 0 gives an empty output, negative raises. ``sampling_ratio`` > 0
+    samples per bin side, <= 0 adaptive (``ceil(roi_size / output_size)``);
+    ``aligned`` shifts by -0.5 pixel. A box with a non-finite coordinate gives
+    NaN outputs and no gradient; rois on an empty (H or W = 0) map raise.
+    Non-contiguous and channels_last inputs are made contiguous in their own
+    dtype first (as torchvision). See [note: roi_align precision],
+    [note: roi_align determinism], [note: roi_align batch index]."""
     if not torch.jit.is_scripting():
         if not torch.compiler.is_compiling():
             output_size, spatial_scale, sampling_ratio = _eager_args(output_size, spatial_scale, sampling_ratio)

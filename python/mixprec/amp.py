@@ -233,16 +233,9 @@ class GradScaler(torch.amp.GradScaler):
         return int(self._skipped_steps.item())
 
     # ----------------------------------------------------------- unscale ----
-    def _unscale_grads_(
-        self,
-        optimizer: torch.optim.Optimizer,
-        inv_scale: torch.Tensor,
-        found_inf: torch.Tensor,
-        allow_fp16: bool,
-        want_norm: bool = False,
-        read_only: bool = False,
-        per_tensor: list | None = None,
-    ):
+    def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor,
+                        allow_fp16: bool, want_norm: bool = False, read_only: bool = False,
+                        per_tensor: list | None = None):
         """torch's hook (its ``_unscale_grads_`` returns the per-device
         found_inf dict); mixprec's returns the per-device norms too."""
         return _amp_grads.unscale_grads(
@@ -422,7 +415,9 @@ class GradScaler(torch.amp.GradScaler):
             norm_value = float(norm_type)  # torch takes "inf" too
         except (TypeError, ValueError):
             raise TypeError(f"{where}: norm_type must be a real number or 'inf', got {norm_type!r}") from None
-        if isinstance(norm_type, bool) or norm_value != norm_value:
+        if isinstance(norm_type, bool):
+            raise TypeError(f"{where}: norm_type must be a real number or 'inf', got {norm_type!r}")
+        if norm_value != norm_value:
             raise ValueError(f"{where}: norm_type must be a real number or 'inf', got {norm_type!r}")
         if not _is_optimizer(optimizer):
             return self._clip_parameters(optimizer, max_norm, norm_type, error_if_nonfinite, foreach)

@@ -64,30 +64,25 @@ class SoftTargetCrossEntropy(torch.nn.Module):
         return _cross_entropy.cross_entropy(x, target)
 
 
-class Softmax(torch.nn.Module):
-    """``torch.nn.Softmax(dim)``; output in the input's dtype (float32 under
-    autocast), computed in float32."""
-
+class _DimModule(torch.nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.dim = dim
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class Softmax(_DimModule):
+    """``torch.nn.Softmax(dim)``; output in the input's dtype (float32 under
+    autocast), computed in float32."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return _softmax.softmax(input, self.dim)
 
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}"
 
-
-class LogSoftmax(torch.nn.Module):
+class LogSoftmax(_DimModule):
     """``torch.nn.LogSoftmax(dim)``; output as :class:`Softmax`."""
-
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.dim = dim
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return _softmax.log_softmax(input, self.dim)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}"

@@ -116,3 +116,28 @@ def spawn(fn, args, nprocs: int, timeout: float = 180.0) -> None:
                 if p.is_alive():
                     p.kill()
             raise TimeoutError(f"{nprocs} processes did not finish in {timeout:.0f} s")
+
+
+# ---- cross-entropy peak memory ------------------------------------------------------
+
+
+def ce_peaks(x, t, peak, warm=False):
+    """(peak bytes of torch's cross_entropy forward+backward on the FP32
+    upcast of logits x, the same for mixprec.ops.cross_entropy on x), each
+    measured by ``peak(fn)``; ``warm``: run both once first (the CUDA caching
+    allocator's bookkeeping)."""
+    import torch.nn.functional as F
+
+    tf = t.float() if t.is_floating_point() else t
+
+    def upcast():
+        F.cross_entropy(x.float(), tf).backward()
+        x.grad = None
+
+    def ours():
+        mixprec.ops.cross_entropy(x, t).backward()
+        x.grad = None
+
+    if warm:
+        upcast(), ours()
+    return peak(upcast), peak(ours)

@@ -197,17 +197,26 @@ TEST(ConvertF16, RandomFloatsMatchFloat16) {
 
 // NaN inputs of every kind (quiet/signalling, both signs, payloads that
 // vanish when truncated to 10 bits) must come out a quiet NaN, never inf.
-TEST(ConvertF16, NaNStaysQuietNaNWithSign) {
-  std::mt19937 rng(mpt::kSeed + 2);
-  std::vector<uint32_t> nans = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u,
-                                0x7fa00000u, 0x7f801fffu, 0xffbfffffu, 0x7fffffffu};
+// The given NaNs plus 10000 random ones (seed kSeed + seed) narrowed by
+// `narrow`: each must be a NaN (`is_nan`), quiet, with the input's sign.
+template <class Narrow, class IsNan>
+void check_nans_narrow(int seed, std::vector<uint32_t> nans, Narrow narrow, IsNan is_nan, uint16_t exp_mask,
+                       uint16_t quiet_bit, const char *what) {
+  std::mt19937 rng(mpt::kSeed + seed);
   std::uniform_int_distribution<uint32_t> mant(1, 0x7fffffu);
   for (int i = 0; i < 10000; i++) nans.push_back(((rng() & 1u) << 31) | 0x7f800000u | mant(rng));
   for (uint32_t u : nans) {
-    const uint16_t got = lib_f32_to_f16(f32_from_bits(u));
-    ASSERT_TRUE(mpt::f16_bits_is_nan(got)) << "0x" << std::hex << u << " -> 0x" << got;
-    expect_quiet_nan16(got, u >> 31, 0x7c00u, 0x0200u, "f32_to_f16 NaN");
+    const uint16_t got = narrow(f32_from_bits(u));
+    ASSERT_TRUE(is_nan(got)) << "0x" << std::hex << u << " -> 0x" << got;
+    expect_quiet_nan16(got, u >> 31, exp_mask, quiet_bit, what);
   }
+}
+
+TEST(ConvertF16, NaNStaysQuietNaNWithSign) {
+  check_nans_narrow(2,
+                    {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fa00000u, 0x7f801fffu,
+                     0xffbfffffu, 0x7fffffffu},
+                    lib_f32_to_f16, mpt::f16_bits_is_nan, 0x7c00u, 0x0200u, "f32_to_f16 NaN");
 }
 
 // ---------------------------------------------------------------- BF16 ----
@@ -300,17 +309,11 @@ TEST(ConvertBF16, RandomFloatsMatchReference) {
 }
 
 TEST(ConvertBF16, NaNStaysQuietNaNWithSign) {
-  std::mt19937 rng(mpt::kSeed + 4);
   // 0x7f800001: a payload that truncation to 7 bits would lose (-> inf).
-  std::vector<uint32_t> nans = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u,
-                                0x7f80ffffu, 0x7fbfffffu, 0xff80ffffu, 0x7fffffffu};
-  std::uniform_int_distribution<uint32_t> mant(1, 0x7fffffu);
-  for (int i = 0; i < 10000; i++) nans.push_back(((rng() & 1u) << 31) | 0x7f800000u | mant(rng));
-  for (uint32_t u : nans) {
-    const uint16_t got = lib_f32_to_bf16(f32_from_bits(u));
-    ASSERT_TRUE(mpt::bf16_bits_is_nan(got)) << "0x" << std::hex << u << " -> 0x" << got;
-    expect_quiet_nan16(got, u >> 31, 0x7f80u, 0x0040u, "f32_to_bf16 NaN");
-  }
+  check_nans_narrow(4,
+                    {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7f80ffffu, 0x7fbfffffu,
+                     0xff80ffffu, 0x7fffffffu},
+                    lib_f32_to_bf16, mpt::bf16_bits_is_nan, 0x7f80u, 0x0040u, "f32_to_bf16 NaN");
 }
 
 // ------------------------------------------------------- status / dtype ----

@@ -7,22 +7,14 @@
 #include <cmath>
 #include <limits>
 
-#include "test_util.h"
+#include "softmax/softmax_test_util.h"
 
 namespace {
 
-using mpt::Buf;
+using mpt::Buf, mpt::Shape, mpt::kEps32, mpt::out_eps;
+using mpt::ce_params, mpt::class_weights, mpt::randn;
 
-constexpr double kEps32 = 1.0 / (1 << 23);
-
-double out_eps(mixprec_dtype d) {
-  return d == MIXPREC_F16 ? 1.0 / 1024 : d == MIXPREC_BF16 ? 1.0 / 128 : 0.0;
-}
 double tiny_of(mixprec_dtype d) { return d == MIXPREC_F16 ? std::ldexp(1.0, -24) : 1e-30; }
-
-struct Shape {
-  int64_t outer, n, inner;
-};
 
 // Per position: the loss and, per element, log p and the weighted smoothed
 // target w_c t'_c; sums of the sizes of the terms for the tolerances.
@@ -66,13 +58,6 @@ SoftRef ref_soft(const Buf &x, const Buf &t, const mixprec_cross_entropy_params 
       r.total_size += size;
     }
   return r;
-}
-
-Buf randn(mixprec_dtype d, int64_t n, std::mt19937 &rng, float scale = 4.0f) {
-  Buf b(d, n, /*misalign=*/true);
-  std::normal_distribution<float> dist(0.0f, scale);
-  for (int64_t i = 0; i < n; i++) b.set_value(i, dist(rng));
-  return b;
 }
 
 // Class probabilities: a softmax of random values over each position's
@@ -122,16 +107,9 @@ TEST_P(SoftCrossEntropyTest, ForwardAndBothGradientsMatchReference) {
     const int64_t P = s.outer * s.inner, N = P * s.n;
     Buf x = randn(xd_, N, rng);
     Buf t = probabilities(td_, s, rng);
-    std::vector<float> w((size_t)s.n);
-    std::uniform_real_distribution<float> wd(0.1f, 2.0f);
-    for (auto &v : w) v = wd(rng);
+    const std::vector<float> w = class_weights(s.n, rng);
     for (int variant = 0; variant < 4; variant++) {
-      mixprec_cross_entropy_params p = mixprec_cross_entropy_params_default();
-      p.outer = s.outer;
-      p.classes = s.n;
-      p.inner = s.inner;
-      p.weight = variant & 1 ? w.data() : nullptr;
-      p.label_smoothing = variant & 2 ? 0.15 : 0.0;
+      mixprec_cross_entropy_params p = ce_params(s, variant, w);
       const SoftRef ref = ref_soft(x, t, p);
       const double ktol = 2 * kEps32 * (16 + std::sqrt(double(s.n)));
       for (int red = 0; red < 3; red++) {

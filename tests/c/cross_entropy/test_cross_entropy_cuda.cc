@@ -11,18 +11,16 @@
 #include <cmath>
 
 #include "cuda_util.h"
-#include "test_util.h"
+#include "softmax/softmax_test_util.h"
 
 namespace {
 
 using mpt::Buf;
+using mpt::out_eps;
+using mpt::Shape;
 using Dev = mpt::DeviceBuffer;
 
 size_t nbytes(const Buf &b) { return size_t(b.numel()) * size_t(Buf::esize(b.dtype())); }
-
-double out_eps(mixprec_dtype d) {
-  return d == MIXPREC_F16 ? 1.0 / 1024 : d == MIXPREC_BF16 ? 1.0 / 128 : 0.0;
-}
 
 // CPU and GPU agree within FP32 rounding (other sum orders, CUDA's expf)
 // plus one rounding step of the output dtype; atol relative to the largest.
@@ -39,10 +37,6 @@ void expect_close(const Buf &gpu, const Buf &cpu, double rel_max, const char *wh
     }
   }
 }
-
-struct Shape {
-  int64_t outer, n, inner;
-};
 
 class SoftCrossEntropyCuda : public ::testing::TestWithParam<std::tuple<mixprec_dtype, mixprec_dtype>> {
  protected:
@@ -64,18 +58,12 @@ TEST_P(SoftCrossEntropyCuda, MatchesCpu) {
       x.set_value(i, dist(rng));
       t.set_value(i, u(rng) * u(rng) * 2.0f / float(s.n));  // not normalised: torch does not ask it
     }
-    std::vector<float> w((size_t)s.n);
-    for (auto &v : w) v = std::uniform_real_distribution<float>(0.2f, 2.0f)(rng);
+    const std::vector<float> w = mpt::class_weights(s.n, rng, 0.2f);
     Dev dx_in(x.data(), nbytes(x)), dt_in(t.data(), nbytes(t)), dw(w.data(), w.size() * 4);
     for (int variant = 0; variant < 4; variant++)
       for (int red = 0; red < 3; red++) {
-        mixprec_cross_entropy_params p = mixprec_cross_entropy_params_default();
-        p.outer = s.outer;
-        p.classes = s.n;
-        p.inner = s.inner;
+        mixprec_cross_entropy_params p = mpt::ce_params(s, variant, w, 0.1);
         p.reduction = static_cast<mixprec_reduction>(red);
-        p.label_smoothing = variant & 2 ? 0.1 : 0.0;
-        p.weight = variant & 1 ? w.data() : nullptr;
         const int64_t nl = red == 0 ? P : 1;
         std::vector<float> loss((size_t)nl), stats((size_t)(3 * P)), gl((size_t)nl, 0.75f);
         ASSERT_EQ(mixprec_cross_entropy_soft(x.data(), xd, t.data(), td, &p, loss.data(), stats.data()), MIXPREC_OK);

@@ -20,21 +20,8 @@
 namespace {
 
 using mpt::HaveDevice;
+using mpt::Store;
 
-/* Host values stored in `dt` (16-bit patterns through the library's own
- * converters: the CPU entry point is the reference here). */
-std::vector<uint8_t> Store(mixprec_dtype dt, const std::vector<float> &v) {
-  std::vector<uint8_t> out(v.size() * (dt == MIXPREC_F32 ? 4 : 2));
-  for (size_t i = 0; i < v.size(); i++) {
-    if (dt == MIXPREC_F32) {
-      std::memcpy(&out[i * 4], &v[i], 4);
-    } else {
-      uint16_t h = dt == MIXPREC_F16 ? mixprec_f32_to_f16(v[i]).bits : mixprec_f32_to_bf16(v[i]).bits;
-      std::memcpy(&out[i * 2], &h, 2);
-    }
-  }
-  return out;
-}
 
 template <typename T>
 T *ToDevice(const std::vector<T> &h) {

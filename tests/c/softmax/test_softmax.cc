@@ -6,24 +6,13 @@
 #include <cmath>
 #include <limits>
 
-#include "test_util.h"
+#include "softmax/softmax_test_util.h"
 
 namespace {
 
-using mpt::Buf;
+using mpt::Buf, mpt::Shape, mpt::kEps32, mpt::out_eps;
+using mpt::ce_params, mpt::class_weights, mpt::randn;
 
-constexpr double kEps32 = 1.0 / (1 << 23);
-
-double out_eps(mixprec_dtype d) {
-  return d == MIXPREC_F16 ? 1.0 / 1024 : d == MIXPREC_BF16 ? 1.0 / 128 : 0.0;
-}
-
-Buf randn(mixprec_dtype d, int64_t n, std::mt19937 &rng, float scale = 4.0f) {
-  Buf b(d, n, /*misalign=*/true);
-  std::normal_distribution<float> dist(0.0f, scale);
-  for (int64_t i = 0; i < n; i++) b.set_value(i, dist(rng));
-  return b;
-}
 
 // Reference over the middle dimension of (outer, n, inner), from the values
 // as stored, in long double.
@@ -43,10 +32,6 @@ std::vector<long double> ref_softmax(const Buf &x, int64_t outer, int64_t n, int
     }
   return y;
 }
-
-struct Shape {
-  int64_t outer, n, inner;
-};
 
 class SoftmaxTest : public ::testing::TestWithParam<std::tuple<mixprec_dtype, mixprec_cpu_isa>> {
  protected:
@@ -234,16 +219,9 @@ TEST_P(CrossEntropyTest, ForwardAndBackwardMatchReference) {
     std::vector<int64_t> t((size_t)P);
     std::uniform_int_distribution<int64_t> cls(0, s.n - 1);
     for (int64_t i = 0; i < P; i++) t[size_t(i)] = i % 5 == 4 ? -100 : cls(rng);
-    std::vector<float> w((size_t)s.n);
-    std::uniform_real_distribution<float> wd(0.1f, 2.0f);
-    for (auto &v : w) v = wd(rng);
+    const std::vector<float> w = class_weights(s.n, rng);
     for (int variant = 0; variant < 4; variant++) {
-      mixprec_cross_entropy_params p = mixprec_cross_entropy_params_default();
-      p.outer = s.outer;
-      p.classes = s.n;
-      p.inner = s.inner;
-      p.weight = variant & 1 ? w.data() : nullptr;
-      p.label_smoothing = variant & 2 ? 0.15 : 0.0;
+      mixprec_cross_entropy_params p = ce_params(s, variant, w);
       const CeRef ref = ref_ce(x, t, p);
       for (int red = 0; red < 3; red++) {
         p.reduction = static_cast<mixprec_reduction>(red);

@@ -8,11 +8,13 @@
 #include <cmath>
 
 #include "cuda_util.h"
-#include "test_util.h"
+#include "softmax/softmax_test_util.h"
 
 namespace {
 
 using mpt::Buf;
+using mpt::out_eps;
+using mpt::Shape;
 
 using mpt::HaveDevice;
 
@@ -31,10 +33,6 @@ Buf from_device(const Dev &d, mixprec_dtype dt, int64_t n) {
   Buf b(dt, n);
   d.to_host(b.data());
   return b;
-}
-
-double out_eps(mixprec_dtype d) {
-  return d == MIXPREC_F16 ? 1.0 / 1024 : d == MIXPREC_BF16 ? 1.0 / 128 : 0.0;
 }
 
 // CPU and GPU agree within FP32 rounding (different sum orders, CUDA's
@@ -56,10 +54,6 @@ void expect_close(const Buf &gpu, const Buf &cpu, double atol, const char *what)
     if (!(std::fabs(a - b) <= tol)) bad++, ADD_FAILURE() << what << " i=" << i << " gpu " << a << " cpu " << b;
   }
 }
-
-struct Shape {
-  int64_t outer, n, inner;
-};
 
 const Shape kShapes[] = {{37, 1, 1},   {9, 3, 1},     {64, 1000, 1}, {2, 50257, 1},
                          {4, 32000, 1}, {3, 21, 999}, {2, 5, 7},     {70000, 2, 3}};
@@ -117,18 +111,12 @@ TEST_P(SoftmaxCuda, CrossEntropyMatchesCpu) {
     std::vector<int64_t> t((size_t)P);
     std::uniform_int_distribution<int64_t> cls(0, s.n - 1);
     for (int64_t i = 0; i < P; i++) t[(size_t)i] = i % 7 == 3 ? -100 : cls(rng);
-    std::vector<float> w((size_t)s.n);
-    for (auto &v : w) v = std::uniform_real_distribution<float>(0.2f, 2.0f)(rng);
+    const std::vector<float> w = mpt::class_weights(s.n, rng, 0.2f);
     Dev dxl(x.data(), nbytes(x)), dt_(t.data(), t.size() * 8), dw(w.data(), w.size() * 4);
     for (int variant = 0; variant < 4; variant++)
       for (int red = 0; red < 3; red++) {
-        mixprec_cross_entropy_params p = mixprec_cross_entropy_params_default();
-        p.outer = s.outer;
-        p.classes = s.n;
-        p.inner = s.inner;
+        mixprec_cross_entropy_params p = mpt::ce_params(s, variant, w, 0.1);
         p.reduction = static_cast<mixprec_reduction>(red);
-        p.label_smoothing = variant & 2 ? 0.1 : 0.0;
-        p.weight = variant & 1 ? w.data() : nullptr;
         const int64_t nl = red == 0 ? P : 1;
         std::vector<float> loss((size_t)nl), stats((size_t)(2 * P)), gl((size_t)nl, 0.75f);
         float wsum;

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 import mixprec
 
-from _reference import DTYPES, EPS, TINY, cpu_lib
+from _op_tester import OpTester
+from _reference import DTYPES, EPS, TINY, ce_peaks, cpu_lib
 
 def make(shape, dtype, gen, ignore_frac=0.2, scale=4.0):
     x = (torch.randn(shape, generator=gen) * scale).to(dtype)
@@ -28,12 +29,22 @@ def make(shape, dtype, gen, ignore_frac=0.2, scale=4.0):
 
 def compare(x, t, gen, *, weight=None, reduction="mean", label_smoothing=0.0, ignore_index=-100):
     """Loss and gradient of mixprec vs torch on the FP32 upcast input."""
-    dtype = x.dtype
     xm = x.clone().requires_grad_()
     loss = mixprec.ops.cross_entropy(xm, t, weight, ignore_index, reduction, label_smoothing)
-    xr = x.float().requires_grad_()
-    ref = F.cross_entropy(xr, t, weight, ignore_index=ignore_index, reduction=reduction,
-                          label_smoothing=label_smoothing)
+    check_loss(x, t, loss, weight, ignore_index, reduction, label_smoothing)
+    g = torch.rand(loss.shape, generator=gen) + 0.5
+    (gx,) = torch.autograd.grad(loss, xm, g)
+    check_grad(x, t, g, gx, weight, ignore_index, reduction, label_smoothing)
+    return loss, gx
+
+
+def _torch_loss(x, t, weight, ignore_index, reduction, label_smoothing):
+    return F.cross_entropy(x, t, weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing)
+
+
+def check_loss(x, t, loss, weight, ignore_index, reduction, label_smoothing):
+    """mixprec's loss vs torch's on the FP32 upcast input."""
+    ref = _torch_loss(x.float(), t, weight, ignore_index, reduction, label_smoothing)
     assert loss.dtype == torch.float32 and loss.shape == ref.shape
     # Loss: FP32 rounding of a sum over classes and positions (both sides).
     n_terms = x.shape[0 if x.dim() == 1 else 1] + (t.numel() if reduction != "none" else 1)
@@ -41,9 +52,14 @@ def compare(x, t, gen, *, weight=None, reduction="mean", label_smoothing=0.0, ig
     assert torch.equal(torch.isnan(loss), torch.isnan(ref))
     ok = torch.isnan(ref) | (loss == ref) | ((loss - ref).abs() <= tol)
     assert ok.all(), f"loss err {(loss - ref).abs().max().item():.3g}"
-    g = torch.rand(ref.shape, generator=gen) + 0.5
-    (gx,) = torch.autograd.grad(loss, xm, g)
-    (gr,) = torch.autograd.grad(ref, xr, g)
+
+
+def check_grad(x, t, g, gx, weight, ignore_index, reduction, label_smoothing):
+    """mixprec's gradient gx (for the loss's gradient g) vs torch's autograd
+    on the FP32 upcast input."""
+    dtype = x.dtype
+    xr = x.float().requires_grad_()
+    (gr,) = torch.autograd.grad(_torch_loss(xr, t, weight, ignore_index, reduction, label_smoothing), xr, g)
     assert gx.dtype == dtype and gx.shape == x.shape
     cdim = 0 if x.dim() == 1 else 1
     C = x.shape[cdim]
@@ -66,7 +82,6 @@ def compare(x, t, gen, *, weight=None, reduction="mean", label_smoothing=0.0, ig
         assert torch.equal(torch.isnan(gx.double()), nan_ok)
         ratio = torch.where(nan_ok, 0.0, err / tol)
         assert ratio.max() <= 1, f"grad err {err.max().item():.3g}"
-    return loss, gx
 
 
 CASES = [
@@ -83,15 +98,6 @@ CASES = [
     ((6, 1), "mean", 0.1, False),  # one class
     ((5, 1, 7), "none", 0.0, True),
 ]
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape,reduction,ls,weighted", CASES)
-def test_matches_torch_fp32(isa, gen, dtype, shape, reduction, ls, weighted):
-    x, t = make(shape, dtype, gen)
-    C = shape[0] if len(shape) == 1 else shape[1]
-    w = torch.rand(C, generator=gen) + 0.1 if weighted else None
-    compare(x, t, gen, weight=w, reduction=reduction, label_smoothing=ls)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -175,16 +181,7 @@ def _peak_cpu_bytes(fn):
 def test_peak_memory_below_upcast_path(gen):
     x, t = make((4, 21, 96, 96), torch.bfloat16, gen)
     x.requires_grad_()
-
-    def upcast():
-        F.cross_entropy(x.float(), t).backward()
-        x.grad = None
-
-    def ours():
-        mixprec.ops.cross_entropy(x, t).backward()
-        x.grad = None
-
-    up, mp = _peak_cpu_bytes(upcast), _peak_cpu_bytes(ours)
+    up, mp = ce_peaks(x, t, _peak_cpu_bytes)
     logits = x.numel() * x.element_size()
     print(f"\npeak forward+backward, bf16 logits {tuple(x.shape)} ({logits / 2**20:.2f} MiB): "
           f"upcast+torch {up / 2**20:.2f} MiB, mixprec {mp / 2**20:.2f} MiB")
@@ -243,20 +240,6 @@ def test_nn_module(gen):
     assert "weight" in dict(m.named_buffers())
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_opcheck(gen, dtype):
-    x, t = make((6, 9, 5), dtype, gen)
-    x.requires_grad_()
-    w = torch.rand(9, generator=gen)
-    for args in ((x, t, None, 1, -100, 0.0), (x, t.clamp(min=0), w, 0, 2, 0.1), (x, t, w, 2, -100, 0.0)):
-        torch.library.opcheck(torch.ops.mixprec.cross_entropy, args)
-    loss, stats, wsum = torch.ops.mixprec.cross_entropy(x.detach(), t, w, 1, -100, 0.1)
-    assert stats.shape == (2, 6, 5)
-    torch.library.opcheck(
-        torch.ops.mixprec.cross_entropy_backward, (torch.ones(()), x.detach(), t, w, stats, wsum, 1, -100, 0.1)
-    )
-
-
 # ---- bad inputs ------------------------------------------------------------------
 
 
@@ -275,75 +258,10 @@ def test_target_out_of_range_is_a_clear_error(isa, gen):
         mixprec.ops.cross_entropy(xs, ts)
 
 
-def test_bad_target_dtype_and_shape(gen):
+def test_bad_reduction_string(gen):
     x, t = make((8, 5), torch.bfloat16, gen)
-    with pytest.raises(RuntimeError, match="mixprec::cross_entropy: target must be int64 class indices, got int32"):
-        torch.ops.mixprec.cross_entropy(x, t.int(), None, 1, -100, 0.0)
-    # A float target of the class-index shape (8,): not int64, and not of
-    # self's shape either (torch.rand(8, 5) would be valid probabilities).
-    with pytest.raises(RuntimeError, match="mixprec::cross_entropy: target must be int64 .*must have self's shape"):
-        mixprec.ops.cross_entropy(x, torch.rand(8))
-    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy: target has shape \[7\]"):
-        mixprec.ops.cross_entropy(x, t[:7])
-    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy: target has shape \[8, 1\]"):
-        mixprec.ops.cross_entropy(x, t[:, None])
-    xs = torch.randn(2, 3, 4).half()
-    with pytest.raises(RuntimeError, match=r"needs a target of shape \[2, 4\]"):
-        mixprec.ops.cross_entropy(xs, torch.zeros(2, 3, dtype=torch.int64))
-
-
-def test_bad_other_arguments(gen):
-    x, t = make((8, 5), torch.bfloat16, gen)
-    op = torch.ops.mixprec.cross_entropy
-    with pytest.raises(RuntimeError, match="mixprec::cross_entropy: self must be float32, float16 or bfloat16, got float64"):
-        op(x.double(), t, None, 1, -100, 0.0)
-    with pytest.raises(RuntimeError, match="mixprec::cross_entropy: self must have shape"):
-        op(torch.tensor(1.0), torch.tensor(0), None, 1, -100, 0.0)
-    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy: weight must have shape \[5\]"):
-        op(x, t, torch.ones(4), 1, -100, 0.0)
-    with pytest.raises(RuntimeError, match="mixprec::cross_entropy: weight must be a float32 tensor"):
-        op(x, t, torch.ones(5, dtype=torch.float64), 1, -100, 0.0)
-    with pytest.raises(RuntimeError, match="mixprec::cross_entropy: reduction must be"):
-        op(x, t, None, 3, -100, 0.0)
-    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy: label_smoothing must be in \[0, 1\]"):
-        op(x, t, None, 1, -100, 1.5)
-    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy: label_smoothing must be in \[0, 1\]"):
-        op(x, t, None, 1, -100, float("nan"))
-    with pytest.raises(RuntimeError, match="mixprec::cross_entropy: self has 0 classes"):
-        op(torch.zeros(3, 0), torch.zeros(3, dtype=torch.int64), None, 1, -100, 0.0)
     with pytest.raises(ValueError, match="reduction"):
         mixprec.ops.cross_entropy(x, t, reduction="avg")
-
-
-def test_empty_batch_like_torch():
-    x = torch.zeros(0, 5, dtype=torch.bfloat16)
-    t = torch.zeros(0, dtype=torch.int64)
-    assert torch.isnan(mixprec.ops.cross_entropy(x, t))
-    assert mixprec.ops.cross_entropy(x, t, reduction="sum").item() == 0
-    assert mixprec.ops.cross_entropy(x, t, reduction="none").shape == (0,)
-
-
-def test_non_contiguous_logits(gen):
-    x, t = make((4, 6, 5, 7), torch.bfloat16, gen)
-    compare(x.to(memory_format=torch.channels_last), t, gen, label_smoothing=0.1)
-    x2, t2 = make((10, 12), torch.float16, gen)
-    compare(x2.t().contiguous().t(), t2, gen)
-
-
-def test_torch_compile_forward_and_backward(gen):
-    x, t = make((4, 7, 5, 3), torch.bfloat16, gen)
-    w = torch.rand(7, generator=gen) + 0.5
-
-    def f(v):
-        return mixprec.ops.cross_entropy(v, t, w, label_smoothing=0.1)
-
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
-    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-    la, lb = f(xa), compiled(xb)
-    la.backward()
-    lb.backward()
-    assert torch.equal(la.detach(), lb.detach())
-    assert torch.equal(xa.grad, xb.grad)
 
 
 # ---- class-probability (soft) targets ----------------------------------------------
@@ -558,16 +476,7 @@ def test_soft_threads_do_not_change_results(gen):
 def test_soft_peak_memory_below_upcast_path(gen):
     x = torch.randn(256, 1000, generator=gen).bfloat16().requires_grad_()
     t = soft_target((256, 1000), torch.float32, gen)
-
-    def upcast():
-        F.cross_entropy(x.float(), t).backward()
-        x.grad = None
-
-    def ours():
-        mixprec.ops.cross_entropy(x, t).backward()
-        x.grad = None
-
-    up, mp = _peak_cpu_bytes(upcast), _peak_cpu_bytes(ours)
+    up, mp = ce_peaks(x, t, _peak_cpu_bytes)
     logits = x.numel() * x.element_size()
     print(f"\npeak forward+backward, bf16 logits {tuple(x.shape)} + fp32 soft target ({logits / 2**20:.2f} MiB "
           f"logits): upcast+torch {up / 2**20:.2f} MiB, mixprec {mp / 2**20:.2f} MiB")
@@ -770,3 +679,109 @@ def test_soft_ignore_index_accepted_and_refused_as_torch(gen, ignore_index):
     for loss in losses:
         assert loss.dtype == torch.float32 and torch.equal(loss, base)
         assert abs(loss.item() - ref.item()) <= 1e-5 * (abs(ref.item()) + 1)
+
+
+# ---- the OpTester checks -------------------------------------------------------
+
+_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+
+
+class TestCrossEntropy(OpTester):
+    """Class-index targets; a case is (shape, reduction, label_smoothing,
+    weighted); call is mixprec.ops.cross_entropy."""
+
+    cases = CASES
+    isas = ["scalar", "avx2", "avx512"]
+    grad_argnums = (0,)
+    layout_case = ((4, 7, 5, 3), "mean", 0.1, True)
+
+    @staticmethod
+    def case_id(case):
+        shape, red, ls, weighted = case
+        return "x".join(map(str, shape)) + f"-{red}-ls{ls}" + ("-w" if weighted else "")
+
+    def make_inputs(self, gen, dtype, device, case):
+        shape, reduction, ls, weighted = case
+        x, t = make(shape, dtype, gen)
+        C = shape[0] if len(shape) == 1 else shape[1]
+        w = torch.rand(C, generator=gen) + 0.1 if weighted else None
+        return x.to(device), t.to(device), None if w is None else w.to(device), -100, reduction, ls
+
+    def call(self, x, t, w, ignore_index, reduction, ls):
+        return mixprec.ops.cross_entropy(x, t, w, ignore_index, reduction, ls)
+
+    @staticmethod
+    def _cpu(args):
+        return [a.cpu() if isinstance(a, torch.Tensor) else a for a in args]
+
+    def check_forward(self, args, loss, case):
+        x, t, w, ignore_index, reduction, ls = self._cpu(args)
+        check_loss(x, t, loss.cpu(), w, ignore_index, reduction, ls)
+
+    def grad_output(self, gen, loss):
+        return (torch.rand(loss.shape, generator=gen) + 0.5).to(loss.device)
+
+    def check_backward(self, args, loss, g, grads, case):
+        x, t, w, ignore_index, reduction, ls = self._cpu(args)
+        check_grad(x, t, g.cpu(), grads[0].cpu(), w, ignore_index, reduction, ls)
+
+    def opcheck_cases(self, gen, dtype):
+        x, t = make((6, 9, 5), dtype, gen)
+        x.requires_grad_()
+        w = torch.rand(9, generator=gen)
+        op, bop = torch.ops.mixprec.cross_entropy, torch.ops.mixprec.cross_entropy_backward
+        loss, stats, wsum = op(x.detach(), t, w, 1, -100, 0.1)
+        assert stats.shape == (2, 6, 5)
+        return [(op, (x, t, None, 1, -100, 0.0)), (op, (x, t.clamp(min=0), w, 0, 2, 0.1)), (op, (x, t, w, 2, -100, 0.0)),
+                (bop, (torch.ones(()), x.detach(), t, w, stats, wsum, 1, -100, 0.1))]
+
+    def empty_inputs(self, dtype, device):
+        x = torch.zeros(0, 5, dtype=dtype, device=device)
+        t = torch.zeros(0, dtype=torch.int64, device=device)
+        return [(x, t, None, -100, red, 0.0) for red in _REDUCTIONS]
+
+    def check_empty(self, args, loss):
+        reduction = args[4]
+        assert loss.dtype == torch.float32
+        if reduction == "mean":
+            assert torch.isnan(loss)  # 0 / 0, as torch
+        elif reduction == "sum":
+            assert loss.item() == 0
+        else:
+            assert loss.shape == (0,)
+
+    def noncontiguous(self, args):
+        x, *rest = args
+        return [(x.to(memory_format=torch.channels_last), *rest), (x.transpose(2, 3).contiguous().transpose(2, 3), *rest),
+                (x.transpose(1, 3).contiguous().transpose(1, 3), *rest)]  # the classes innermost
+
+    @classmethod
+    def bad_cases(cls):
+        op = torch.ops.mixprec.cross_entropy
+        ce = mixprec.ops.cross_entropy
+
+        def small(a):
+            """(8, 5) bfloat16 logits and int64 targets in range, from the case's."""
+            return a[0][:8, :5].bfloat16(), a[1][:8].clamp(0, 4)
+
+        def case(name, fn, msg):
+            return (name, lambda a: lambda: fn(*small(a)), "mixprec::cross_entropy: " + msg)
+
+        return [
+            case("target int32", lambda x, t: op(x, t.int(), None, 1, -100, 0.0), "target must be int64 class indices, got int32"),
+            # A float target of the class-index shape (8,): not int64, and not of
+            # self's shape either (torch.rand(8, 5) would be valid probabilities).
+            case("target float (N,)", lambda x, t: ce(x, torch.rand(8)), "target must be int64 .*must have self's shape"),
+            case("target length", lambda x, t: ce(x, t[:7]), r"target has shape \[7\]"),
+            case("target 2-D", lambda x, t: ce(x, t[:, None]), r"target has shape \[8, 1\]"),
+            case("target shape 3-D", lambda x, t: ce(torch.randn(2, 3, 4).half(), torch.zeros(2, 3, dtype=torch.int64)),
+                 r"target has shape \[2, 3\] but self .* needs a target of shape \[2, 4\]"),
+            case("self float64", lambda x, t: op(x.double(), t, None, 1, -100, 0.0), "self must be float32, float16 or bfloat16, got float64"),
+            case("self 0-dim", lambda x, t: op(torch.tensor(1.0), torch.tensor(0), None, 1, -100, 0.0), "self must have shape"),
+            case("weight shape", lambda x, t: op(x, t, torch.ones(4), 1, -100, 0.0), r"weight must have shape \[5\]"),
+            case("weight float64", lambda x, t: op(x, t, torch.ones(5, dtype=torch.float64), 1, -100, 0.0), "weight must be a float32 tensor"),
+            case("reduction 3", lambda x, t: op(x, t, None, 3, -100, 0.0), "reduction must be"),
+            case("label_smoothing 1.5", lambda x, t: op(x, t, None, 1, -100, 1.5), r"label_smoothing must be in \[0, 1\]"),
+            case("label_smoothing nan", lambda x, t: op(x, t, None, 1, -100, float("nan")), r"label_smoothing must be in \[0, 1\]"),
+            case("0 classes", lambda x, t: op(torch.zeros(3, 0), torch.zeros(3, dtype=torch.int64), None, 1, -100, 0.0), "self has 0 classes"),
+        ]

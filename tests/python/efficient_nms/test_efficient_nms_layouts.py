@@ -110,15 +110,20 @@ def test_head_inputs_untouched(gen):
 
 
 @pytest.mark.parametrize("name", ["max_detections", "pre_nms_top_k"])
-@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, True, False, 1.5, "3", None])
-def test_integer_arguments_refused_by_type(gen, name, value):
-    """torch's argument parser refuses these for an int parameter with a
-    TypeError: so does efficient_nms, naming the argument, before any work
-    (None is pre_nms_top_k's "all candidates")."""
+@pytest.mark.parametrize(
+    "value,error",
+    [(True, TypeError), (False, TypeError), (1.5, TypeError), ("3", TypeError), (None, TypeError),
+     (math.nan, ValueError), (math.inf, ValueError), (-math.inf, ValueError)],
+)
+def test_integer_arguments_refused(gen, name, value, error):
+    """_args.as_int's rule, as for every public function: a value of the
+    wrong kind (a bool, a str, a non-integral float) is a TypeError, NaN and
+    inf a ValueError, naming the argument, before any work (None is
+    pre_nms_top_k's "all candidates")."""
     if value is None and name == "pre_nms_top_k":
         return
     boxes, scores = make(gen, 1, 10, 2)
-    with pytest.raises(TypeError, match=f"efficient_nms: {name} must be an int"):
+    with pytest.raises(error, match=f"mixprec.ops.efficient_nms: {name} must be an integer"):
         efficient_nms(boxes, scores, **{name: value})
 
 

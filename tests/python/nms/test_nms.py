@@ -1,7 +1,9 @@
-"""mixprec::nms / batched_nms / nms_padded on the CPU: against torchvision on
-float32 inputs, against a float64 reference on float16/bfloat16 inputs (and
-torchvision on the exactly widened float32 boxes), the FP16 overflow cases,
-options, bad inputs, opcheck, autocast, torch.compile, patch_torchvision."""
+"""mixprec::nms / batched_nms / nms_padded: the OpTester checks (TestNMS:
+every dtype against a float64 reference and torchvision on the exactly
+widened float32 boxes, compile, opcheck, empty, non-contiguous, bad inputs),
+then what is NMS's own: torchvision on float32 inputs over sizes and
+thresholds, class ids, the FP16 overflow cases, options, threads, autocast,
+patch_torchvision."""
 
 import math
 
@@ -13,6 +15,7 @@ from torch.library import opcheck
 import mixprec
 from mixprec.ops import batched_nms, nms, nms_padded
 
+from _op_tester import OpTester
 from _reference import DTYPES
 
 KINDS = ["random", "clustered", "duplicates", "ties", "degenerate"]
@@ -168,30 +171,7 @@ def test_batched_nms_class_ids_any_range(gen):
         assert torch.equal(batched_nms(boxes, scores, idxs, 0.5), want)
 
 
-# ---- float16 / bfloat16: float64 reference ---------------------------------
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("kind", KINDS)
-def test_nms_half_matches_float64_reference(dtype, kind, gen):
-    n = 700
-    boxes, scores = make(kind, n, gen, dtype)
-    idxs = torch.randint(0, 4, (n,), generator=gen)
-    for thr in (0.3, 0.5, 0.8):
-        want, margin = ref_nms(boxes, scores, thr)
-        got = nms(boxes, scores, thr)
-        if margin > 1e-6:
-            assert torch.equal(got, want), (kind, thr)
-        want, margin = ref_nms(boxes, scores, thr, idxs)
-        got_b = batched_nms(boxes, scores, idxs, thr)
-        if margin > 1e-6:
-            assert torch.equal(got_b, want), (kind, thr)
-        try:
-            import torchvision as tv
-        except ImportError:
-            continue
-        # Exactly: the boxes widened to float32 through torchvision.
-        assert torch.equal(got, tv.ops.nms(boxes.float(), scores.float(), thr))
+# ---- mixed dtypes and overflow ----------------------------------------------
 
 
 def test_mixed_box_and_score_dtypes(gen):
@@ -250,16 +230,10 @@ def test_fp32_large_coordinates_batched_exact(gen):
 # ---- documented edge cases --------------------------------------------------
 
 
-def test_empty_and_single():
+def test_single_box():
     for dt in DTYPES:
-        e = nms(torch.zeros(0, 4, dtype=dt), torch.zeros(0, dtype=dt), 0.5)
-        assert e.dtype == torch.int64 and e.shape == (0,)
-        e = batched_nms(torch.zeros(0, 4, dtype=dt), torch.zeros(0, dtype=dt), torch.zeros(0, dtype=torch.int64), 0.5)
-        assert e.dtype == torch.int64 and e.shape == (0,)
         one = nms(torch.tensor([[1.0, 2, 3, 4]], dtype=dt), torch.tensor([0.5], dtype=dt), 0.5)
         assert one.tolist() == [0]
-    k, c = nms_padded(torch.zeros(0, 4), torch.zeros(0), 0.5)
-    assert k.shape == (0,) and c.item() == 0
 
 
 def test_nan_scores_rank_first_like_torchvision(gen):
@@ -347,78 +321,7 @@ def test_threads_and_isa_do_not_change_results(gen):
         assert torch.equal(a, per_class_ref(boxes, scores, idxs, 0.5))
 
 
-# ---- bad inputs -------------------------------------------------------------
-
-
-def _bad_cases():
-    b = torch.rand(10, 4)
-    b[:, 2:] += b[:, :2]
-    s = torch.rand(10)
-    i = torch.zeros(10, dtype=torch.int64)
-    nm = torch.ops.mixprec.nms
-    bn = torch.ops.mixprec.batched_nms
-    npd = torch.ops.mixprec.nms_padded
-    return [
-        ("3 cols", lambda: nm(b[:, :3].contiguous(), s, 0.5), r"mixprec::nms: boxes must have shape \(N, 4\)"),
-        ("1-D boxes", lambda: nm(b.flatten(), s, 0.5), r"mixprec::nms: boxes must have shape"),
-        ("3-D boxes", lambda: nm(b[None], s, 0.5), r"mixprec::nms: boxes must have shape"),
-        ("len", lambda: nm(b, s[:9], 0.5), r"mixprec::nms: scores must have shape \(N,\)"),
-        ("2-D scores", lambda: nm(b, s[:, None], 0.5), r"mixprec::nms: scores must have shape"),
-        ("int boxes", lambda: nm(b.int(), s, 0.5), r"mixprec::nms: boxes must be float32, float16 or bfloat16"),
-        ("f64 boxes", lambda: nm(b.double(), s, 0.5), r"mixprec::nms: boxes must be .*float64 is not supported"),
-        ("int scores", lambda: nm(b, s.long(), 0.5), r"mixprec::nms: scores must be float32"),
-        ("nan thr", lambda: nm(b, s, float("nan")), r"mixprec::nms: iou_threshold must be >= 0"),
-        ("neg thr", lambda: nm(b, s, -0.1), r"mixprec::nms: iou_threshold must be >= 0"),
-        ("nan score thr", lambda: nm(b, s, 0.5, float("nan")), r"mixprec::nms: score_threshold must not be NaN"),
-        ("noncontig boxes", lambda: nm(b.t().contiguous().t(), s, 0.5), r"mixprec::nms: boxes must be contiguous"),
-        ("noncontig scores", lambda: nm(b, torch.rand(20)[::2], 0.5), r"mixprec::nms: scores must be contiguous"),
-        ("meta scores", lambda: nm(b, s.to("meta"), 0.5), r"mixprec::nms: scores"),
-        ("idxs float", lambda: bn(b, s, i.float(), 0.5), r"mixprec::batched_nms: idxs must be int64 or int32"),
-        ("idxs len", lambda: bn(b, s, i[:3], 0.5), r"mixprec::batched_nms: idxs must have shape \(N,\)"),
-        ("idxs 2-D", lambda: bn(b, s, i[:, None], 0.5), r"mixprec::batched_nms: idxs must have shape"),
-        ("bn thr", lambda: bn(b, s, i, -1.0), r"mixprec::batched_nms: iou_threshold must be >= 0"),
-        ("padded", lambda: npd(b, s[:4], None, 0.5), r"mixprec::nms_padded: scores must have shape"),
-        ("padded idxs", lambda: npd(b, s, i.half(), 0.5), r"mixprec::nms_padded: idxs must be int64 or int32"),
-    ]
-
-
-@pytest.mark.parametrize("case", _bad_cases(), ids=lambda c: c[0])
-def test_bad_inputs(case):
-    _, fn, pattern = case
-    with pytest.raises(RuntimeError, match=pattern):
-        fn()
-
-
-def test_bad_inputs_leave_inputs_untouched(gen):
-    boxes, scores = make("random", 50, gen)
-    b0, s0 = boxes.clone(), scores.clone()
-    for bad in (lambda: nms(boxes, scores, -1.0), lambda: batched_nms(boxes, scores, torch.zeros(3, dtype=torch.int64), 0.5)):
-        with pytest.raises(RuntimeError, match="mixprec::"):
-            bad()
-    nms(boxes, scores, 0.5)
-    batched_nms(boxes, scores, torch.zeros(50, dtype=torch.int64), 0.5)
-    assert torch.equal(boxes, b0) and torch.equal(scores, s0)
-
-
-def test_python_wrappers_accept_noncontiguous(gen):
-    boxes, scores = make("random", 64, gen)
-    bt = boxes.t().contiguous().t()
-    assert not bt.is_contiguous()
-    assert torch.equal(nms(bt, scores, 0.5), nms(boxes, scores, 0.5))
-
-
 # ---- torch integration ------------------------------------------------------
-
-
-def test_opcheck(gen):
-    boxes, scores = make("clustered", 60, gen)
-    idxs = torch.randint(0, 3, (60,), generator=gen)
-    opcheck(torch.ops.mixprec.nms.default, (boxes, scores, 0.5))
-    opcheck(torch.ops.mixprec.nms.default, (boxes.half(), scores.bfloat16(), 0.3, 0.2, 5))
-    opcheck(torch.ops.mixprec.batched_nms.default, (boxes.bfloat16(), scores, idxs, 0.5))
-    opcheck(torch.ops.mixprec.batched_nms.default, (boxes, scores, idxs.int(), 0.5, None, 3))
-    opcheck(torch.ops.mixprec.nms_padded.default, (boxes, scores, None, 0.5))
-    opcheck(torch.ops.mixprec.nms_padded.default, (boxes.half(), scores, idxs, 0.5, 0.1, 10))
 
 
 def test_autocast_leaves_inputs_alone(gen):
@@ -438,20 +341,6 @@ def test_requires_grad_inputs(gen):
     boxes, scores = make("random", 100, gen)
     got = nms(boxes.clone().requires_grad_(), scores.clone().requires_grad_(), 0.5)
     assert torch.equal(got, nms(boxes, scores, 0.5)) and not got.requires_grad
-
-
-def test_torch_compile_fullgraph(gen):
-    boxes, scores = make("clustered", 200, gen)
-    idxs = torch.randint(0, 4, (200,), generator=gen)
-
-    def f(b, s, i):
-        keep = torch.ops.mixprec.batched_nms(b, s, i, 0.5)
-        padded, count = torch.ops.mixprec.nms_padded(b, s, None, 0.5, None, 50)
-        return b[keep], padded, count
-
-    cf = torch.compile(f, fullgraph=True, backend="aot_eager")
-    for got, want in zip(cf(boxes, scores, idxs), f(boxes, scores, idxs)):
-        assert torch.equal(got, want)
 
 
 def test_patch_torchvision(gen):
@@ -475,3 +364,103 @@ def test_patch_torchvision(gen):
     assert tv.ops.batched_nms is not orig[1]
     handle.undo()
     assert tv.ops.batched_nms is orig[1]
+
+
+# ---- the OpTester checks -------------------------------------------------------
+
+
+class TestNMS(OpTester):
+    """nms, batched_nms and nms_padded on one set of boxes."""
+
+    cases = KINDS
+    compile_dtype = torch.float32
+
+    def make_inputs(self, gen, dtype, device, kind):
+        n = 700
+        boxes, scores = make(kind, n, gen, dtype)
+        idxs = torch.randint(0, 4, (n,), generator=gen)
+        return boxes.to(device), scores.to(device), idxs.to(device)
+
+    def call(self, boxes, scores, idxs, thr=0.5):
+        keep, count = nms_padded(boxes, scores, thr, idxs, max_output=50)
+        return nms(boxes, scores, thr), batched_nms(boxes, scores, idxs, thr), keep, count
+
+    def check_forward(self, args, out, kind):
+        boxes, scores, idxs = (a.cpu() for a in args)
+        for thr in (0.3, 0.5, 0.8):
+            got, got_b, keep, count = (o.cpu() for o in (out if thr == 0.5 else self.call(*args, thr)))
+            assert got.dtype == got_b.dtype == keep.dtype == torch.int64
+            want, margin = ref_nms(boxes, scores, thr)
+            if margin > 1e-6:
+                assert torch.equal(got, want), (kind, thr)
+            want, margin = ref_nms(boxes, scores, thr, idxs)
+            if margin > 1e-6:
+                assert torch.equal(got_b, want), (kind, thr)
+            c = count.item()
+            assert keep.shape == (50,) and c == min(len(got_b), 50)
+            assert torch.equal(keep[:c], got_b[:c]) and (keep[c:] == -1).all()
+            try:
+                import torchvision as tv
+            except ImportError:
+                continue
+            # Exactly: the boxes widened to float32 through torchvision.
+            assert torch.equal(got, tv.ops.nms(boxes.float(), scores.float(), thr))
+
+    def opcheck_cases(self, gen, dtype):
+        boxes, scores = make("clustered", 60, gen, dtype)
+        idxs = torch.randint(0, 3, (60,), generator=gen)
+        nm, bn, npd = (getattr(torch.ops.mixprec, o).default for o in ("nms", "batched_nms", "nms_padded"))
+        # One call of each op per dtype; the options and mixed dtypes spread over the dtypes.
+        if dtype == torch.float32:
+            return [(nm, (boxes, scores, 0.5)), (bn, (boxes, scores, idxs, 0.5)), (npd, (boxes, scores, None, 0.5))]
+        if dtype == torch.float16:
+            return [(nm, (boxes, scores.bfloat16(), 0.3, 0.2, 5)), (bn, (boxes, scores, idxs.int(), 0.5, None, 3)),
+                    (npd, (boxes, scores.half(), idxs, 0.5, 0.1, 10))]
+        return [(nm, (boxes, scores, 0.3, 0.2, 5)), (bn, (boxes, scores.float(), idxs, 0.5)),
+                (npd, (boxes, scores, idxs, 0.5, 0.1, 10))]
+
+    def empty_inputs(self, dtype, device):
+        return [(torch.zeros(0, 4, dtype=dtype, device=device), torch.zeros(0, dtype=dtype, device=device),
+                 torch.zeros(0, dtype=torch.int64, device=device))]
+
+    def check_empty(self, args, out):
+        for keep in out[:3]:
+            assert keep.dtype == torch.int64 and keep.shape == (0,)
+        assert out[3].shape == () and out[3].item() == 0
+
+    def noncontiguous(self, args):
+        boxes, scores, idxs = args
+
+        def strided(t):
+            out = torch.empty((2 * t.shape[0], *t.shape[1:]), dtype=t.dtype)[::2]
+            return out.copy_(t)
+
+        return [(boxes.t().contiguous().t(), scores, idxs), (boxes, strided(scores), strided(idxs))]
+
+    @classmethod
+    def bad_cases(cls):
+        nm, bn, npd = torch.ops.mixprec.nms, torch.ops.mixprec.batched_nms, torch.ops.mixprec.nms_padded
+        return [
+            ("3 cols", lambda a: lambda: nm(a[0][:, :3].contiguous(), a[1], 0.5), r"mixprec::nms: boxes must have shape \(N, 4\)"),
+            ("1-D boxes", lambda a: lambda: nm(a[0].flatten(), a[1], 0.5), r"mixprec::nms: boxes must have shape"),
+            ("3-D boxes", lambda a: lambda: nm(a[0][None], a[1], 0.5), r"mixprec::nms: boxes must have shape"),
+            ("len", lambda a: lambda: nm(a[0], a[1][:9], 0.5), r"mixprec::nms: scores must have shape \(N,\)"),
+            ("2-D scores", lambda a: lambda: nm(a[0], a[1][:, None], 0.5), r"mixprec::nms: scores must have shape"),
+            ("int boxes", lambda a: lambda: nm(a[0].int(), a[1], 0.5), r"mixprec::nms: boxes must be float32, float16 or bfloat16"),
+            ("f64 boxes", lambda a: lambda: nm(a[0].double(), a[1], 0.5), r"mixprec::nms: boxes must be .*float64 is not supported"),
+            ("int scores", lambda a: lambda: nm(a[0], a[1].long(), 0.5), r"mixprec::nms: scores must be float32"),
+            ("nan thr", lambda a: lambda: nm(a[0], a[1], float("nan")), r"mixprec::nms: iou_threshold must be >= 0"),
+            ("neg thr", lambda a: lambda: nm(a[0], a[1], -0.1), r"mixprec::nms: iou_threshold must be >= 0"),
+            ("nan score thr", lambda a: lambda: nm(a[0], a[1], 0.5, float("nan")), r"mixprec::nms: score_threshold must not be NaN"),
+            ("noncontig boxes", lambda a: lambda: nm(a[0].t().contiguous().t(), a[1], 0.5), r"mixprec::nms: boxes must be contiguous"),
+            ("noncontig scores", lambda a: lambda: nm(a[0], torch.rand(2 * len(a[1]))[::2], 0.5), r"mixprec::nms: scores must be contiguous"),
+            ("meta scores", lambda a: lambda: nm(a[0], a[1].to("meta"), 0.5), r"mixprec::nms: scores"),
+            ("idxs float", lambda a: lambda: bn(a[0], a[1], a[2].float(), 0.5), r"mixprec::batched_nms: idxs must be int64 or int32"),
+            ("idxs len", lambda a: lambda: bn(a[0], a[1], a[2][:3], 0.5), r"mixprec::batched_nms: idxs must have shape \(N,\)"),
+            ("idxs 2-D", lambda a: lambda: bn(a[0], a[1], a[2][:, None], 0.5), r"mixprec::batched_nms: idxs must have shape"),
+            ("bn thr", lambda a: lambda: bn(a[0], a[1], a[2], -1.0), r"mixprec::batched_nms: iou_threshold must be >= 0"),
+            ("padded", lambda a: lambda: npd(a[0], a[1][:4], None, 0.5), r"mixprec::nms_padded: scores must have shape"),
+            ("padded idxs", lambda a: lambda: npd(a[0], a[1], a[2].half(), 0.5), r"mixprec::nms_padded: idxs must be int64 or int32"),
+            ("public neg thr", lambda a: lambda: nms(a[0], a[1], -1.0), r"mixprec::nms: iou_threshold must be >= 0"),
+            ("public idxs len", lambda a: lambda: batched_nms(a[0], a[1], a[2][:3], 0.5), r"mixprec::batched_nms: idxs must have shape"),
+        ]

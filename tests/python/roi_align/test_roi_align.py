@@ -1,10 +1,10 @@
-"""mixprec::roi_align / roi_align_backward on the CPU: bit-identical to
-torchvision on float32 (forward and backward, every option, Tensor and list
-boxes), float16/bfloat16 equal to torchvision on the upcast input rounded
-once, the adjoint (dot-product) and finite-difference gradient checks,
-opcheck, torch.compile, the RoIAlign module, layouts, empty and NaN boxes,
-bad inputs, and patch_torchvision's routing of roi_align / RoIAlign /
-MultiScaleRoIAlign."""
+"""mixprec::roi_align / roi_align_backward: the OpTester checks (TestRoIAlign:
+forward and backward equal to torchvision on the float32-upcast input rounded
+once, bit for bit, every option and dtype; compile, opcheck, empty,
+layouts, bad inputs), then what is RoIAlign's own: list boxes, float32 boxes
+with half features, the adjoint / finite-difference / gradcheck checks, NaN
+boxes, the direct op's checks, expanded rois, patch_torchvision's routing of
+roi_align / RoIAlign / MultiScaleRoIAlign."""
 
 import pytest
 import torch
@@ -13,11 +13,11 @@ from torch.library import opcheck
 import mixprec
 from mixprec.ops import RoIAlign, patch_torchvision, roi_align
 
+from _op_tester import OpTester
 from _reference import assert_same
 
 tv = pytest.importorskip("torchvision")
 
-HALF = [torch.float16, torch.bfloat16]
 # (output_size, spatial_scale, sampling_ratio, aligned)
 OPTIONS = [
     ((7, 7), 0.25, 2, False),
@@ -56,38 +56,12 @@ def _mp_forward_backward(x, rois, opts, go):
     return out.detach(), x.grad
 
 
-@pytest.mark.parametrize("opts", OPTIONS)
-def test_float32_bit_identical_to_torchvision(gen, opts):
-    x, rois = make(gen, scale=opts[1])
-    go = torch.randn(rois.shape[0], x.shape[1], *torch.nn.modules.utils._pair(opts[0]), generator=gen)
-    ref, gref = _tv_forward_backward(x, rois, opts, go)
-    out, gout = _mp_forward_backward(x, rois, opts, go)
-    assert_same(out, ref)
-    assert_same(gout, gref)
-    assert (out != 0).float().mean() > 0.5 and (gout != 0).float().mean() > 0.02
-
-
 @pytest.mark.parametrize("opts", OPTIONS[:3])
 def test_list_boxes_like_torchvision(gen, opts):
     x, rois = make(gen, n=3, scale=opts[1])
     boxes = [rois[rois[:, 0] == i, 1:] for i in range(3)]
     assert_same(roi_align(x, boxes, *opts), tv.ops.roi_align(x, boxes, *opts))
     assert_same(RoIAlign(*opts)(x, boxes), tv.ops.RoIAlign(*opts)(x, boxes))
-
-
-@pytest.mark.parametrize("dtype", HALF)
-@pytest.mark.parametrize("opts", OPTIONS)
-def test_half_is_torchvision_on_upcast_rounded_once(gen, dtype, opts):
-    x, rois = make(gen, scale=opts[1], dtype=dtype)
-    go = torch.randn(rois.shape[0], x.shape[1], *torch.nn.modules.utils._pair(opts[0]), generator=gen).to(dtype)
-    ref32, gref32 = _tv_forward_backward(x.float(), rois.float(), opts, go.float())
-    out, gout = _mp_forward_backward(x, rois, opts, go)
-    assert out.dtype == dtype and gout.dtype == dtype
-    assert_same(out, ref32.to(dtype))
-    assert_same(gout, gref32.to(dtype))
-    # the error against the float32 result is the one rounding: half an ulp
-    ulp = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}[dtype]
-    assert ((out.float() - ref32).abs() <= ref32.abs() * ulp / 2 + 2.0**-24).all()
 
 
 def test_float32_boxes_with_half_features(gen):
@@ -131,41 +105,6 @@ def test_gradcheck(gen):
     )
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_opcheck(gen, dtype):
-    x, rois = make(gen, n=2, c=3, h=11, w=13, k=7, dtype=dtype)
-    opcheck(torch.ops.mixprec.roi_align, (x, rois, 0.5, 3, 4, 2, True))
-    opcheck(torch.ops.mixprec.roi_align, (x.requires_grad_(), rois, 1.0, 2, 2, -1, False))
-    g = torch.randn(7, 3, 3, 4, generator=gen).to(dtype)
-    opcheck(torch.ops.mixprec.roi_align_backward, (g, rois, 0.5, 3, 4, 2, 3, 11, 13, 2, True))
-
-
-def test_compile_matches_eager(gen):
-    x, rois = make(gen, k=16)
-    go = torch.randn(16, x.shape[1], 7, 7, generator=gen)
-
-    def f(t, r):
-        return roi_align(t, r, (7, 7), 0.25, 2, True) * 2.0
-
-    cf = torch.compile(f, fullgraph=True, backend="aot_eager")
-    a = x.clone().requires_grad_()
-    b = x.clone().requires_grad_()
-    f(a, rois).backward(go)
-    out = cf(b, rois)
-    out.backward(go)
-    assert_same(out.detach(), f(x, rois))
-    assert_same(b.grad, a.grad)
-
-
-def test_layouts_are_accepted(gen):
-    x, rois = make(gen)
-    ref = roi_align(x, rois, (7, 7), 0.25, 2, False)
-    assert_same(roi_align(x.to(memory_format=torch.channels_last), rois, (7, 7), 0.25, 2, False), ref)
-    xt = x.transpose(2, 3).contiguous().transpose(2, 3)
-    assert not xt.is_contiguous()
-    assert_same(roi_align(xt, rois.t().contiguous().t(), (7, 7), 0.25, 2, False), ref)
-
-
 def test_expanded_grad(gen):
     x, rois = make(gen, k=9)
     a = x.clone().requires_grad_()
@@ -173,17 +112,6 @@ def test_expanded_grad(gen):
     roi_align(a, rois, 3, 1.0, 2).sum().backward()
     tv.ops.roi_align(b, rois, 3, 1.0, 2).sum().backward()
     assert_same(a.grad, b.grad)
-
-
-def test_empty(gen):
-    x, _ = make(gen)
-    empty = torch.zeros(0, 5)
-    out = roi_align(x, empty, (7, 7))
-    assert out.shape == tv.ops.roi_align(x, empty, (7, 7)).shape == (0, x.shape[1], 7, 7)
-    xg = x.clone().requires_grad_()
-    roi_align(xg, [torch.zeros(0, 4), torch.zeros(0, 4)], (7, 7)).sum().backward()
-    assert torch.equal(xg.grad, torch.zeros_like(x))
-    assert roi_align(x, torch.tensor([[0.0, 1, 1, 5, 5]]), (0, 3)).shape == (1, x.shape[1], 0, 3)
 
 
 def test_nan_box_gives_nan_rows_and_no_gradient(gen):
@@ -200,35 +128,6 @@ def test_nan_box_gives_nan_rows_and_no_gradient(gen):
     xr = x.clone().requires_grad_()
     roi_align(xr, rois[ok], (3, 3), 1.0, 2).backward(go[ok])
     assert_same(xg.grad, xr.grad)
-
-
-BAD = [
-    ("batch index", lambda x, r: (x, torch.cat([r[:1], torch.tensor([[2.0, 0, 0, 4, 4]])]), 3), "rois\\[1, 0\\] \\(the batch index\\) is 2"),
-    ("negative index", lambda x, r: (x, torch.tensor([[-1.0, 0, 0, 4, 4]]), 3), "rois\\[0, 0\\]"),
-    ("NaN index", lambda x, r: (x, torch.tensor([[float("nan"), 0, 0, 4, 4]]), 3), "rois\\[0, 0\\] \\(the batch index\\) is nan"),
-    ("rois shape", lambda x, r: (x, r[:, :4], 3), "rois must have shape \\(K, 5\\)"),
-    ("boxes list shape", lambda x, r: (x, [r[:, :3]], 3), "boxes\\[0\\] must be a Tensor\\[L, 4\\]"),
-    ("input dims", lambda x, r: (x[0], r, 3), "input must have shape \\(N, C, H, W\\)"),
-    ("float64", lambda x, r: (x.double(), r.double(), 3), "input must be float32, float16 or bfloat16, got torch.float64"),
-    ("int rois", lambda x, r: (x, r.long(), 3), "rois must be float32, float16 or bfloat16"),
-    ("output size", lambda x, r: (x, r, (-1, 3)), "output_size must be >= 0"),
-    ("meta rois", lambda x, r: (x, r.to("meta"), 3), "rois is on meta but input is on cpu"),
-    ("meta input", lambda x, r: (x.to("meta"), r, 3), "rois is on cpu but input is on meta"),
-    ("empty map", lambda x, r: (x[:, :, :0], r, 3), "cannot sample rois from an empty feature map"),
-]
-
-
-@pytest.mark.parametrize("name,args,msg", BAD, ids=[b[0] for b in BAD])
-def test_bad_inputs(gen, name, args, msg):
-    x, rois = make(gen, n=2, k=4)
-    a = args(x, rois)
-    snapshot = [t.clone() for t in a if isinstance(t, torch.Tensor) and t.device.type == "cpu"]
-    with pytest.raises(RuntimeError, match="mixprec::roi_align: " + msg):
-        roi_align(*a)
-    after = [t for t in a if isinstance(t, torch.Tensor) and t.device.type == "cpu"]
-    for s, t in zip(snapshot, after):
-        assert torch.equal(s.nan_to_num(), t.nan_to_num())
-    roi_align(x, rois, 3)  # a valid call still works
 
 
 def test_bad_inputs_direct_op(gen):
@@ -311,3 +210,98 @@ def test_patch_functions_script(gen):
         nms = torch.jit.script(tv.ops.nms)
         assert "mixprec::nms" in str(nms.graph)
     assert "mixprec" not in str(torch.jit.script(tv.ops.roi_align).graph)
+
+
+# ---- the OpTester checks -------------------------------------------------------
+
+
+class TestRoIAlign(OpTester):
+    """Forward and backward equal torchvision on the float32-upcast input,
+    rounded once to the dtype (float32: bit-identical to torchvision), for
+    each option set."""
+
+    cases = OPTIONS
+    grad_argnums = (0,)
+    compile_dtype = torch.float32
+
+    @staticmethod
+    def case_id(opts):
+        return "-".join(str(o) for o in opts).replace(" ", "")
+
+    def make_inputs(self, gen, dtype, device, opts):
+        x, rois = make(gen, scale=opts[1], dtype=dtype)
+        return (x.to(device), rois.to(device), *opts)
+
+    def call(self, x, rois, *opts):
+        return roi_align(x, rois, *opts)
+
+    def reference(self, x, rois, *opts):
+        return tv.ops.roi_align(x, rois, *opts)
+
+    def check_forward(self, args, out, opts):
+        x = args[0]
+        ref32 = self.reference(*self.upcast(args, torch.float32)).detach()
+        assert out.dtype == x.dtype
+        assert_same(out.cpu(), ref32.to(x.dtype))
+        # the error against the float32 result is the one rounding: half an ulp
+        ulp = {torch.float32: 0.0, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}[x.dtype]
+        assert ((out.cpu().float() - ref32).abs() <= ref32.abs() * ulp / 2 + 2.0**-24).all()
+        assert (out != 0).float().mean() > 0.5
+
+    def check_backward(self, args, out, g, grads, opts):
+        a = self.upcast(args, torch.float32)
+        (want,) = torch.autograd.grad(self.reference(*a), a[0], g.float().cpu())
+        assert grads[0].dtype == args[0].dtype
+        assert_same(grads[0].cpu(), want.to(args[0].dtype))
+        assert (grads[0] != 0).float().mean() > 0.02
+
+    def opcheck_cases(self, gen, dtype):
+        x, rois = make(gen, n=2, c=3, h=11, w=13, k=7, dtype=dtype)
+        g = torch.randn(7, 3, 3, 4, generator=gen).to(dtype)
+        return [
+            (torch.ops.mixprec.roi_align, (x, rois, 0.5, 3, 4, 2, True)),
+            (torch.ops.mixprec.roi_align, (x.requires_grad_(), rois, 1.0, 2, 2, -1, False)),
+            (torch.ops.mixprec.roi_align_backward, (g, rois, 0.5, 3, 4, 2, 3, 11, 13, 2, True)),
+        ]
+
+    def empty_inputs(self, dtype, device):
+        x = torch.randn(2, 19, 29, 37).to(dtype).to(device)
+        return [(x, torch.zeros(0, 5, dtype=dtype, device=device), (7, 7)),
+                (x, [torch.zeros(0, 4, dtype=dtype, device=device)] * 2, (7, 7)),
+                (x, torch.tensor([[0.0, 1, 1, 5, 5]], dtype=dtype, device=device), (0, 3))]
+
+    def check_empty(self, args, out):
+        x, rois, size = args
+        k = rois.shape[0] if isinstance(rois, torch.Tensor) else 0
+        assert out.shape == (k, x.shape[1], *size) and out.dtype == x.dtype
+        if isinstance(rois, torch.Tensor) and k == 0:
+            assert out.shape == tv.ops.roi_align(x.float().cpu(), rois.float().cpu(), size).shape
+        xg = x.clone().requires_grad_()
+        roi_align(xg, rois, size).sum().backward()
+        assert torch.equal(xg.grad, torch.zeros_like(x))
+
+    def noncontiguous(self, args):
+        x, rois, *opts = args
+        xt = x.transpose(2, 3).contiguous().transpose(2, 3)
+        return [(x.to(memory_format=torch.channels_last), rois, *opts), (xt, rois.t().contiguous().t(), *opts)]
+
+    @classmethod
+    def bad_cases(cls):
+        def bad(args_fn):
+            return lambda a: lambda: roi_align(*args_fn(a[0], a[1][:4]))
+
+        cases = [
+            ("batch index", lambda x, r: (x, torch.cat([r[:1], torch.tensor([[2.0, 0, 0, 4, 4]])]), 3), "rois\\[1, 0\\] \\(the batch index\\) is 2"),
+            ("negative index", lambda x, r: (x, torch.tensor([[-1.0, 0, 0, 4, 4]]), 3), "rois\\[0, 0\\]"),
+            ("NaN index", lambda x, r: (x, torch.tensor([[float("nan"), 0, 0, 4, 4]]), 3), "rois\\[0, 0\\] \\(the batch index\\) is nan"),
+            ("rois shape", lambda x, r: (x, r[:, :4], 3), "rois must have shape \\(K, 5\\)"),
+            ("boxes list shape", lambda x, r: (x, [r[:, :3]], 3), "boxes\\[0\\] must be a Tensor\\[L, 4\\]"),
+            ("input dims", lambda x, r: (x[0], r, 3), "input must have shape \\(N, C, H, W\\)"),
+            ("float64", lambda x, r: (x.double(), r.double(), 3), "input must be float32, float16 or bfloat16, got torch.float64"),
+            ("int rois", lambda x, r: (x, r.long(), 3), "rois must be float32, float16 or bfloat16"),
+            ("output size", lambda x, r: (x, r, (-1, 3)), "output_size must be >= 0"),
+            ("meta rois", lambda x, r: (x, r.to("meta"), 3), "rois is on meta but input is on cpu"),
+            ("meta input", lambda x, r: (x.to("meta"), r, 3), "rois is on cpu but input is on meta"),
+            ("empty map", lambda x, r: (x[:, :, :0], r, 3), "cannot sample rois from an empty feature map"),
+        ]
+        return [(name, bad(fn), "mixprec::roi_align: " + msg) for name, fn, msg in cases]

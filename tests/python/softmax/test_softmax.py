@@ -1,13 +1,17 @@
-"""mixprec.ops.softmax / log_softmax (and their backward) against torch on
-the input upcast to FP32 (float64 references), on both CPU paths (scalar and
-AVX2), with special rows (huge logits, all-equal, -inf masks), odd row
-lengths, strided (inner > 1) layouts, autocast, opcheck and bad inputs."""
+"""mixprec.ops.softmax / log_softmax (and their backward): the OpTester
+checks (TestSoftmax / TestLogSoftmax: forward and backward against torch on
+the input upcast to FP32 (float64 references) on every CPU path, odd row
+lengths, strided (inner > 1) layouts, compile, opcheck, empty, non-contiguous,
+bad inputs), then what is softmax's own: special rows (huge logits,
+all-equal, -inf masks), NaN rows, finite differences, threads, autocast, the
+nn modules, double backward."""
 
 import pytest
 import torch
 
 import mixprec
 
+from _op_tester import OpTester
 from _reference import DTYPES, EPS, TINY, cpu_lib
 
 OPS = {
@@ -82,16 +86,6 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name", list(OPS))
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape,dim", CASES)
-def test_forward_matches_torch_fp32(isa, gen, name, dtype, shape, dim):
-    x = randn(shape, dtype, gen)
-    ref = reference(name, x, dim)
-    check_close(OPS[name][0](x, dim, torch.float32), ref, torch.float32)
-    check_close(OPS[name][0](x, dim), ref, dtype)
-
-
 def special_rows(dtype, n, gen):
     big = {torch.float32: 1e30, torch.float16: 6e4, torch.bfloat16: 1e37}[dtype]
     rows = [
@@ -146,44 +140,6 @@ def test_all_minus_inf_and_nan_rows_are_nan_like_torch(isa, name):
 
 
 @pytest.mark.parametrize("name", list(OPS))
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape,dim", [((8, 1000), 1), ((2, 50257), 1), ((4, 21, 9, 11), 1), ((5, 1), 1)])
-@pytest.mark.parametrize("out_dtype", [None, torch.float32])
-def test_backward_matches_torch_fp32(isa, gen, name, dtype, shape, dim, out_dtype):
-    if shape[dim] > 1000 and isa == "scalar" and out_dtype is None:
-        return  # time budget: the scalar path's long rows run with out_dtype=float32
-    x = randn(shape, dtype, gen).requires_grad_()
-    y = OPS[name][0](x, dim, out_dtype)
-    g = torch.randn(shape, generator=gen).to(y.dtype)
-    (gx,) = torch.autograd.grad(y, x, g)
-    assert gx.dtype == dtype and gx.shape == x.shape
-    # Reference: the backward formula in float64 on the output mixprec saved
-    # (the rounded output when out_dtype is the half dtype). Tolerance: a few
-    # FP32 roundings of the terms (the subtraction may cancel), then 1 ulp of
-    # the gradient's dtype.
-    y64 = y.detach().to(torch.float64)
-    g64 = g.to(torch.float64)
-    if name == "softmax":
-        dot = (g64 * y64).sum(dim, keepdim=True)
-        ref = y64 * (g64 - dot)
-        size = y64.abs() * (g64.abs() + (g64 * y64).abs().sum(dim, keepdim=True))
-    else:
-        tot = g64.sum(dim, keepdim=True)
-        ref = g64 - y64.exp() * tot
-        size = g64.abs() + y64.exp() * g64.abs().sum(dim, keepdim=True)
-    # A float sum of n terms is within about sqrt(n) roundings (either side's).
-    size = size * (8 + shape[dim] ** 0.5)
-    err = (gx.to(torch.float64) - ref).abs()
-    assert_within(err, 2.0**-24 * size + EPS[dtype] * ref.abs() + TINY[dtype])
-    if out_dtype is torch.float32 or dtype == torch.float32:
-        # The whole chain equals torch's autograd on the FP32 upcast input.
-        xr = x.detach().float().requires_grad_()
-        (gr,) = torch.autograd.grad(OPS[name][1](xr, dim), xr, g.float())
-        err = (gx.double() - gr.double()).abs()
-        assert_within(err, 2 * 2.0**-24 * size + EPS[dtype] * gr.double().abs() + TINY[dtype])
-
-
-@pytest.mark.parametrize("name", list(OPS))
 @pytest.mark.parametrize("shape,dim", [((3, 7), 1), ((2, 5, 3), 1), ((4, 1), 0)])
 def test_gradcheck_float64_reference_semantics(name, shape, dim, gen):
     """gradcheck needs float64, which the kernels do not take: check the
@@ -223,21 +179,10 @@ def test_threads_do_not_change_results(gen):
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
-def test_non_contiguous_input_is_supported(gen):
-    x = randn((40, 30), torch.bfloat16, gen)
-    xt = x.t()  # non-contiguous
-    assert not xt.is_contiguous()
-    check_close(mixprec.ops.softmax(xt, 1, torch.float32), reference("softmax", xt, 1), torch.float32)
-    xc = randn((2, 6, 5, 7), torch.float16, gen).to(memory_format=torch.channels_last)
-    check_close(mixprec.ops.log_softmax(xc, 1, torch.float32), reference("log_softmax", xc, 1), torch.float32)
-
-
-def test_in_place_pattern_and_zero_dim(gen):
+def test_zero_dim(gen):
     x = torch.tensor(3.0)
     assert mixprec.ops.softmax(x, 0).item() == 1.0
     assert mixprec.ops.log_softmax(x, -1).item() == 0.0
-    e = torch.empty(0, 5, dtype=torch.bfloat16)
-    assert mixprec.ops.softmax(e, 1).shape == (0, 5)
 
 
 def test_autocast_reads_half_and_returns_fp32(gen):
@@ -256,60 +201,7 @@ def test_nn_modules(gen):
     check_close(mixprec.nn.LogSoftmax(dim=-1)(x), reference("log_softmax", x, -1), torch.bfloat16)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_opcheck(gen, dtype):
-    x = randn((6, 33), dtype, gen).requires_grad_()
-    xs = randn((2, 5, 3, 4), dtype, gen).requires_grad_()
-    for op in (torch.ops.mixprec.softmax, torch.ops.mixprec.log_softmax):
-        torch.library.opcheck(op, (x, 1, None))
-        torch.library.opcheck(op, (xs, 1, torch.float32))
-    y = torch.softmax(x.detach().float(), 1).to(dtype)
-    g = torch.randn(y.shape, generator=gen).to(dtype)
-    torch.library.opcheck(torch.ops.mixprec.softmax_backward, (g, y, 1, dtype))
-    torch.library.opcheck(torch.ops.mixprec.log_softmax_backward, (g, y.log(), 1, dtype))
-
-
-def test_torch_compile_fullgraph(gen):
-    x = randn((8, 64), torch.bfloat16, gen)
-
-    @torch.compile(fullgraph=True, backend="aot_eager")
-    def f(v):
-        return mixprec.ops.log_softmax(v, -1, torch.float32).sum(-1)
-
-    torch.testing.assert_close(f(x), mixprec.ops.log_softmax(x, -1, torch.float32).sum(-1))
-
-
-# ---- bad inputs ------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
-def test_bad_inputs(gen, op):
-    f = getattr(torch.ops.mixprec, op)
-    x = randn((3, 4), torch.bfloat16, gen)
-    before = x.clone()
-    with pytest.raises(RuntimeError, match=f"mixprec::{op}: dim 2 is out of range"):
-        f(x, 2, None)
-    with pytest.raises(RuntimeError, match=f"mixprec::{op}: dim -3 is out of range"):
-        f(x, -3, None)
-    with pytest.raises(RuntimeError, match=f"mixprec::{op}: self must be float32, float16 or bfloat16, got float64"):
-        f(x.double(), 1, None)
-    with pytest.raises(RuntimeError, match=f"mixprec::{op}: self must be float32, float16 or bfloat16, got int64"):
-        f(torch.ones(3, 4, dtype=torch.int64), 1, None)
-    with pytest.raises(RuntimeError, match=f"mixprec::{op}: dtype must be float32, float16 or bfloat16"):
-        f(x, 1, torch.float64)
-    assert torch.equal(x, before)
-
-
-def test_bad_backward_inputs(gen):
-    y = randn((3, 4), torch.float32, gen)
-    with pytest.raises(RuntimeError, match="mixprec::softmax_backward: grad_output must have output's dtype"):
-        torch.ops.mixprec.softmax_backward(y.half(), y, 1, torch.float32)
-    with pytest.raises(RuntimeError, match="mixprec::log_softmax_backward: grad_output has shape"):
-        torch.ops.mixprec.log_softmax_backward(y[:2], y, 1, torch.float32)
-    with pytest.raises(RuntimeError, match="mixprec::softmax_backward: dim 5 is out of range"):
-        torch.ops.mixprec.softmax_backward(y, y, 5, torch.float32)
-    with pytest.raises(RuntimeError, match="mixprec::softmax_backward: input_dtype must be"):
-        torch.ops.mixprec.softmax_backward(y, y, 1, torch.int32)
+# ---- double backward ----------------------------------------------------------
 
 
 def test_double_backward_is_refused(gen):
@@ -318,3 +210,142 @@ def test_double_backward_is_refused(gen):
     (g,) = torch.autograd.grad(y, x, torch.randn(3, 5, generator=gen), create_graph=True)
     with pytest.raises(RuntimeError):
         torch.autograd.grad(g.sum(), x)
+
+
+# ---- the OpTester checks -------------------------------------------------------
+
+BACKWARD_CASES = [
+    (shape, dim, out_dtype)
+    for shape, dim in [((8, 1000), 1), ((2, 50257), 1), ((4, 21, 9, 11), 1), ((5, 1), 1)]
+    for out_dtype in (None, torch.float32)
+]
+
+
+class _SoftmaxTester(OpTester):
+    """A case is (shape, dim[, out_dtype]); call is the public function."""
+
+    name = "softmax"
+    cases = CASES
+    grad_cases = BACKWARD_CASES
+    isas = ["scalar", "avx2", "avx512"]
+    grad_argnums = (0,)
+    layout_case = ((4, 6, 9, 11), 1, torch.float32)
+
+    @staticmethod
+    def case_id(case):
+        return "x".join(map(str, case[0])) + f"-dim{case[1]}" + ("-f32" if len(case) > 2 and case[2] else "")
+
+    def skip_reason(self, case, isa, backward):
+        if backward and case[0][case[1]] > 1000 and isa == "scalar" and case[2] is None:
+            return "time budget: the scalar path's long rows run with out_dtype=float32"
+        return None
+
+    def make_inputs(self, gen, dtype, device, case):
+        return randn(case[0], dtype, gen).to(device), case[1], case[2] if len(case) > 2 else None
+
+    def call(self, x, dim, out_dtype):
+        return OPS[self.name][0](x, dim, out_dtype)
+
+    def check_forward(self, args, out, case):
+        x, dim, out_dtype = args
+        ref = reference(self.name, x.cpu(), dim)
+        check_close(out.cpu(), ref, out_dtype or x.dtype)
+        if out_dtype is None:
+            check_close(self.call(x, dim, torch.float32).cpu(), ref, torch.float32)
+
+    def check_backward(self, args, y, g, grads, case):
+        x, dim, out_dtype = args
+        (gx,) = grads
+        shape, dtype = x.shape, x.dtype
+        assert gx.dtype == dtype and gx.shape == x.shape
+        # Reference: the backward formula in float64 on the output mixprec saved
+        # (the rounded output when out_dtype is the half dtype). Tolerance: a few
+        # FP32 roundings of the terms (the subtraction may cancel), then 1 ulp of
+        # the gradient's dtype.
+        y64 = y.detach().to(torch.float64)
+        g64 = g.to(torch.float64)
+        if self.name == "softmax":
+            dot = (g64 * y64).sum(dim, keepdim=True)
+            ref = y64 * (g64 - dot)
+            size = y64.abs() * (g64.abs() + (g64 * y64).abs().sum(dim, keepdim=True))
+        else:
+            tot = g64.sum(dim, keepdim=True)
+            ref = g64 - y64.exp() * tot
+            size = g64.abs() + y64.exp() * g64.abs().sum(dim, keepdim=True)
+        # A float sum of n terms is within about sqrt(n) roundings (either side's).
+        size = size * (8 + shape[dim] ** 0.5)
+        err = (gx.to(torch.float64) - ref).abs()
+        assert_within(err, 2.0**-24 * size + EPS[dtype] * ref.abs() + TINY[dtype])
+        if out_dtype is torch.float32 or dtype == torch.float32:
+            # The whole chain equals torch's autograd on the FP32 upcast input.
+            xr = x.detach().float().requires_grad_()
+            (gr,) = torch.autograd.grad(OPS[self.name][1](xr, dim), xr, g.float())
+            err = (gx.double() - gr.double()).abs()
+            assert_within(err, 2 * 2.0**-24 * size + EPS[dtype] * gr.double().abs() + TINY[dtype])
+
+    def opcheck_cases(self, gen, dtype):
+        op = getattr(torch.ops.mixprec, self.name)
+        bwd = getattr(torch.ops.mixprec, self.name + "_backward")
+        x = randn((6, 33), dtype, gen).requires_grad_()
+        xs = randn((2, 5, 3, 4), dtype, gen).requires_grad_()
+        y = torch.softmax(x.detach().float(), 1).to(dtype)
+        g = torch.randn(y.shape, generator=gen).to(dtype)
+        return [(op, (x, 1, None)), (op, (xs, 1, torch.float32)),
+                (bwd, (g, y if self.name == "softmax" else y.log(), 1, dtype))]
+
+    def empty_inputs(self, dtype, device):
+        return [(torch.empty(0, 5, dtype=dtype, device=device), 1, None),
+                (torch.empty(3, 0, 4, dtype=dtype, device=device), 1, torch.float32)]
+
+    def check_empty(self, args, out):
+        x, _, out_dtype = args
+        assert out.shape == x.shape and out.dtype == (out_dtype or x.dtype)
+
+    def noncontiguous(self, args):
+        x, dim, out_dtype = args
+        return [(x.to(memory_format=torch.channels_last), dim, out_dtype),
+                (x.transpose(2, 3).contiguous().transpose(2, 3), dim, out_dtype),
+                (x.transpose(1, 3).contiguous().transpose(1, 3), dim, out_dtype)]  # the reduced dim innermost
+
+    @classmethod
+    def bad_cases(cls):
+        op = getattr(torch.ops.mixprec, cls.name)
+        name = cls.name
+        return [
+            ("dim 2", lambda a: lambda: op(a[0], 2, None), f"mixprec::{name}: dim 2 is out of range"),
+            ("dim -3", lambda a: lambda: op(a[0], -3, None), f"mixprec::{name}: dim -3 is out of range"),
+            ("float64", lambda a: lambda: op(a[0].double(), 1, None),
+             f"mixprec::{name}: self must be float32, float16 or bfloat16, got float64"),
+            ("int64", lambda a: lambda: op(torch.ones(3, 4, dtype=torch.int64), 1, None),
+             f"mixprec::{name}: self must be float32, float16 or bfloat16, got int64"),
+            ("dtype float64", lambda a: lambda: op(a[0], 1, torch.float64),
+             f"mixprec::{name}: dtype must be float32, float16 or bfloat16"),
+        ]
+
+
+class TestSoftmax(_SoftmaxTester):
+    name = "softmax"
+
+    @classmethod
+    def bad_cases(cls):
+        bwd = torch.ops.mixprec.softmax_backward
+        return super().bad_cases() + [
+            ("backward grad dtype", lambda a: lambda: bwd(a[0].half(), a[0], 1, torch.float32),
+             "mixprec::softmax_backward: grad_output must have output's dtype"),
+            ("backward dim", lambda a: lambda: bwd(a[0], a[0], 5, torch.float32),
+             "mixprec::softmax_backward: dim 5 is out of range"),
+            ("backward input_dtype", lambda a: lambda: bwd(a[0], a[0], 1, torch.int32),
+             "mixprec::softmax_backward: input_dtype must be"),
+        ]
+
+
+class TestLogSoftmax(_SoftmaxTester):
+    name = "log_softmax"
+
+    @classmethod
+    def bad_cases(cls):
+        bwd = torch.ops.mixprec.log_softmax_backward
+        return super().bad_cases() + [
+            ("backward grad shape", lambda a: lambda: bwd(a[0][:2], a[0], 1, torch.float32),
+             "mixprec::log_softmax_backward: grad_output has shape"),
+        ]
