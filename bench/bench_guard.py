@@ -82,8 +82,11 @@ def _setup(model):
     return opt, scaler
 
 
+AUTOCAST = [True]  # --dtype float32 turns autocast off (CPUs without native BF16 kernels)
+
+
 def _step(model, opt, scaler, x, y):
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=AUTOCAST[0]):
         loss = F.cross_entropy(model(x).float(), y)
     scaler.scale(loss).backward()
     scaler.step(opt)
@@ -123,8 +126,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                    help="bfloat16: BF16 autocast; float32: no autocast, for CPUs whose BF16 convolutions and "
+                         "matmuls are emulated (AVX2 without AVX-512-BF16/AMX: a step is then ~10x slower and "
+                         "would hide the guard's cost)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    AUTOCAST[0] = a.dtype == "bfloat16"
     torch.set_num_threads(a.threads)
     load = os.getloadavg()
     t_start = time.perf_counter()
@@ -139,12 +147,14 @@ def main():
     lines = [
         "# mixprec.guard.ForwardGuard: cost per training step (CPU)",
         "",
-        "`PYTHONPATH=python:bench python bench/bench_guard.py` — one BF16-autocast training step (forward, "
+        f"`PYTHONPATH=python:bench python bench/bench_guard.py --dtype {a.dtype}` — one "
+        f"{'BF16-autocast' if AUTOCAST[0] else 'FP32 (no autocast)'} training step (forward, "
         "backward, mixprec GradScaler with diagnostics, mixprec AdamW), guard on (defaults: every module but "
         "the range-safe ones and nn.Sequential containers checked, forward checks, attached to the scaler) vs off, three copies of one model "
         "(off, off again, on), "
         f"interleaved rounds in one process, medians of {a.rounds} rounds x {a.steps} steps, "
-        f"{a.threads} thread(s). BF16 because the CPU has no fast FP16 kernels (see the script's docstring).",
+        f"{a.threads} thread(s). BF16 rather than FP16 because the CPU has no fast FP16 kernels (see the "
+        "script's docstring); FP32 where the CPU's BF16 kernels are emulated too.",
         "",
         f"{machine(torch.device('cpu'))}; started {started}, load average at start "
         f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min).",
