@@ -24,6 +24,13 @@ from _reference import free_port, spawn
 WORLD = 2
 
 
+def _run_ranks(worker):
+    """Runs worker(rank, port, result_dir) on WORLD gloo ranks; each rank's saved result."""
+    with tempfile.TemporaryDirectory() as d:
+        spawn(worker, (free_port(), d), WORLD)
+        return [torch.load(os.path.join(d, f"rank{r}.pt"), weights_only=False) for r in range(WORLD)]
+
+
 def _init(rank, port):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -139,9 +146,7 @@ def _fsdp_worker(rank, port, result_dir):
 
 
 def test_fsdp2_ranks_agree_on_the_fallback():
-    with tempfile.TemporaryDirectory() as d:
-        spawn(_fsdp_worker, (free_port(), d), WORLD)
-        r0, r1 = (torch.load(os.path.join(d, f"rank{r}.pt"), weights_only=False) for r in range(WORLD))
+    r0, r1 = _run_ranks(_fsdp_worker)
     assert r0["skipped"] == r1["skipped"] == [True, False, False, False]
     assert r0["fallback"] == r1["fallback"] == ["0"]
     assert r0["module"] == r1["module"] == "0"  # rank 1 saw no overflow itself, and names it too
@@ -198,9 +203,7 @@ def _half_ddp_worker(rank, port, result_dir):
 
 
 def test_half_model_under_ddp_runs_the_fallback_on_upcast_params():
-    with tempfile.TemporaryDirectory() as d:
-        spawn(_half_ddp_worker, (free_port(), d), WORLD)
-        r0, r1 = (torch.load(os.path.join(d, f"rank{r}.pt"), weights_only=False) for r in range(WORLD))
+    r0, r1 = _run_ranks(_half_ddp_worker)
     assert r0["move_params"] is False and r1["move_params"] is False  # the default with 2 ranks
     assert r0["skipped"] == r1["skipped"] == [True, False, False, False, False]
     assert r0["fallback"] == r1["fallback"] == ["blocks.1.attn"]
@@ -212,9 +215,7 @@ def test_half_model_under_ddp_runs_the_fallback_on_upcast_params():
 
 
 def test_ranks_agree_on_the_fallback():
-    with tempfile.TemporaryDirectory() as d:
-        spawn(_worker, (free_port(), d), WORLD)
-        r0, r1 = (torch.load(os.path.join(d, f"rank{r}.pt"), weights_only=False) for r in range(WORLD))
+    r0, r1 = _run_ranks(_worker)
     assert r0["skipped"] == r1["skipped"] == [True, False, False, False]
     assert r0["fallback"] == r1["fallback"] == ["0"]
     assert r0["module"] == r1["module"] == "0"  # rank 1 saw no overflow itself, and names it too
