@@ -374,20 +374,19 @@ class ForwardGuard:
         ``mixprec.amp.GradScaler`` built with ``diagnostics=True`` (or
         ``named_parameters=``), and adds the guard's report to
         ``scaler.health()``."""
+        def refuse(got=""):
+            return RuntimeError(
+                "mixprec.guard.ForwardGuard.attach: needs a mixprec.amp.GradScaler with diagnostics=True "
+                f"(or named_parameters=...){got}; with any other scaler call guard.step(found_inf=...) after each step"
+            )
+
         add = getattr(scaler, "add_step_listener", None)
         if add is None:
-            raise RuntimeError(
-                "mixprec.guard.ForwardGuard.attach: needs a mixprec.amp.GradScaler with diagnostics=True "
-                f"(or named_parameters=...), got {type(scaler).__name__}; with any other scaler call "
-                "guard.step(found_inf=...) after each step"
-            )
+            raise refuse(f", got {type(scaler).__name__}")
         try:
             add(self)
         except RuntimeError as e:  # diagnostics off
-            raise RuntimeError(
-                "mixprec.guard.ForwardGuard.attach: needs a mixprec.amp.GradScaler with diagnostics=True "
-                "(or named_parameters=...); with any other scaler call guard.step(found_inf=...) after each step"
-            ) from e
+            raise refuse() from e
         self._scaler = weakref.ref(scaler)
         return self
 
