@@ -225,22 +225,31 @@ for _n in ("softmax_backward", "log_softmax_backward"):
     OPS[_n] = (_n, _softmax_backward_like(_n))
 
 
+def _ce_builders(name, inputs):
+    """The raw op ``name`` and mixprec.ops.cross_entropy ("ops.<name>") on
+    the same inputs; the public call takes the reduction as "mean" and an
+    ignore_index (-100 where the raw op has none: soft targets)."""
+    raw = getattr(torch.ops.mixprec, name)
+
+    @op(name)
+    def _raw(gen):
+        return inputs(gen), lambda a: raw(*a.values())
+
+    @op(name, "ops." + name)
+    def _public(gen):
+        a = inputs(gen)
+        del a["reduction"]
+        a.setdefault("ignore_index", -100)
+        return a, lambda a: mixprec.ops.cross_entropy(a["self"], a["target"], a["weight"], a["ignore_index"],
+                                                      "mean", a["label_smoothing"])
+
+
 def _ce_inputs(gen):
     return dict(self=rnd(gen, 8, 5, 3, dtype=F16, scale=3.0), target=torch.randint(0, 5, (8, 3), generator=gen),
                 weight=torch.rand(5, generator=gen) + 0.5, reduction=1, ignore_index=-100, label_smoothing=0.1)
 
 
-@op("cross_entropy")
-def _ce(gen):
-    return _ce_inputs(gen), lambda a: torch.ops.mixprec.cross_entropy(*a.values())
-
-
-@op("cross_entropy", "ops.cross_entropy")
-def _public_ce(gen):
-    a = _ce_inputs(gen)
-    del a["reduction"]
-    return a, lambda a: mixprec.ops.cross_entropy(a["self"], a["target"], a["weight"], a["ignore_index"],
-                                                  "mean", a["label_smoothing"])
+_ce_builders("cross_entropy", _ce_inputs)
 
 
 @op("cross_entropy_backward")
@@ -258,18 +267,7 @@ def _soft_inputs(gen):
                 weight=torch.rand(5, generator=gen) + 0.5, reduction=1, label_smoothing=0.1)
 
 
-@op("cross_entropy_soft")
-def _ce_soft(gen):
-    return _soft_inputs(gen), lambda a: torch.ops.mixprec.cross_entropy_soft(*a.values())
-
-
-@op("cross_entropy_soft", "ops.cross_entropy_soft")
-def _public_ce_soft(gen):
-    a = _soft_inputs(gen)
-    del a["reduction"]
-    a["ignore_index"] = -100
-    return a, lambda a: mixprec.ops.cross_entropy(a["self"], a["target"], a["weight"], a["ignore_index"],
-                                                  "mean", a["label_smoothing"])
+_ce_builders("cross_entropy_soft", _soft_inputs)
 
 
 @op("cross_entropy_soft_backward")

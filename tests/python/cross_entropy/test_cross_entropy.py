@@ -178,22 +178,45 @@ def _peak_cpu_bytes(fn):
     return peak
 
 
-def test_peak_memory_below_upcast_path(gen):
-    x, t = make((4, 21, 96, 96), torch.bfloat16, gen)
-    x.requires_grad_()
+# One memory check per target kind: BF16 logits with int64 class indices
+# (4x21x96x96, 20% ignored) and with FP32 (peak check) / BF16 (saved-tensor
+# check) class probabilities (256x1000). Bound on mixprec's peak, in logits'
+# bytes: class indices: the bf16 gradient (1x) + 8 bytes per position (0.19x
+# at 21 classes) + scalars; soft: the gradient + 12 bytes per position. The
+# upcast path holds FP32 copies of the logits and log-probabilities (2x each).
+PEAK_CASES = {
+    "class-index": ((4, 21, 96, 96), None, 1.5),
+    "soft": ((256, 1000), torch.float32, 1.2),
+}
+
+
+def _ce_bf16_inputs(shape, soft_dtype, gen):
+    """BF16 logits and a target: class indices (soft_dtype None) or class
+    probabilities in soft_dtype."""
+    if soft_dtype is None:
+        x, t = make(shape, torch.bfloat16, gen)
+    else:
+        x, t = torch.randn(shape, generator=gen).bfloat16(), soft_target(shape, soft_dtype, gen)
+    return x.requires_grad_(), t
+
+
+@pytest.mark.parametrize("kind", list(PEAK_CASES))
+def test_peak_memory_below_upcast_path(gen, kind):
+    shape, soft_dtype, per_logit = PEAK_CASES[kind]
+    x, t = _ce_bf16_inputs(shape, soft_dtype, gen)
     up, mp = ce_peaks(x, t, _peak_cpu_bytes)
     logits = x.numel() * x.element_size()
-    print(f"\npeak forward+backward, bf16 logits {tuple(x.shape)} ({logits / 2**20:.2f} MiB): "
+    print(f"\npeak forward+backward, bf16 logits {tuple(x.shape)} ({logits / 2**20:.2f} MiB), {kind} target: "
           f"upcast+torch {up / 2**20:.2f} MiB, mixprec {mp / 2**20:.2f} MiB")
-    # mixprec: the bf16 gradient (1x logits) + 8 bytes per position (0.19x
-    # at 21 classes) + scalars; the upcast path holds FP32 copies (2x each).
     assert mp < 0.5 * up
-    assert mp <= logits * 1.5
+    assert mp <= logits * per_logit
 
 
-def test_saved_tensors_hold_no_fp32_copy(gen):
-    x, t = make((4, 21, 32, 32), torch.bfloat16, gen)
-    x.requires_grad_()
+@pytest.mark.parametrize("soft_dtype", [None, torch.bfloat16], ids=["class-index", "soft"])
+def test_saved_tensors_hold_no_fp32_copy(gen, soft_dtype):
+    """Autograd saves no FP32 copy of the logits: every logits-sized saved
+    tensor is BF16 and is the logits (or the soft target) themselves."""
+    x, t = _ce_bf16_inputs((4, 21, 32, 32), soft_dtype, gen)
     saved = []
 
     def pack(tensor):
@@ -203,7 +226,7 @@ def test_saved_tensors_hold_no_fp32_copy(gen):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda v: v):
         loss = mixprec.ops.cross_entropy(x, t)
     big = [s for s in saved if s is not None and s.numel() == x.numel()]
-    assert all(s.dtype == torch.bfloat16 and s.data_ptr() == x.data_ptr() for s in big)
+    assert big and all(s.dtype == torch.bfloat16 and s.data_ptr() in (x.data_ptr(), t.data_ptr()) for s in big)
     loss.backward()
 
 
@@ -471,35 +494,6 @@ def test_soft_threads_do_not_change_results(gen):
         outs.append((loss.detach(), xm.grad, tm.grad))
     lib.mixprec_set_num_threads(0)
     assert all(torch.equal(a, b) for a, b in zip(*outs))
-
-
-def test_soft_peak_memory_below_upcast_path(gen):
-    x = torch.randn(256, 1000, generator=gen).bfloat16().requires_grad_()
-    t = soft_target((256, 1000), torch.float32, gen)
-    up, mp = ce_peaks(x, t, _peak_cpu_bytes)
-    logits = x.numel() * x.element_size()
-    print(f"\npeak forward+backward, bf16 logits {tuple(x.shape)} + fp32 soft target ({logits / 2**20:.2f} MiB "
-          f"logits): upcast+torch {up / 2**20:.2f} MiB, mixprec {mp / 2**20:.2f} MiB")
-    # mixprec: the bf16 gradient (1x logits) + 12 bytes per position; the
-    # upcast path holds FP32 copies of the logits and log-probabilities.
-    assert mp < 0.5 * up
-    assert mp <= logits * 1.2
-
-
-def test_soft_saved_tensors_hold_no_fp32_copy(gen):
-    x = torch.randn(4, 21, 32, 32, generator=gen).bfloat16().requires_grad_()
-    t = soft_target((4, 21, 32, 32), torch.bfloat16, gen)
-    saved = []
-
-    def pack(tensor):
-        saved.append(tensor)
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda v: v):
-        loss = mixprec.ops.cross_entropy(x, t)
-    big = [s for s in saved if s is not None and s.numel() == x.numel()]
-    assert big and all(s.dtype == torch.bfloat16 and s.data_ptr() in (x.data_ptr(), t.data_ptr()) for s in big)
-    loss.backward()
 
 
 def test_soft_nn_module_and_autocast(gen):

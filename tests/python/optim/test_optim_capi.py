@@ -166,6 +166,26 @@ def _check_grads(grads, ref, unscale, what):
             assert_bitwise(g, r.grad.to(g.dtype), what + " grad written back")
 
 
+def _run_steps(gen, dtype, scale, skip_step, unscale, ref, opt, mine, prm, step_fn, **desc):
+    """STEPS steps of torch's fused optimizer ``opt`` on ``ref`` and of the C
+    entry point ``step_fn`` on ``mine`` with the same gradients (scaled by
+    ``scale``, step ``skip_step`` skipped as an inf one); ``desc``: the
+    descriptor's keywords (amsgrad= / sgd=True)."""
+    for s in range(STEPS):
+        grads = _grads(gen, dtype, scale or 1.0)
+        for r, g in zip(ref, grads):
+            # A copy: torch's kernel writes the unscaled grad back into it.
+            r.grad = g.float().clone()
+        gs, found = _scaled_state(scale, s, skip_step)
+        if scale:
+            opt.grad_scale, opt.found_inf = gs.clone(), found.clone()
+        opt.step()
+        prm.grad_scale, prm.found_inf = _ptr(gs), _ptr(found)
+        arr = (OptTensor * len(mine))(*[q.desc(g, **desc) for q, g in zip(mine, grads)])
+        assert step_fn(arr, len(mine), ctypes.byref(prm)) == 0
+        _check_grads(grads, ref, unscale, f"step {s}")
+
+
 def _run_adamw(lib, gen, cfg, dtype, unscale=False):
     cfg = dict(cfg)
     scale = cfg.pop("_scale", None)
@@ -178,19 +198,8 @@ def _run_adamw(lib, gen, cfg, dtype, unscale=False):
     prm = AdamWParams(h["lr"], h["betas"][0], h["betas"][1], h["eps"], h["weight_decay"],
                       int(h["amsgrad"]), int(h["maximize"]), None, None, None, 0, int(unscale))
     skip_step = 10 if scale else None
-    for s in range(STEPS):
-        grads = _grads(gen, dtype, scale or 1.0)
-        for r, g in zip(ref, grads):
-            # A copy: torch's kernel writes the unscaled grad back into it.
-            r.grad = g.float().clone()
-        gs, found = _scaled_state(scale, s, skip_step)
-        if scale:
-            opt.grad_scale, opt.found_inf = gs.clone(), found.clone()
-        opt.step()
-        prm.grad_scale, prm.found_inf = _ptr(gs), _ptr(found)
-        arr = (OptTensor * len(mine))(*[q.desc(g, amsgrad=h["amsgrad"]) for q, g in zip(mine, grads)])
-        assert lib.mixprec_adamw_step(arr, len(mine), ctypes.byref(prm)) == 0
-        _check_grads(grads, ref, unscale, f"step {s}")
+    _run_steps(gen, dtype, scale, skip_step, unscale, ref, opt, mine, prm, lib.mixprec_adamw_step,
+               amsgrad=h["amsgrad"])
     n_taken = STEPS - (1 if scale else 0)
     for n, q, r in zip(SIZES, mine, ref):
         st = opt.state[r]
@@ -245,18 +254,7 @@ def _run_sgd(lib, gen, cfg, dtype, unscale=False):
     # A skipped step, not the first: after a skipped first step torch's fused
     # SGD takes its torch.empty_like momentum buffers as initialised.
     skip_step = 5 if scale else None
-    for s in range(STEPS):
-        grads = _grads(gen, dtype, scale or 1.0)
-        for r, g in zip(ref, grads):
-            r.grad = g.float().clone()
-        gs, found = _scaled_state(scale, s, skip_step)
-        if scale:
-            opt.grad_scale, opt.found_inf = gs.clone(), found.clone()
-        opt.step()
-        prm.grad_scale, prm.found_inf = _ptr(gs), _ptr(found)
-        arr = (OptTensor * len(mine))(*[q.desc(g, sgd=True) for q, g in zip(mine, grads)])
-        assert lib.mixprec_sgd_step(arr, len(mine), ctypes.byref(prm)) == 0
-        _check_grads(grads, ref, unscale, f"step {s}")
+    _run_steps(gen, dtype, scale, skip_step, unscale, ref, opt, mine, prm, lib.mixprec_sgd_step, sgd=True)
     for n, q, r in zip(SIZES, mine, ref):
         what = f"n={n}"
         assert_bitwise(q.p32, r.detach(), what + " param/master")

@@ -63,19 +63,25 @@ def _grads(params, seed, step):
     return [torch.randn(p.shape, generator=g) for p in params]
 
 
+def _steps_like_torch(ours, ref, opt, ref_opt, *, seed, steps):
+    """FP32 params: ``steps`` steps of both optimizers on the same gradients,
+    then ours equal torch's within FP32 rounding."""
+    for step in range(steps):
+        for p, r, g in zip(ours, ref, _grads(ours, seed, step)):
+            p.grad, r.grad = g.clone(), g.clone()
+        opt.step()
+        ref_opt.step()
+    for p, r in zip(ours, ref):
+        torch.testing.assert_close(p, r, rtol=2e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("torch_cls,inp", _cases())
 def test_steps_like_torch(torch_cls, inp):
     """FP32 params: 4 steps equal torch's optimizer with the same kwargs."""
     ours, ref = _params(torch.float32, 0), _params(torch.float32, 0)
     opt = OURS[torch_cls](ours, **_kwargs(inp))
     ref_opt = torch_cls(ref, **_torch_kwargs(inp))
-    for step in range(4):
-        for p, r, g in zip(ours, ref, _grads(ours, 0, step)):
-            p.grad, r.grad = g.clone(), g.clone()
-        opt.step()
-        ref_opt.step()
-    for p, r in zip(ours, ref):
-        torch.testing.assert_close(p, r, rtol=2e-6, atol=1e-7)
+    _steps_like_torch(ours, ref, opt, ref_opt, seed=0, steps=4)
 
 
 @pytest.mark.parametrize("torch_cls,inp", _cases())
@@ -130,13 +136,7 @@ def test_param_groups_and_zero_grad(torch_cls, inp):
     tkw.pop("lr", None)
     opt = OURS[torch_cls]([{"params": ours[:2]}, {"params": ours[2:], "lr": lr * 3}], lr=lr, **kw)
     ref_opt = torch_cls([{"params": ref[:2]}, {"params": ref[2:], "lr": lr * 3}], lr=lr, **tkw)
-    for step in range(2):
-        for p, r, g in zip(ours, ref, _grads(ours, 3, step)):
-            p.grad, r.grad = g.clone(), g.clone()
-        opt.step()
-        ref_opt.step()
-    for p, r in zip(ours, ref):
-        torch.testing.assert_close(p, r, rtol=2e-6, atol=1e-7)
+    _steps_like_torch(ours, ref, opt, ref_opt, seed=3, steps=2)
     opt.zero_grad()
     assert all(p.grad is None for p in ours)
 
