@@ -80,7 +80,8 @@ static int64_t adamw_body_scalar(const mixprec_opt_tensor *t, int64_t begin, int
 static mixprec__adamw_body_fn adamw_body_kernel(void) {
   switch (mixprec__active_isa()) {
 #if defined(MIXPREC_X86)
-    case MIXPREC_ISA_AVX512: /* no AVX-512 variant: its AVX2 subset */
+    case MIXPREC_ISA_AVX512:
+      return mixprec__adamw_body_avx512;
     case MIXPREC_ISA_AVX2:
       return mixprec__adamw_body_avx2;
 #endif

@@ -242,6 +242,7 @@ typedef struct mixprec__q8_tabs {
   float jmax[8];                                  /* by d: 2^L - 1 */
   int32_t base[8];                                /* by d: 2^L */
   float search[8]; /* by k: 10^(k-7) for k = 1..6 (the decade search), [7] NaN (never reached) */
+  float dec[256];  /* by code: mixprec__q8_decode (the AVX-512 decode's lookup table) */
 } mixprec__q8_tabs;
 
 MIXPREC__FORCE_INLINE void mixprec__q8_tabs_init(mixprec__q8_tabs *t, int is_signed) {
@@ -252,6 +253,7 @@ MIXPREC__FORCE_INLINE void mixprec__q8_tabs_init(mixprec__q8_tabs *t, int is_sig
     t->search[j] = j >= 1 && j <= 6 ? (float)mixprec__q8_lower(j) : 0.0f;
   }
   t->search[7] = mixprec__opt_from_bits(0x7fc00000u);
+  for (int c = 0; c < 256; c++) t->dec[c] = mixprec__q8_decode((uint8_t)c, is_signed);
   for (int L = is_signed ? 0 : 1; L <= (is_signed ? 6 : 7); L++) {
     const mixprec__q8_decade c = mixprec__q8_decade_of(is_signed ? L : L - 1, L);
     t->dec_step[L] = c.step;
@@ -315,6 +317,21 @@ int64_t mixprec__adamw_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int
 int64_t mixprec__sgd_body_avx2(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
                                uint32_t sr_key, const mixprec__ema_scalars *ema,
                                const mixprec__sgd_consts *k);
+/* The AVX-512 kernels (adamw_avx512.c, sgd_avx512.c): 16 lanes, the same
+ * bits; a range's last whole 8 go to the AVX2 kernels. */
+int64_t mixprec__adamw_lean_avx512(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
+                                   const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k,
+                                   const mixprec__lean_ctx *c);
+int64_t mixprec__sgd_lean_avx512(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
+                                 uint32_t sr_key, const mixprec__ema_scalars *ema,
+                                 const mixprec__sgd_consts *k, const mixprec__lean_ctx *c);
+void mixprec__q8_store_block_avx512(const float *x, int n, uint8_t *codes, float *scale,
+                                    const mixprec__q8_tabs *tb, int is_signed);
+int64_t mixprec__adamw_body_avx512(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
+                                   const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k);
+int64_t mixprec__sgd_body_avx512(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
+                                 uint32_t sr_key, const mixprec__ema_scalars *ema,
+                                 const mixprec__sgd_consts *k);
 #endif
 
 /* How a lean tensor holds its FP32 param: P (its master, or the F32 param
@@ -369,7 +386,11 @@ MIXPREC__INLINE void mixprec__lean_kernels_init(mixprec__lean_kernels *lk, const
   }
 #if defined(MIXPREC_X86)
   const mixprec_cpu_isa isa = mixprec__active_isa();
-  if (isa == MIXPREC_ISA_AVX2 || isa == MIXPREC_ISA_AVX512) {
+  if (isa == MIXPREC_ISA_AVX512) {
+    lk->adamw = mixprec__adamw_lean_avx512;
+    lk->sgd = mixprec__sgd_lean_avx512;
+    lk->store = mixprec__q8_store_block_avx512;
+  } else if (isa == MIXPREC_ISA_AVX2) {
     lk->adamw = mixprec__adamw_lean_avx2;
     lk->sgd = mixprec__sgd_lean_avx2;
     lk->store = mixprec__q8_store_block_avx2;
@@ -740,6 +761,254 @@ MIXPREC__FORCE_INLINE void mixprec__opt_lean_param_store8(const mixprec_opt_tens
 MIXPREC__FORCE_INLINE __m256 mixprec__opt_neg8(__m256 x) {
   return _mm256_xor_ps(x, _mm256_set1_ps(-0.0f));
 }
+
+/* ---- AVX-512 (F, BW, VL, DQ) loads and stores, 16 lanes (only in files
+ * built with them: adamw_avx512.c, sgd_avx512.c). Each is the 8-lane helper
+ * above at twice the width, its blends done with mask registers: the same
+ * operations per lane, so the same bits. (vcvtneps2bf16 is not used: it
+ * flushes denormals, and our BF16 roundings are our own.) */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+
+/* Elements [i, i + 16) widened to float (mixprec__opt_load8). */
+MIXPREC__FORCE_INLINE __m512 mixprec__opt_load16(const void *data, mixprec_dtype dtype, int64_t i) {
+  switch (dtype) {
+    case MIXPREC_F16:
+      return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)data + i)));
+    case MIXPREC_BF16:
+      return _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)data + i))), 16));
+    default:
+      return _mm512_loadu_ps((const float *)data + i);
+  }
+}
+
+/* mixprec__opt_bf16_rne_hi8 for 16 lanes. */
+MIXPREC__FORCE_INLINE __m512i mixprec__opt_bf16_rne_hi16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __mmask16 odd = _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x10000));
+  const __m512i t = _mm512_add_epi32(u, _mm512_set1_epi32(0x7fff));
+  const __m512i rne = _mm512_mask_add_epi32(t, odd, t, _mm512_set1_epi32(1));
+  const __mmask16 is_nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_or_epi32(rne, is_nan, u, _mm512_set1_epi32(0x400000));
+}
+
+/* mixprec__opt_store8_half for 16 lanes. */
+MIXPREC__FORCE_INLINE void mixprec__opt_store16_half(void *data, mixprec_dtype dtype, int64_t i, __m512 v) {
+  __m256i h;
+  if (dtype == MIXPREC_F16)
+    h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  else /* every lane < 2^16 after the shift: the truncating pack is exact */
+    h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(mixprec__opt_bf16_rne_hi16(v), 16));
+  _mm256_storeu_si256((__m256i *)((uint16_t *)data + i), h);
+}
+
+/* mixprec__opt_store8_grad for 16 lanes. */
+MIXPREC__FORCE_INLINE void mixprec__opt_store16_grad(const void *grad, mixprec_dtype dtype, int64_t i,
+                                                     __m512 v) {
+  void *data = (void *)(uintptr_t)grad;
+  if (dtype == MIXPREC_F32)
+    _mm512_storeu_ps((float *)data + i, v);
+  else
+    mixprec__opt_store16_half(data, dtype, i, v);
+}
+
+/* mixprec__opt_sr_words8 for 16 lanes (i a multiple of 8 in a chunk: lo32(i)
+ * + 15 does not wrap either, a chunk's whole vectors ending at its end). */
+#define MIXPREC__SR_STEP16 ((int)(16u * 0x9e3779b1u))
+MIXPREC__FORCE_INLINE __m512i mixprec__opt_sr_words16(uint32_t key, int64_t i) {
+  const __m256i lo = mixprec__opt_sr_words8(key, i);
+  const __m256i hi = _mm256_add_epi32(lo, _mm256_set1_epi32(MIXPREC__SR_STEP8));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* mixprec__opt_store8_bf16_srw for 16 lanes. */
+MIXPREC__FORCE_INLINE void mixprec__opt_store16_bf16_srw(void *data, int64_t i, __m512i x, __m512 v) {
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32((int)0x7feb352du));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32((int)0x846ca68bu));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i sum = _mm512_add_epi32(bits, _mm512_srli_epi32(x, 16));
+  const __mmask16 is_nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  const __m512i r = _mm512_srli_epi32(_mm512_mask_or_epi32(sum, is_nan, bits, _mm512_set1_epi32(0x400000)), 16);
+  _mm256_storeu_si256((__m256i *)((uint16_t *)data + i), _mm512_cvtepi32_epi16(r));
+}
+
+MIXPREC__FORCE_INLINE void mixprec__opt_store16_bf16_sr(void *data, int64_t i, uint32_t key, __m512 v) {
+  mixprec__opt_store16_bf16_srw(data, i, mixprec__opt_sr_words16(key, i), v);
+}
+
+/* MIXPREC__OPT_BODY_LOOP with UPDATE16 over whole 16-lane vectors (the
+ * block's rounding to the param by mixprec__opt_store_half_range); leaves i
+ * at the first element not done, end - i < 16 (the caller's AVX2 kernel
+ * takes a last 8). */
+#define MIXPREC__OPT_BODY_LOOP16(t, P, pd, sr, sr_key, stream, i, end, UPDATE16)              \
+  do {                                                                                        \
+    const int64_t stop_ = (i) + ((end) - (i)) / 16 * 16;                                      \
+    if ((pd) != MIXPREC_F32 && !(sr)) {                                                       \
+      while ((i) < stop_) {                                                                   \
+        const int64_t b_ = (i);                                                               \
+        const int64_t e_ = stop_ - b_ > MIXPREC__OPT_BLOCK ? b_ + MIXPREC__OPT_BLOCK : stop_; \
+        for (; (i) < e_; (i) += 16) _mm512_storeu_ps((P) + (i), UPDATE16((i), 0));            \
+        mixprec__opt_store_half_range((t)->param, (pd), (P), b_, e_, (stream));               \
+      }                                                                                       \
+      if (stream) _mm_sfence();                                                               \
+    } else {                                                                                  \
+      __m512i w_ = (sr) ? mixprec__opt_sr_words16((sr_key), (i)) : _mm512_setzero_si512();   \
+      for (; (i) < stop_; (i) += 16) {                                                        \
+        const __m512 p_ = UPDATE16((i), (sr));                                                \
+        if (sr) {                                                                             \
+          mixprec__opt_store16_bf16_srw((t)->param, (i), w_, p_);                             \
+          w_ = _mm512_add_epi32(w_, _mm512_set1_epi32(MIXPREC__SR_STEP16));                   \
+        } else {                                                                              \
+          _mm512_storeu_ps((P) + (i), p_);                                                    \
+        }                                                                                     \
+      }                                                                                       \
+    }                                                                                         \
+  } while (0)
+
+/* mixprec__opt_ema8 for 16 lanes. */
+MIXPREC__FORCE_INLINE void mixprec__opt_ema16(float *E, int64_t i, __m512 p, mixprec__ema_w w) {
+  const __m512 e = _mm512_loadu_ps(E + i);
+  const __m512 d = _mm512_sub_ps(p, e);
+  _mm512_storeu_ps(E + i, w.small ? _mm512_fmadd_ps(_mm512_set1_ps(w.w), d, e)
+                                  : _mm512_fmadd_ps(_mm512_set1_ps(w.w_m1), d, p));
+}
+
+/* mixprec__opt_rem_join8 for 16 lanes. */
+MIXPREC__FORCE_INLINE __m512 mixprec__opt_rem_join16(const void *param, const int16_t *rem, int64_t i) {
+  const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)param + i)));
+  const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(rem + i)));
+  const __mmask16 neg = _mm512_cmpgt_epi32_mask(lo, _mm512_set1_epi32(0x7fff));
+  const __m512i mag = _mm512_and_si512(hi, _mm512_set1_epi32(0x7fff));
+  const __mmask16 zero = _mm512_mask_cmpeq_epi32_mask(neg, mag, _mm512_setzero_si512());
+  /* 1 <= mag <= 0x7f80: hi - 1; mag == 0: hi | 0x7f80 */
+  const __mmask16 dec = _mm512_mask_cmpgt_epi32_mask((__mmask16)(neg & ~zero), _mm512_set1_epi32(0x7f81), mag);
+  __m512i h = _mm512_mask_sub_epi32(hi, dec, hi, _mm512_set1_epi32(1));
+  h = _mm512_mask_or_epi32(h, zero, h, _mm512_set1_epi32(0x7f80));
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(h, 16), lo));
+}
+
+/* mixprec__opt_rem_split8 for 16 lanes. */
+MIXPREC__FORCE_INLINE void mixprec__opt_rem_split16(void *param, int16_t *rem, int64_t i, __m512 M) {
+  const __m512i u = _mm512_castps_si512(M);
+  const __m512i hi = _mm512_srli_epi32(u, 16);
+  const __m512i lo = _mm512_and_si512(u, _mm512_set1_epi32(0xffff));
+  const __mmask16 neg = _mm512_cmpgt_epi32_mask(lo, _mm512_set1_epi32(0x7fff));
+  const __m512i mag = _mm512_and_si512(hi, _mm512_set1_epi32(0x7fff));
+  const __mmask16 fin = _mm512_mask_cmpgt_epi32_mask(neg, _mm512_set1_epi32(0x7f80), mag);
+  const __mmask16 infp = _mm512_mask_cmpeq_epi32_mask(neg, mag, _mm512_set1_epi32(0x7f80));
+  __m512i P = _mm512_mask_add_epi32(hi, fin, hi, _mm512_set1_epi32(1));
+  P = _mm512_mask_and_epi32(P, infp, hi, _mm512_set1_epi32(0x8000));
+  _mm256_storeu_si256((__m256i *)((uint16_t *)param + i), _mm512_cvtepi32_epi16(P));
+  _mm256_storeu_si256((__m256i *)(rem + i), _mm512_cvtepi32_epi16(lo));
+}
+
+/* Codes [i, i + 16) decoded at scale (mixprec__q8_load): the code's value
+ * looked up in tb->dec (mixprec__q8_decode of every code), 32 entries per
+ * two-table permute, the permute of the code's top 3 bits kept. */
+MIXPREC__FORCE_INLINE __m512 mixprec__q8_load16(const uint8_t *codes, int64_t i, float scale,
+                                                const mixprec__q8_tabs *tb) {
+  const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + i)));
+  const __m512i top = _mm512_srli_epi32(c, 5);
+  __m512 v = _mm512_permutex2var_ps(_mm512_loadu_ps(tb->dec), c, _mm512_loadu_ps(tb->dec + 16));
+  for (int k = 1; k < 8; k++)
+    v = _mm512_mask_mov_ps(v, _mm512_cmpeq_epi32_mask(top, _mm512_set1_epi32(k)),
+                           _mm512_permutex2var_ps(_mm512_loadu_ps(tb->dec + 32 * k), c,
+                                                  _mm512_loadu_ps(tb->dec + 32 * k + 16)));
+  return _mm512_mul_ps(v, _mm512_set1_ps(scale));
+}
+
+/* mixprec__q8_encode8 for 16 lanes: the codes as bytes. */
+MIXPREC__FORCE_INLINE __m128i mixprec__q8_encode16(__m512 x, __m512 inv, const mixprec__q8_tabs *tb,
+                                                   const int is_signed) {
+  const __mmask16 neg = is_signed ? _mm512_movepi32_mask(_mm512_castps_si512(x)) : (__mmask16)0;
+  const __m512 y = _mm512_mul_ps(_mm512_abs_ps(x), inv);
+  const __mmask16 nan = _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
+  /* the decade d, as mixprec__q8_encode8 searches it */
+  const __m512 srch = _mm512_broadcast_f32x8(_mm256_loadu_ps(tb->search));
+  __m512i d = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(y, _mm512_set1_ps(tb->search[4]), _CMP_GE_OQ),
+                                     _mm512_set1_epi32(4));
+  d = _mm512_mask_add_epi32(
+      d, _mm512_cmp_ps_mask(y, _mm512_permutexvar_ps(_mm512_add_epi32(d, _mm512_set1_epi32(2)), srch), _CMP_GE_OQ),
+      d, _mm512_set1_epi32(2));
+  d = _mm512_mask_add_epi32(
+      d, _mm512_cmp_ps_mask(y, _mm512_permutexvar_ps(_mm512_add_epi32(d, _mm512_set1_epi32(1)), srch), _CMP_GE_OQ),
+      d, _mm512_set1_epi32(1));
+#define MIXPREC__TAB16(f) _mm512_permutexvar_ps(d, _mm512_broadcast_f32x8(_mm256_loadu_ps(tb->f)))
+  const __m512 jmax = MIXPREC__TAB16(jmax);
+  __m512 jf = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(y, MIXPREC__TAB16(lower)), MIXPREC__TAB16(inv_step)),
+                                   _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  jf = _mm512_max_ps(jf, _mm512_setzero_ps()); /* a NaN (second operand wins) or negative: 0 */
+  jf = _mm512_min_ps(jf, jmax);
+  const __m512i base = _mm512_permutexvar_epi32(d, _mm512_broadcast_i32x8(_mm256_loadu_si256((const __m256i *)tb->base)));
+  const __m512i q = _mm512_add_epi32(base, _mm512_cvttps_epi32(jf));
+  const __m512 vq = _mm512_fmadd_ps(jf, MIXPREC__TAB16(step), MIXPREC__TAB16(first));
+  const __mmask16 first = _mm512_cmp_ps_mask(jf, _mm512_setzero_ps(), _CMP_EQ_OQ);
+  const __mmask16 d0 = _mm512_cmpeq_epi32_mask(d, _mm512_setzero_si512());
+  const __m512 below = MIXPREC__TAB16(below);
+#undef MIXPREC__TAB16
+  const __mmask16 c_below = _mm512_mask_cmp_ps_mask((__mmask16)(first & ~d0), _mm512_sub_ps(y, below),
+                                                    _mm512_sub_ps(vq, y), _CMP_LT_OQ);
+  const __mmask16 c_zero = _mm512_mask_cmp_ps_mask((__mmask16)(first & d0), y,
+                                                   _mm512_mul_ps(vq, _mm512_set1_ps(0.5f)), _CMP_LT_OQ);
+  __mmask16 c_one = _mm512_mask_cmp_ps_mask(
+      _mm512_mask_cmp_ps_mask(_mm512_cmpeq_epi32_mask(d, _mm512_set1_epi32(6)), jf, jmax, _CMP_EQ_OQ),
+      _mm512_sub_ps(_mm512_set1_ps(1.0f), y), _mm512_sub_ps(y, vq), _CMP_LT_OQ);
+  if (is_signed) c_one = (__mmask16)(c_one & ~neg);
+  const __m512i sign = _mm512_maskz_mov_epi32(neg, _mm512_set1_epi32(0x80));
+  __m512i code = _mm512_or_si512(sign, q);
+  code = _mm512_mask_or_epi32(code, c_below, sign, _mm512_sub_epi32(q, _mm512_set1_epi32(1)));
+  code = _mm512_mask_mov_epi32(code, c_one, _mm512_set1_epi32(is_signed ? 0x80 : 1));
+  code = _mm512_maskz_mov_epi32((__mmask16)~(c_zero | nan), code);
+  return _mm512_cvtepi32_epi8(code);
+}
+
+/* mixprec__opt_state_load8 for 16 lanes. */
+MIXPREC__FORCE_INLINE __m512 mixprec__opt_state_load16(const void *buf, mixprec_state_dtype d, int64_t i,
+                                                       float scale, const mixprec__q8_tabs *tb) {
+  if (d == MIXPREC_STATE_BF16) return mixprec__opt_load16(buf, MIXPREC_BF16, i);
+  if (d == MIXPREC_STATE_Q8) return mixprec__q8_load16((const uint8_t *)buf, i, scale, tb);
+  return _mm512_loadu_ps((const float *)buf + i);
+}
+
+/* mixprec__opt_state_store8 for 16 lanes. */
+MIXPREC__FORCE_INLINE void mixprec__opt_state_store16(void *buf, mixprec_state_dtype d, int64_t i, __m512 x,
+                                                      uint32_t key, float *q, int64_t b0) {
+  if (d == MIXPREC_STATE_BF16)
+    mixprec__opt_store16_bf16_sr(buf, i, key, x);
+  else if (d == MIXPREC_STATE_Q8)
+    _mm512_storeu_ps(q + (i - b0), x);
+  else
+    _mm512_storeu_ps((float *)buf + i, x);
+}
+
+/* mixprec__opt_lean_param_load8 / store8 for 16 lanes. */
+MIXPREC__FORCE_INLINE __m512 mixprec__opt_lean_param_load16(const mixprec_opt_tensor *t, const float *P,
+                                                            int64_t i, const int pm) {
+  if (pm == MIXPREC__PM_REM) return mixprec__opt_rem_join16(t->param, t->remainder, i);
+  if (pm == MIXPREC__PM_SR) return mixprec__opt_load16(t->param, MIXPREC_BF16, i);
+  return _mm512_loadu_ps(P + i);
+}
+
+MIXPREC__FORCE_INLINE void mixprec__opt_lean_param_store16(const mixprec_opt_tensor *t, float *P, int64_t i,
+                                                           const int pm, uint32_t sr_key, __m512 p) {
+  if (pm == MIXPREC__PM_REM) {
+    mixprec__opt_rem_split16(t->param, t->remainder, i, p);
+  } else if (pm == MIXPREC__PM_SR) {
+    mixprec__opt_store16_bf16_sr(t->param, i, sr_key, p);
+  } else {
+    _mm512_storeu_ps(P + i, p);
+    if (t->param_dtype != MIXPREC_F32) mixprec__opt_store16_half(t->param, t->param_dtype, i, p);
+  }
+}
+
+MIXPREC__FORCE_INLINE __m512 mixprec__opt_neg16(__m512 x) {
+  return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u)));
+}
+#endif /* AVX-512 */
+
 #endif
 
 #endif /* MIXPREC_OPTIM_COMMON_H */

@@ -72,7 +72,8 @@ static int64_t sgd_body_scalar(const mixprec_opt_tensor *t, int64_t begin, int64
 static mixprec__sgd_body_fn sgd_body_kernel(void) {
   switch (mixprec__active_isa()) {
 #if defined(MIXPREC_X86)
-    case MIXPREC_ISA_AVX512: /* no AVX-512 variant: its AVX2 subset */
+    case MIXPREC_ISA_AVX512:
+      return mixprec__sgd_body_avx512;
     case MIXPREC_ISA_AVX2:
       return mixprec__sgd_body_avx2;
 #endif
