@@ -12,7 +12,7 @@ except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
     import mixprec  # noqa: F401
 
-from _op_tester import generate_tests
+from _op_tester import generate_tests, isa_params
 from _reference import cpu_lib
 from _reference import requires_cuda  # noqa: F401  (its home is _reference; kept importable from here)
 
@@ -45,10 +45,11 @@ def _on_isa(request, name):
     lib.mixprec_set_cpu_isa(0)
 
 
-@pytest.fixture(params=["scalar", "avx2", "avx512"])
+@pytest.fixture(params=isa_params(["scalar", "avx2", "avx512"]))
 def isa(request):
     """Runs the test once on each CPU path of libmixprec.so (skipped where the
-    CPU lacks it), then puts the library back on its own choice."""
+    CPU lacks it), then puts the library back on its own choice (only on
+    that choice under MIXPREC_TEST_ONE_ISA=1: see isa_params)."""
     yield from _on_isa(request, request.param)
 
 
