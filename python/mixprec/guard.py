@@ -49,7 +49,11 @@ gradient buckets are typed by the parameters' dtypes when DDP is built
 shards are DTensors of a fixed dtype, so a fallback module runs on FP32
 copies of its parameters made at each call instead; the gradients reach the
 parameters in their dtype, the buckets, optimizer state and masters stay as
-they are, the same on every rank.
+they are, the same on every rank. FSDP2 with
+``MixedPrecisionPolicy(param_dtype=torch.float16)`` (FP32 shards, FP16
+unsharded parameters in the forward, no autocast) is the same case: the
+fallback module runs on FP32 copies of its FP16 unsharded parameters and its
+outputs go back to FP16 for the next layers.
 
 [note: guard fallback] A module in fallback runs with autocast off (FP32) or
 autocast to BF16, its floating inputs upcast to FP32. In a model cast with
@@ -110,6 +114,14 @@ def _range_safe(m: nn.Module) -> bool:
     if type(m) is nn.LeakyReLU:
         return abs(m.negative_slope) <= 1.0
     return type(m) in _RANGE_SAFE
+
+
+# Dropouts (exact types) in eval mode or with p == 0 return their input
+# tensor itself: nothing to check, and not an in-place module either (which
+# would turn the skip of [note: sequential containers] off for the whole
+# model). In training with p > 0 they scale by 1 / (1 - p), which can
+# overflow FP16, and are checked.
+_DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _MAX = {torch.float16: 65504.0, torch.bfloat16: 3.3895313892515355e38, torch.float32: 3.4028234663852886e38}
 
@@ -334,6 +346,7 @@ class ForwardGuard:
         check = torch.ops.mixprec.overflow_check_.default
         guard = self
         chain = type(self._modules[slot]) is nn.Sequential
+        dropout = type(self._modules[slot]) in _DROPOUTS
 
         def grad_hook(g: torch.Tensor) -> None:
             if g.dtype in _FLOAT:
@@ -344,6 +357,8 @@ class ForwardGuard:
         def hook(module, args, out):
             if not guard.enabled or (chain and not guard._inplace_seen):
                 return None  # see [note: sequential containers]
+            if dropout and (not module.training or module.p == 0):
+                return None  # a passthrough: see _DROPOUTS
             outs = _floats(out)
             if not outs:
                 return None
@@ -524,16 +539,22 @@ class ForwardGuard:
         orig = mod.__dict__.get("forward", None)
         self._originals[i] = orig
         inner = orig if orig is not None else type(mod).forward.__get__(mod)
-        cast_back = self._half_model
 
         def forward(*args, **kwargs):
             lead = next((t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.dtype in _FLOAT), None)
             dev = lead.device.type if lead is not None else "cpu"
-            back = lead.dtype if (cast_back and lead is not None and lead.dtype in _LOW) else None
-            args, kwargs = _cast_floats(args, torch.float32), _cast_floats(kwargs, torch.float32)
             # Parameters still in FP16/BF16 (move_params=False, or FSDP2's
             # mixed-precision policy) run as upcast copies for this call.
             swapped = _upcast_params(mod, dtype if self._half_model else torch.float32)
+            # The outputs go back to the low input dtype where the next
+            # layers run in it without autocast: a .half() model, FSDP2's
+            # param_dtype policy (low-precision parameters, or inputs it
+            # cast, with autocast off). See [note: guard fallback].
+            back = None
+            if lead is not None and lead.dtype in _LOW and (
+                    self._half_model or swapped or not torch.is_autocast_enabled(dev)):
+                back = lead.dtype
+            args, kwargs = _cast_floats(args, torch.float32), _cast_floats(kwargs, torch.float32)
             try:
                 if dtype == torch.float32:
                     with torch.autocast(dev, enabled=False):

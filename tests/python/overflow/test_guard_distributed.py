@@ -221,3 +221,67 @@ def test_ranks_agree_on_the_fallback():
     assert r0["module"] == r1["module"] == "0"  # rank 1 saw no overflow itself, and names it too
     assert [tuple(e) for e in r0["events"]] == [tuple(e) for e in r1["events"]]
     assert r0["differ"] == 0
+
+
+def _fsdp_fp16_policy_worker(rank, port, result_dir):
+    """FSDP2 with MixedPrecisionPolicy(param_dtype=float16), no autocast:
+    FP32 sharded parameters, FP16 unsharded ones (and inputs) in the
+    forward, where block 1's attention logits pass 65504."""
+    _init(rank, port)
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        model = vit()
+        policy = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
+        for block in model.blocks:
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        # FP16 gradients: a smaller first scale than 2**16 keeps them in range.
+        scaler = mixprec.amp.GradScaler("cpu", init_scale=1024.0, diagnostics=True)
+        guard = ForwardGuard(model, fallback=True).attach(scaler)
+        skipped, losses, out_dtypes = [], [], []
+        for x, y in batches(4, seed=10 + rank):
+            before = scaler.get_skipped_steps()
+            out = model(x)
+            out_dtypes.append(str(out.dtype))
+            loss = F.cross_entropy(out.float(), y)
+            losses.append(loss.item())
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            skipped.append(scaler.get_skipped_steps() > before)
+        rep = guard.reports()[0] if guard.reports() else None
+        torch.save(
+            {"skipped": skipped, "losses": losses, "out_dtypes": out_dtypes, "fallback": sorted(guard.fallback_set),
+             "events": guard.events, "module": rep.module if rep else None, "dtype": rep.dtype if rep else None,
+             "move_params": guard.move_params,
+             "params": {n: p.full_tensor() for n, p in model.named_parameters()},
+             "param_dtypes": sorted({str(p.dtype) for p in model.parameters()})},
+            os.path.join(result_dir, f"rank{rank}.pt"),
+        )
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)
+
+
+def test_fsdp2_fp16_param_policy_ranks_agree_on_the_fallback():
+    """The FP16 forward comes from FSDP2's mixed-precision policy, not from
+    autocast: the fallback module runs on FP32 copies of the FP16 unsharded
+    parameters, its output cast back to FP16 for the next layer (FSDP2's
+    sharded FP32 parameters stay as they are)."""
+    r0, r1 = _run_ranks(_fsdp_fp16_policy_worker)
+    assert r0["move_params"] is False
+    assert r0["skipped"] == r1["skipped"] == [True, False, False, False]
+    assert r0["module"] == r1["module"] == "blocks.1.attn" and r0["dtype"] == "float16"
+    assert r0["fallback"] == r1["fallback"] == ["blocks.1.attn"]
+    assert [tuple(e) for e in r0["events"]] == [tuple(e) for e in r1["events"]]
+    assert r0["param_dtypes"] == ["torch.float32"]  # the shards keep their dtype
+    assert r0["out_dtypes"] == ["torch.float16"] * 4  # the rest of the model still runs in FP16
+    for r in (r0, r1):
+        assert not math.isfinite(r["losses"][0]) and all(math.isfinite(v) for v in r["losses"][1:])
+    for n in r0["params"]:
+        assert torch.equal(r0["params"][n], r1["params"][n]), n
+        assert torch.isfinite(r0["params"][n]).all(), n
+    assert not torch.equal(r0["params"]["embed.weight"], vit().embed.weight)  # it trained
