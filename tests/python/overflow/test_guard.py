@@ -364,3 +364,19 @@ def test_sequential_containers_are_not_read_again_unless_a_module_works_in_place
     # "1"'s input is the tensor _Boost wrote in place (inf by then): the
     # outer Sequential, whose input stayed finite, is the one named.
     assert rep.kind == "forward" and rep.module == "<model>", rep
+
+
+def test_dropout_passthroughs_are_not_checked_nor_taken_for_in_place():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.1), torch.nn.Linear(8, 8),
+                                torch.nn.Dropout(0.0))
+    guard = ForwardGuard(model)
+    x = torch.randn(4, 8)
+    model.eval()  # both dropouts return their input tensor
+    with torch.autocast("cpu", dtype=torch.float16):
+        model(x)
+    assert {guard._names[i] for i in guard._order} == {"0", "2"} and not guard._inplace_seen
+    model.train()  # Dropout(0.1) scales by 1 / 0.9: checked; Dropout(0.0) still a passthrough
+    with torch.autocast("cpu", dtype=torch.float16):
+        model(x)
+    assert {guard._names[i] for i in guard._order} == {"0", "1", "2"} and not guard._inplace_seen
