@@ -121,6 +121,131 @@ def bench(name, make, x, y, rounds, steps):
             statistics.median(floor))
 
 
+def _models(g):
+    """name -> (label, make, x, y): the two models, their inputs from one generator."""
+    return {
+        "resnet": ("ResNet-18 (torchvision), batch 8, 32x32", lambda: torchvision.models.resnet18(num_classes=100),
+                   torch.randn(8, 3, 32, 32, generator=g), torch.randint(0, 100, (8,), generator=g)),
+        "vit": ("ViT-Tiny shapes (12 blocks, dim 192, 3 heads), batch 8, 128x128 (64 tokens)", ViT,
+                torch.randn(8, 3, 128, 128, generator=g), torch.randint(0, 100, (8,), generator=g)),
+    }
+
+
+# ---- instruction counts (--callgrind) -------------------------------------------------
+# [note: guard instruction counts] Wall-clock ratios on a shared machine swing
+# by more than the 3% to resolve; instructions retired do not. One process per
+# model runs under valgrind --tool=callgrind with instrumentation off (fast)
+# through the set-up and the warm-up steps of two copies of the model (same
+# weights, same batch), then counts the instructions (Ir, every thread; one
+# thread used) of N steps of the unguarded copy and of N steps of the guarded
+# one, each dumped by a client request (a 4-line C helper built with cc).
+# Instructions are not time (a scan's loads cost more than its compares), but
+# the guard's cost is mostly Python and dispatcher work plus one streaming
+# read, so the ratio is a close, repeatable proxy.
+
+_CG_HELPER = r"""
+#include <valgrind/callgrind.h>
+void cg_start(void) { CALLGRIND_START_INSTRUMENTATION; CALLGRIND_ZERO_STATS; }
+void cg_stop(void) { CALLGRIND_STOP_INSTRUMENTATION; }
+void cg_dump(const char *s) { CALLGRIND_DUMP_STATS_AT(s); }
+"""
+
+
+def _profiled_checks(model, x):
+    """Calls of mixprec::overflow_check_ in one forward (launches on CUDA)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        model(x)
+    return sum(e.count for e in prof.key_averages() if e.key == "mixprec::overflow_check_")
+
+
+def _callgrind_child(name, steps, helper, out):
+    import ctypes
+    import json
+
+    cg = ctypes.CDLL(helper)
+    torch.manual_seed(0)
+    label, make, x, y = _models(torch.Generator().manual_seed(0))[name]
+    off = make()
+    on = copy.deepcopy(off)
+    runs = {"off": (off, *_setup(off)), "on": (on, *_setup(on))}
+    guard = ForwardGuard(on).attach(runs["on"][2])
+    for _ in range(2):
+        for m, opt, sc in runs.values():
+            _step(m, opt, sc, x, y)
+    cg.cg_start()
+    for k in ("off", "on"):
+        m, opt, sc = runs[k]
+        for _ in range(steps):
+            _step(m, opt, sc, x, y)
+        cg.cg_dump(k.encode())
+    cg.cg_stop()
+    assert guard.report() is None
+    with open(out, "w") as f:
+        json.dump({"label": label, "checked": len(guard._order), "modules": len(list(off.modules())),
+                   "hooks": len(guard._handles), "calls": _profiled_checks(on, x)}, f)
+
+
+def _callgrind(a):
+    import glob
+    import json
+    import re
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    if shutil.which("valgrind") is None or not os.path.exists("/usr/include/valgrind/callgrind.h"):
+        sys.exit("--callgrind needs valgrind and its headers (apt-get install valgrind)")
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        helper = os.path.join(d, "cg.so")
+        with open(os.path.join(d, "cg.c"), "w") as f:
+            f.write(_CG_HELPER)
+        subprocess.run(["cc", "-O2", "-shared", "-fPIC", os.path.join(d, "cg.c"), "-o", helper], check=True)
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+        for name in a.models:
+            t0 = time.perf_counter()
+            out = os.path.join(d, f"{name}.json")
+            cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                   f"--callgrind-out-file={os.path.join(d, name)}.cg",
+                   sys.executable, os.path.abspath(__file__), "--dtype", a.dtype,
+                   "--callgrind-child", name, "--steps", str(a.steps), "--helper", helper, "--out", out]
+            with open(os.path.join(d, f"{name}.log"), "w+") as log:
+                if subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode:
+                    log.seek(0)
+                    sys.exit(f"the callgrind run of {name} failed:\n" + log.read()[-3000:])
+            ir = {}
+            for path in glob.glob(os.path.join(d, f"{name}.cg.*")):
+                text = open(path).read()
+                trig = re.search(r"^desc: Trigger: Client Request: (\w+)", text, re.M)
+                if trig:
+                    ir[trig.group(1)] = int(re.search(r"^summary: (\d+)", text, re.M).group(1))
+            info = json.load(open(out))
+            rows.append((info, ir["off"] / a.steps, ir["on"] / a.steps, time.perf_counter() - t0))
+            print(f"{name}: {ir['on'] / ir['off']:.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    lines = [
+        "| model | modules checked | overflow_check_ calls / forward | off (Ir/step) | on (Ir/step) | on / off |",
+        "|---|---|---|---|---|---|",
+    ]
+    for info, off, on, _ in rows:
+        lines.append(f"| {info['label']} | {info['checked']} of {info['modules']} | {info['calls']} | "
+                     f"{off / 1e6:.1f} M | {on / 1e6:.1f} M | {on / off:.4f} |")
+    text = "\n".join([
+        "# mixprec.guard.ForwardGuard: instructions per training step (CPU, callgrind)", "",
+        f"`PYTHONPATH=python:bench python bench/bench_guard.py --callgrind --dtype {a.dtype} --steps {a.steps}` — "
+        f"instructions (callgrind Ir, {a.steps} step(s) each after 2 uninstrumented warm-up steps) of one "
+        f"{'BF16-autocast' if AUTOCAST[0] else 'FP32 (no autocast)'} training step, guard on vs off, same "
+        "weights and batch, 1 thread; see [note: guard instruction counts] in the script.", "",
+        f"{machine(torch.device('cpu'))}; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}.", "",
+    ] + lines) + "\n"
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
@@ -131,19 +256,25 @@ def main():
                          "matmuls are emulated (AVX2 without AVX-512-BF16/AMX: a step is then ~10x slower and "
                          "would hide the guard's cost)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--models", nargs="+", choices=["resnet", "vit"], default=["resnet", "vit"])
+    ap.add_argument("--callgrind", action="store_true",
+                    help="count instructions under valgrind instead of timing: deterministic, for a loaded "
+                         "machine (--steps steps of each; slow: ~50x, minutes per model)")
+    ap.add_argument("--callgrind-child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--helper", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     AUTOCAST[0] = a.dtype == "bfloat16"
     torch.set_num_threads(a.threads)
+    if a.callgrind_child:
+        return _callgrind_child(a.callgrind_child, a.steps, a.helper, a.out)
+    if a.callgrind:
+        return _callgrind(a)
     load = os.getloadavg()
     t_start = time.perf_counter()
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     g = torch.Generator().manual_seed(0)
-    rows = [
-        bench("ResNet-18 (torchvision), batch 8, 32x32", lambda: torchvision.models.resnet18(num_classes=100),
-              torch.randn(8, 3, 32, 32, generator=g), torch.randint(0, 100, (8,), generator=g), a.rounds, a.steps),
-        bench("ViT-Tiny shapes (12 blocks, dim 192, 3 heads), batch 8, 128x128 (64 tokens)", ViT,
-              torch.randn(8, 3, 128, 128, generator=g), torch.randint(0, 100, (8,), generator=g), a.rounds, a.steps),
-    ]
+    models = _models(g)
+    rows = [bench(*models[k], a.rounds, a.steps) for k in a.models]
     lines = [
         "# mixprec.guard.ForwardGuard: cost per training step (CPU)",
         "",
