@@ -167,6 +167,21 @@ def test_fsdp2_ranks_agree_on_the_fallback():
     assert not torch.equal(r0["params"]["0.weight"], _fsdp_net()[0].weight)  # it trained
 
 
+def _steps(forward, opt, scaler, data):
+    """Training steps without autocast: (skipped flags, losses)."""
+    skipped, losses = [], []
+    for x, y in data:
+        before = scaler.get_skipped_steps()
+        loss = F.cross_entropy(forward(x).float(), y)
+        losses.append(loss.item())
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        skipped.append(scaler.get_skipped_steps() > before)
+    return skipped, losses
+
+
 def _half_ddp_worker(rank, port, result_dir):
     _init(rank, port)
     try:
@@ -175,16 +190,7 @@ def _half_ddp_worker(rank, port, result_dir):
         opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)
         scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
         guard = ForwardGuard(model, fallback=True, optimizer=opt).attach(scaler)
-        skipped, losses = [], []
-        for x, y in batches(5, seed=10 + rank):
-            before = scaler.get_skipped_steps()
-            loss = F.cross_entropy(ddp(x.half()).float(), y)
-            losses.append(loss.item())
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad()
-            skipped.append(scaler.get_skipped_steps() > before)
+        skipped, losses = _steps(lambda x: ddp(x.half()), opt, scaler, batches(5, seed=10 + rank))
         flat = torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
         masters = torch.cat([opt.state[p]["master"].reshape(-1) for p in model.parameters()])
         both = torch.cat([flat, masters])
@@ -240,18 +246,14 @@ def _fsdp_fp16_policy_worker(rank, port, result_dir):
         # FP16 gradients: a smaller first scale than 2**16 keeps them in range.
         scaler = mixprec.amp.GradScaler("cpu", init_scale=1024.0, diagnostics=True)
         guard = ForwardGuard(model, fallback=True).attach(scaler)
-        skipped, losses, out_dtypes = [], [], []
-        for x, y in batches(4, seed=10 + rank):
-            before = scaler.get_skipped_steps()
+        out_dtypes = []
+
+        def forward(x):
             out = model(x)
             out_dtypes.append(str(out.dtype))
-            loss = F.cross_entropy(out.float(), y)
-            losses.append(loss.item())
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad()
-            skipped.append(scaler.get_skipped_steps() > before)
+            return out
+
+        skipped, losses = _steps(forward, opt, scaler, batches(4, seed=10 + rank))
         rep = guard.reports()[0] if guard.reports() else None
         torch.save(
             {"skipped": skipped, "losses": losses, "out_dtypes": out_dtypes, "fallback": sorted(guard.fallback_set),
