@@ -16,6 +16,12 @@ next to (off again / off): the noise floor of the machine at that time.
 
 (about 1.5 minutes for both models on a quiet 2-core machine: 2 warm-up +
 rounds x steps steps of each of the three copies).
+
+    PYTHONPATH=python:bench python bench/bench_guard.py --callgrind --dtype float32 --steps 1
+
+counts instructions instead (valgrind's callgrind, one process per model:
+deterministic, usable on a loaded machine; minutes per model), see [note:
+guard instruction counts].
 """
 
 from __future__ import annotations
