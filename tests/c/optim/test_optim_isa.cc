@@ -3,7 +3,9 @@
 // misaligned buffers, grads with inf and NaN of several bit patterns, NaN
 // masters) is run on each supported ISA chosen by mixprec_set_cpu_isa, and
 // every buffer (param, master, state, step) must be bit for bit the scalar
-// path's. NaNs are compared by their bits too. With unscale_grads the
+// path's. NaNs are compared by their bits too. The lean state
+// (mixprec_state_dtype: param remainders, BF16 and 8-bit moments) is run the
+// same way, its buffers (codes, scales, remainders) compared byte for byte. With unscale_grads the
 // grads written back are compared the same way (every test compares the
 // grads: untouched without it).
 #include <functional>
@@ -26,6 +28,18 @@ const Shape kSmall = {{1, 7, 8, 9, 15, 16, 17, 4097, 65536 + 13, 100003}, {0, 1,
 const Shape kLarge = {{600000 + 5, 500000 + 11}, {3, 7}};
 const mixprec_dtype kDtypes[3] = {MIXPREC_F32, MIXPREC_F16, MIXPREC_BF16};
 
+// How the tensors hold their params and moments: sr, master-free BF16 params
+// (stochastic rounding); rem, BF16 params with remainders instead of masters;
+// dm / dv, the moments' formats (SGD: dm for the momentum buffer).
+struct Mode {
+  bool sr = false;
+  bool rem = false;
+  mixprec_state_dtype dm = MIXPREC_STATE_F32, dv = MIXPREC_STATE_F32;
+  bool lean() const { return rem || dm != MIXPREC_STATE_F32 || dv != MIXPREC_STATE_F32; }
+};
+const Mode kPlain{}, kSr{true};
+
+
 // A float buffer whose data pointer is one element off the allocator's
 // alignment when `misalign` is set.
 struct FBuf {
@@ -41,9 +55,34 @@ struct FBuf {
   }
 };
 
+// A lean moment buffer: raw bytes (BF16 or Q8 codes, one element of padding
+// past the end) and, for Q8, the block scales.
+struct LeanBuf {
+  std::vector<uint8_t> bytes;
+  std::vector<float> scale;
+  void init(mixprec_state_dtype d, FBuf &f, int64_t n, std::mt19937 &rng) {
+    if (d == MIXPREC_STATE_BF16) {
+      bytes.assign(size_t(n + 1) * 2, 0);
+      for (int64_t i = 0; i < n; i++) {
+        const uint16_t h = uint16_t(mpt::f32_bits(f[i]) >> 16);
+        std::memcpy(&bytes[size_t(i) * 2], &h, 2);
+      }
+    } else if (d == MIXPREC_STATE_Q8) {
+      bytes.assign(size_t(n + 1), 0);
+      for (int64_t i = 0; i < n; i++) bytes[size_t(i)] = uint8_t(rng());
+      scale.assign(size_t((n + 255) / 256 + 1), 0.0f);
+      for (int64_t b = 0; b < (n + 255) / 256; b++)
+        scale[size_t(b)] = rng() % 7 == 0 ? 0.0f : float(rng() % 1000 + 1) * 1e-6f;
+    }
+  }
+  bool operator==(const LeanBuf &o) const { return bytes == o.bytes && scale == o.scale; }
+};
+
 struct Tensor {
   Buf param, grad;
   FBuf master, m, v, vmax;
+  LeanBuf lm, lv;
+  std::vector<int16_t> rem;  // one element of padding past the end
   float step = 0.0f;
   Tensor(int64_t n, mixprec_dtype pd, mixprec_dtype gd, int salt)
       : param(pd, n, (salt & 1) != 0),
@@ -53,8 +92,19 @@ struct Tensor {
         v(n, (salt & 2) == 0),
         vmax(n, (salt & 4) == 0) {}
   int64_t numel() const { return param.numel(); }
-  // sr: BF16 params go without a master (stochastic rounding).
-  mixprec_opt_tensor desc(bool amsgrad, bool sr = false) {
+  // The lean buffers of `mode` (a remainder only for a BF16 param).
+  void init_lean(const Mode &mode, std::mt19937 &rng) {
+    if (mode.rem && param.dtype() == MIXPREC_BF16) {
+      rem.assign(size_t(numel() + 1), 0);
+      for (int64_t i = 0; i < numel(); i++) rem[size_t(i)] = int16_t(uint16_t(rng()));
+    }
+    lm.init(mode.dm, m, numel(), rng);
+    lv.init(mode.dv, v, numel(), rng);
+  }
+  // mode.sr: BF16 params go without a master (stochastic rounding); the
+  // lean state as init_lean made it.
+  mixprec_opt_tensor desc(bool amsgrad, const Mode &mode) {
+    const bool sr = mode.sr || !rem.empty();
     mixprec_opt_tensor t{};
     t.param = param.data();
     t.grad = grad.data();
@@ -63,6 +113,17 @@ struct Tensor {
                    : master.data();
     t.exp_avg = m.data();
     t.exp_avg_sq = v.data();
+    if (!rem.empty()) t.remainder = rem.data();
+    if (mode.dm != MIXPREC_STATE_F32) {
+      t.exp_avg_data = lm.bytes.data();
+      t.exp_avg_dtype = mode.dm;
+      if (mode.dm == MIXPREC_STATE_Q8) t.exp_avg_scale = lm.scale.data();
+    }
+    if (mode.dv != MIXPREC_STATE_F32) {
+      t.exp_avg_sq_data = lv.bytes.data();
+      t.exp_avg_sq_dtype = mode.dv;
+      if (mode.dv == MIXPREC_STATE_Q8) t.exp_avg_sq_scale = lv.scale.data();
+    }
     t.max_exp_avg_sq = amsgrad ? vmax.data() : nullptr;
     t.step = &step;
     t.numel = numel();
@@ -97,7 +158,8 @@ void fill_grad(Buf &b, std::mt19937 &rng) {
 }
 
 // Each size once per rotation of the nine (param, grad) dtype pairs.
-std::vector<Tensor> make_problem(const std::vector<int64_t> &sizes, int rotation, uint32_t seed) {
+std::vector<Tensor> make_problem(const std::vector<int64_t> &sizes, int rotation, uint32_t seed,
+                                 const Mode &mode) {
   std::mt19937 rng(seed);
   std::vector<Tensor> ts;
   ts.reserve(sizes.size());
@@ -124,6 +186,7 @@ std::vector<Tensor> make_problem(const std::vector<int64_t> &sizes, int rotation
       t.v[i] = v * v;
       t.vmax[i] = t.v[i] * (rng() % 2 ? 1.5f : 0.5f);
     }
+    if (mode.lean()) t.init_lean(mode, rng);
   }
   return ts;
 }
@@ -159,6 +222,9 @@ void expect_same(std::vector<Tensor> &got, std::vector<Tensor> &want, const std:
     EXPECT_EQ(bad_g, 0);
     // Whole buffers, padding included: nothing outside [0, numel) is written.
     EXPECT_TRUE(a.m == b.m && a.v == b.v && a.vmax == b.vmax && a.master == b.master);
+    EXPECT_TRUE(a.lm == b.lm) << "exp_avg (lean)";
+    EXPECT_TRUE(a.lv == b.lv) << "exp_avg_sq (lean)";
+    EXPECT_TRUE(a.rem == b.rem) << "remainders";
   }
 }
 
@@ -167,7 +233,7 @@ void expect_same(std::vector<Tensor> &got, std::vector<Tensor> &want, const std:
 using StepFn = std::function<mixprec_status(std::vector<mixprec_opt_tensor> &, int step)>;
 
 void run_all_isas(const std::string &name, bool amsgrad, const StepFn &step_fn, uint32_t salt,
-                  bool sr = false, const Shape &shape = kSmall) {
+                  const Mode &mode = kPlain, const Shape &shape = kSmall) {
   SCOPED_TRACE(name);
   mpt::GlobalStateGuard guard;
   const int kSteps = 4;
@@ -179,12 +245,12 @@ void run_all_isas(const std::string &name, bool amsgrad, const StepFn &step_fn, 
       ASSERT_EQ(mixprec_set_cpu_isa(isa), MIXPREC_OK);
       ASSERT_EQ(mixprec_get_cpu_isa(), isa);
       const uint32_t seed = mpt::kSeed + salt * 131u + uint32_t(rotation);
-      std::vector<Tensor> ts = make_problem(shape.sizes, rotation, seed);
+      std::vector<Tensor> ts = make_problem(shape.sizes, rotation, seed, mode);
       std::mt19937 rng(seed ^ 0x5a5a5a5au);
       for (int s = 0; s < kSteps; s++) {
         for (Tensor &t : ts) fill_grad(t.grad, rng);
         std::vector<mixprec_opt_tensor> list;
-        for (Tensor &t : ts) list.push_back(t.desc(amsgrad, sr));
+        for (Tensor &t : ts) list.push_back(t.desc(amsgrad, mode));
         ASSERT_EQ(step_fn(list, s), MIXPREC_OK);
       }
       if (!have_want) {
@@ -199,7 +265,7 @@ void run_all_isas(const std::string &name, bool amsgrad, const StepFn &step_fn, 
 }
 
 void run_adamw(const std::string &name, const std::function<void(mixprec_adamw_params &)> &tweak,
-               bool use_scale, bool use_lr_tensor, uint32_t salt, bool sr = false,
+               bool use_scale, bool use_lr_tensor, uint32_t salt, const Mode &mode = kPlain,
                const Shape &shape = kSmall) {
   mixprec_adamw_params h = mixprec_adamw_params_default();
   if (tweak) tweak(h);
@@ -214,11 +280,11 @@ void run_adamw(const std::string &name, const std::function<void(mixprec_adamw_p
                  }
                  return mixprec_adamw_step(list.data(), int64_t(list.size()), &q);
                },
-               salt, sr, shape);
+               salt, mode, shape);
 }
 
 void run_sgd(const std::string &name, const std::function<void(mixprec_sgd_params &)> &tweak,
-             bool use_scale, uint32_t salt, bool sr = false, const Shape &shape = kSmall) {
+             bool use_scale, uint32_t salt, const Mode &mode = kPlain, const Shape &shape = kSmall) {
   mixprec_sgd_params h = mixprec_sgd_params_default();
   h.lr = 0.01;
   if (tweak) tweak(h);
@@ -229,7 +295,7 @@ void run_sgd(const std::string &name, const std::function<void(mixprec_sgd_param
                  if (use_scale) q.grad_scale = &scale;
                  return mixprec_sgd_step(list.data(), int64_t(list.size()), &q);
                },
-               salt, sr, shape);
+               salt, mode, shape);
 }
 
 TEST(OptimIsa, SeveralIsasToCompare) {
@@ -316,17 +382,17 @@ TEST(OptimIsa, SgdWeightDecayNoMomentum) {
 // (with the unaligned head before the first 32-byte boundary) give the same
 // bits as the scalar path, and nothing outside the tensors is written.
 TEST(OptimIsa, AdamWLargeStepStreams) {
-  run_adamw("adamw large", [](mixprec_adamw_params &h) { h.amsgrad = 1; }, true, false, 21, false,
+  run_adamw("adamw large", [](mixprec_adamw_params &h) { h.amsgrad = 1; }, true, false, 21, kPlain,
             kLarge);
 }
 TEST(OptimIsa, SgdLargeStepStreams) {
-  run_sgd("sgd large", [](mixprec_sgd_params &h) { h.momentum = 0.9; }, false, 22, false, kLarge);
+  run_sgd("sgd large", [](mixprec_sgd_params &h) { h.momentum = 0.9; }, false, 22, kPlain, kLarge);
 }
 // The same with unscale_grads: the grads are written beside the streamed
 // params and the blocked master update.
 TEST(OptimIsa, AdamWLargeStepStreamsUnscaleGrads) {
   run_adamw("adamw large unscale_grads", [](mixprec_adamw_params &h) { h.unscale_grads = 1; },
-            true, false, 23, false, kLarge);
+            true, false, 23, kPlain, kLarge);
 }
 TEST(OptimIsa, SgdLargeStepStreamsUnscaleGrads) {
   run_sgd("sgd large unscale_grads",
@@ -334,7 +400,7 @@ TEST(OptimIsa, SgdLargeStepStreamsUnscaleGrads) {
             h.momentum = 0.9;
             h.unscale_grads = 1;
           },
-          true, 24, false, kLarge);
+          true, 24, kPlain, kLarge);
 }
 
 }  // namespace
@@ -347,7 +413,7 @@ TEST(OptimIsa, AdamWStochasticRounding) {
               h.amsgrad = 1;
               h.sr_seed = 0x123456789abcdefull;
             },
-            true, false, 11, /*sr=*/true);
+            true, false, 11, kSr);
 }
 TEST(OptimIsa, AdamWStochasticRoundingUnscaleGrads) {
   run_adamw("adamw stochastic rounding unscale_grads",
@@ -355,7 +421,7 @@ TEST(OptimIsa, AdamWStochasticRoundingUnscaleGrads) {
               h.unscale_grads = 1;
               h.sr_seed = 7;
             },
-            true, false, 13, /*sr=*/true);
+            true, false, 13, kSr);
 }
 TEST(OptimIsa, SgdStochasticRoundingUnscaleGrads) {
   run_sgd("sgd stochastic rounding unscale_grads",
@@ -364,7 +430,7 @@ TEST(OptimIsa, SgdStochasticRoundingUnscaleGrads) {
             h.unscale_grads = 1;
             h.sr_seed = 9;
           },
-          true, 14, /*sr=*/true);
+          true, 14, kSr);
 }
 TEST(OptimIsa, SgdStochasticRounding) {
   run_sgd("sgd stochastic rounding",
@@ -374,5 +440,64 @@ TEST(OptimIsa, SgdStochasticRounding) {
             h.weight_decay = 1e-3;
             h.sr_seed = 42;
           },
-          true, 12, /*sr=*/true);
+          true, 12, kSr);
+}
+
+// The lean state on every ISA: remainders, BF16 moments (stochastically
+// rounded with the element's bits) and 8-bit blockwise moments (the block
+// tails of odd sizes, zero scales, random codes), each with a master, master-
+// free (SR) or remainder param; the same bits on every path.
+namespace {
+const auto BF = MIXPREC_STATE_BF16, Q8 = MIXPREC_STATE_Q8, F = MIXPREC_STATE_F32;
+// Two rotations: every size still meets every dtype pair over the nine
+// tensors, the Q8 block tails included (255, 257, 65536 + 13).
+const Shape kLean = {{1, 7, 9, 17, 255, 257, 4097, 65536 + 13, 100003}, {0, 4}};
+const Mode kLeanModes[] = {{false, true, F, F},  {false, true, BF, BF}, {false, true, Q8, Q8},
+                           {false, false, Q8, BF}, {true, false, BF, Q8}, {false, false, F, Q8}};
+
+void adamw_lean(const std::function<void(mixprec_adamw_params &)> &tweak, bool scale, uint32_t salt) {
+  for (const Mode &m : kLeanModes)
+    run_adamw("adamw lean rem " + std::to_string(m.rem) + " sr " + std::to_string(m.sr) + " dm " +
+                  std::to_string(int(m.dm)) + " dv " + std::to_string(int(m.dv)),
+              tweak, scale, false, salt++, m, kLean);
+}
+void sgd_lean(const std::function<void(mixprec_sgd_params &)> &tweak, bool scale, uint32_t salt) {
+  for (const Mode &m0 : kLeanModes) {
+    Mode m = m0;
+    m.dv = F;  // SGD has one buffer
+    run_sgd("sgd lean rem " + std::to_string(m.rem) + " sr " + std::to_string(m.sr) + " db " +
+                std::to_string(int(m.dm)),
+            tweak, scale, salt++, m, kLean);
+  }
+}
+}  // namespace
+
+TEST(OptimIsa, AdamWLean) { adamw_lean([](mixprec_adamw_params &h) { h.sr_seed = 5; }, false, 31); }
+TEST(OptimIsa, AdamWLeanAmsgradMaximizeUnscaleGrads) {
+  adamw_lean([](mixprec_adamw_params &h) {
+               h.amsgrad = 1;
+               h.maximize = 1;
+               h.unscale_grads = 1;
+               h.beta1 = 0.3;
+               h.sr_seed = 6;
+             },
+             true, 41);
+}
+TEST(OptimIsa, SgdLeanMomentum) {
+  sgd_lean([](mixprec_sgd_params &h) {
+             h.momentum = 0.9;
+             h.weight_decay = 1e-3;
+             h.sr_seed = 8;
+           },
+           false, 51);
+}
+TEST(OptimIsa, SgdLeanNesterovMaximizeUnscaleGrads) {
+  sgd_lean([](mixprec_sgd_params &h) {
+             h.momentum = 0.8;
+             h.nesterov = 1;
+             h.maximize = 1;
+             h.unscale_grads = 1;
+             h.sr_seed = 10;
+           },
+           true, 61);
 }
