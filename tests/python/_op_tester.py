@@ -37,15 +37,21 @@ from _reference import DTYPES, assert_near, requires_cuda
 DEVICES = ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.cuda])]
 
 
+# scripts/test.sh's second pytest run: the same binary on another torch
+# (2.13.0), which trims what that torch cannot change (isa_params, and
+# tests/python/api/test_demo.py's full-mode parity).
+SECOND_TORCH = os.environ.get("MIXPREC_TEST_SECOND_TORCH") == "1"
+
+
 def isa_params(isas):
     """The CPU paths a test runs on: ``isas``, or only the library's own
-    choice ("auto") under MIXPREC_TEST_ONE_ISA=1. scripts/test.sh sets it for
-    its second pytest run (the same binary on torch 2.13.0): the CPU paths
+    choice ("auto") in the SECOND_TORCH run (the same binary on torch
+    2.13.0, scripts/test.sh): the CPU paths
     are torch-free C, the same machine code whichever torch loads the
     library, and the first run tested each of them; what the second run
     tests is the binary's registration, ABI and dispatch on another torch,
     which one path exercises as well as three."""
-    return ["auto"] if os.environ.get("MIXPREC_TEST_ONE_ISA") == "1" else list(isas)
+    return ["auto"] if SECOND_TORCH else list(isas)
 
 
 def _id(v):

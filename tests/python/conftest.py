@@ -49,7 +49,7 @@ def _on_isa(request, name):
 def isa(request):
     """Runs the test once on each CPU path of libmixprec.so (skipped where the
     CPU lacks it), then puts the library back on its own choice (only on
-    that choice under MIXPREC_TEST_ONE_ISA=1: see isa_params)."""
+    that choice in the second torch's run: see isa_params)."""
     yield from _on_isa(request, request.param)
 
 

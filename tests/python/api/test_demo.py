@@ -14,6 +14,8 @@ pytest.importorskip("matplotlib")
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
 import train_amp  # noqa: E402
 
+from _op_tester import SECOND_TORCH  # noqa: E402
+
 
 def test_demo_quick_mode(capsys, tmp_path):
     plot = tmp_path / "curves.png"
@@ -72,6 +74,10 @@ def test_demo_quick_mode(capsys, tmp_path):
         assert out_dict["detector"]["detections"] and "torchvision + mixprec patch" in out, out
 
 
+# Minutes of training on the kernels the first run tested; the second torch's
+# run (the same binary) keeps the quick mode above, which loads and runs all
+# of the same ops end to end.
+@pytest.mark.skipif(SECOND_TORCH, reason="the same binary's parity was checked on the first torch (scripts/test.sh)")
 def test_demo_full_mode_parity(capsys, tmp_path):
     """What the README's command reports: the playbook's BF16 and FP16 runs
     (FP32 master weights, loss scaling, FP32 cross-entropy), accuracy
