@@ -16,6 +16,22 @@
  * work) for which batched NMS runs its classes on several threads. */
 #define PARALLEL_MIN_PAIRS 4e6
 
+/* [note: nms scratch] A function's scratch is one malloc `mem` carved into
+ * arrays of nn = count + 8 elements, in the order of its X-macro list
+ * X(type, name); the list gives both the size and the carving. The slack (8
+ * elements each, 64 bytes in all) is kept from the hand-carved lists. */
+#define NMS__BUF_SIZE(type, name) +sizeof(type)
+#define NMS__BUF_TAKE(type, name) \
+  type *name = (type *)at;        \
+  at += sizeof(type) * nn;
+#define NMS_SCRATCH_OR_RETURN(LIST, count)                              \
+  const size_t nn = (size_t)(count) + 8;                                \
+  uint8_t *mem = (uint8_t *)malloc(nn * (0 LIST(NMS__BUF_SIZE)) + 64); \
+  if (!mem) return MIXPREC_ERR_OUT_OF_MEMORY;                           \
+  uint8_t *at = mem;                                                    \
+  LIST(NMS__BUF_TAKE)                                                   \
+  (void)at
+
 /* Sweep of candidates [begin, end) by the kept box b: sets dead[j] = -1 for
  * every live j with IoU(b, j) > thr; returns how many it newly killed. */
 typedef int64_t (*sweep_fn)(const float *x1, const float *y1, const float *x2,
@@ -302,39 +318,17 @@ mixprec_status mixprec__nms_sorted(const void *boxes, mixprec_dtype boxes_dtype,
   for (int64_t r = 0; r < m; r++) flags[r] = 0;
   if (m == 0 || max_keep == 0) return MIXPREC_OK;
 
-  /* One allocation: seg (i64); perm, rank, dead, sdead, xpos, val, tval
-   * (i32); x1, y1, x2, y2, area and their x-sorted copies (f32); key, tkey
-   * (u32). */
-  const size_t nn = (size_t)m + 8;
-  const size_t bytes = nn * (8 + 4 * 7 + 4 * 10 + 4 * 2) + 64;
-  uint8_t *mem = (uint8_t *)malloc(bytes);
-  if (!mem) return MIXPREC_ERR_OUT_OF_MEMORY;
-  uint8_t *at = mem;
-#define TAKE(type, name, count) \
-  type *name = (type *)at;      \
-  at += sizeof(type) * (count)
-  TAKE(int64_t, seg, nn);
-  TAKE(int32_t, perm, nn);
+  /* One allocation ([note: nms scratch]); the x-sorted copies sx1.. sdead
+   * mirror x1.. dead. */
+#define SORTED_BUFS(X)                                                         \
+  X(int64_t, seg) X(int32_t, perm) X(float, x1) X(float, y1) X(float, x2)      \
+  X(float, y2) X(float, area) X(int32_t, rank) X(int32_t, dead) X(float, sx1)  \
+  X(float, sy1) X(float, sx2) X(float, sy2) X(float, sarea) X(int32_t, sdead) \
+  X(int32_t, xpos) X(uint32_t, key) X(uint32_t, tkey) X(int32_t, val)          \
+  X(int32_t, tval)
+  NMS_SCRATCH_OR_RETURN(SORTED_BUFS, m);
+#undef SORTED_BUFS
   nms_soa s;
-  TAKE(float, x1, nn);
-  TAKE(float, y1, nn);
-  TAKE(float, x2, nn);
-  TAKE(float, y2, nn);
-  TAKE(float, area, nn);
-  TAKE(int32_t, rank, nn);
-  TAKE(int32_t, dead, nn);
-  TAKE(float, sx1, nn);
-  TAKE(float, sy1, nn);
-  TAKE(float, sx2, nn);
-  TAKE(float, sy2, nn);
-  TAKE(float, sarea, nn);
-  TAKE(int32_t, sdead, nn);
-  TAKE(int32_t, xpos, nn);
-  TAKE(uint32_t, key, nn);
-  TAKE(uint32_t, tkey, nn);
-  TAKE(int32_t, val, nn);
-  TAKE(int32_t, tval, nn);
-#undef TAKE
   s.x1 = x1, s.y1 = y1, s.x2 = x2, s.y2 = y2, s.area = area, s.rank = rank, s.dead = dead;
   s.sx1 = sx1, s.sy1 = sy1, s.sx2 = sx2, s.sy2 = sy2, s.sarea = sarea, s.sdead = sdead;
   s.xpos = xpos, s.key = key, s.tkey = tkey, s.val = val, s.tval = tval;
@@ -413,22 +407,11 @@ static mixprec_status run(const void *boxes, mixprec_dtype boxes_dtype, const vo
   const float score_thr =
       p->use_score_threshold ? mixprec__nms_float_floor(p->score_threshold) : 0.0f;
 
-  /* One allocation: cls (i64); keys, tk (u32); orig, tv (i32); flags (u8). */
-  const size_t nn = (size_t)n + 8;
-  const size_t bytes = nn * (8 + 4 * 2 + 4 * 2 + 1) + 64;
-  uint8_t *mem = (uint8_t *)malloc(bytes);
-  if (!mem) return MIXPREC_ERR_OUT_OF_MEMORY;
-  uint8_t *at = mem;
-#define TAKE(type, name, count) \
-  type *name = (type *)at;      \
-  at += sizeof(type) * (count)
-  TAKE(int64_t, cls, nn);
-  TAKE(uint32_t, keys, nn);
-  TAKE(uint32_t, tk, nn);
-  TAKE(int32_t, orig, nn);
-  TAKE(int32_t, tv, nn);
-  TAKE(uint8_t, flags, nn);
-#undef TAKE
+  /* One allocation ([note: nms scratch]). */
+#define RUN_BUFS(X) \
+  X(int64_t, cls) X(uint32_t, keys) X(uint32_t, tk) X(int32_t, orig) X(int32_t, tv) X(uint8_t, flags)
+  NMS_SCRATCH_OR_RETURN(RUN_BUFS, n);
+#undef RUN_BUFS
 
   /* Candidates (score > threshold), sorted by decreasing score, stable. */
   int64_t m = 0;
