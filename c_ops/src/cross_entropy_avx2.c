@@ -19,8 +19,8 @@ MIXPREC__FORCE_INLINE void row_ce_stats(const void *x, const mixprec_dtype xd, i
   __m256 s0 = _mm256_setzero_ps(), s1 = s0, w0 = s0, w1 = s0;
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256 d0 = _mm256_sub_ps(load8(x, xd, i), vm);
-    const __m256 d1 = _mm256_sub_ps(load8(x, xd, i + 8), vm);
+    const __m256 d0 = _mm256_sub_ps(mixprec__avx2_load8(x, xd, i), vm);
+    const __m256 d1 = _mm256_sub_ps(mixprec__avx2_load8(x, xd, i + 8), vm);
     s0 = _mm256_add_ps(s0, exp8(d0));
     s1 = _mm256_add_ps(s1, exp8(d1));
     if (weight) {
@@ -35,9 +35,9 @@ MIXPREC__FORCE_INLINE void row_ce_stats(const void *x, const mixprec_dtype xd, i
     const int64_t k = n - i;
     /* Padding lanes: -inf for the sum (exp gives 0), m for the weighted sum
      * (difference 0, weight 0). */
-    const __m256 d = _mm256_sub_ps(k >= 8 ? load8(x, xd, i) : load_part(x, xd, i, k, -INFINITY), vm);
-    const __m256 dz = k >= 8 ? d : _mm256_sub_ps(load_part(x, xd, i, k, m), vm);
-    const __m256 w = weight ? (k >= 8 ? _mm256_loadu_ps(weight + i) : load_part(weight, MIXPREC_F32, i, k, 0.0f))
+    const __m256 d = _mm256_sub_ps(k >= 8 ? mixprec__avx2_load8(x, xd, i) : mixprec__avx2_load_part(x, xd, i, k, -INFINITY), vm);
+    const __m256 dz = k >= 8 ? d : _mm256_sub_ps(mixprec__avx2_load_part(x, xd, i, k, m), vm);
+    const __m256 w = weight ? (k >= 8 ? _mm256_loadu_ps(weight + i) : mixprec__avx2_load_part(weight, MIXPREC_F32, i, k, 0.0f))
                             : _mm256_set1_ps(1.0f);
     s0 = _mm256_add_ps(s0, exp8(d));
     w0 = _mm256_fmadd_ps(w, dz, w0);
@@ -53,8 +53,8 @@ MIXPREC__FORCE_INLINE void row_ce_grad(const void *x, const mixprec_dtype xd, vo
                vb = _mm256_set1_ps(b);
   for (int64_t i = 0; i < n; i += 8) {
     const int64_t k = n - i;
-    const __m256 v = k >= 8 ? load8(x, xd, i) : load_part(x, xd, i, k, 0.0f);
-    const __m256 w = weight ? (k >= 8 ? _mm256_loadu_ps(weight + i) : load_part(weight, MIXPREC_F32, i, k, 0.0f))
+    const __m256 v = k >= 8 ? mixprec__avx2_load8(x, xd, i) : mixprec__avx2_load_part(x, xd, i, k, 0.0f);
+    const __m256 w = weight ? (k >= 8 ? _mm256_loadu_ps(weight + i) : mixprec__avx2_load_part(weight, MIXPREC_F32, i, k, 0.0f))
                             : _mm256_set1_ps(1.0f);
     const __m256 e = exp8(_mm256_sub_ps(_mm256_sub_ps(v, vm), vl));
     __m256 r = _mm256_fnmadd_ps(vb, w, _mm256_mul_ps(va, e));
@@ -63,9 +63,9 @@ MIXPREC__FORCE_INLINE void row_ce_grad(const void *x, const mixprec_dtype xd, vo
       r = _mm256_sub_ps(r, _mm256_and_ps(_mm256_castsi256_ps(hit), _mm256_set1_ps(bt)));
     }
     if (k >= 8)
-      store8(dx, xd, i, r);
+      mixprec__avx2_store8(dx, xd, i, r);
     else
-      store_part(dx, xd, i, k, r);
+      mixprec__avx2_store_part(dx, xd, i, k, r);
   }
 }
 
@@ -160,10 +160,10 @@ MIXPREC__FORCE_INLINE void row_soft_stats(const void *x, const mixprec_dtype xd,
   __m256 s0 = _mm256_setzero_ps(), s1 = s0, a0 = s0, a1 = s0, b0 = s0, b1 = s0;
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256 d0 = _mm256_sub_ps(load8(x, xd, i), vm);
-    const __m256 d1 = _mm256_sub_ps(load8(x, xd, i + 8), vm);
-    __m256 p0 = _mm256_fmadd_ps(load8(t, td, i), vk, va);
-    __m256 p1 = _mm256_fmadd_ps(load8(t, td, i + 8), vk, va);
+    const __m256 d0 = _mm256_sub_ps(mixprec__avx2_load8(x, xd, i), vm);
+    const __m256 d1 = _mm256_sub_ps(mixprec__avx2_load8(x, xd, i + 8), vm);
+    __m256 p0 = _mm256_fmadd_ps(mixprec__avx2_load8(t, td, i), vk, va);
+    __m256 p1 = _mm256_fmadd_ps(mixprec__avx2_load8(t, td, i + 8), vk, va);
     if (weight) {
       p0 = _mm256_mul_ps(_mm256_loadu_ps(weight + i), p0);
       p1 = _mm256_mul_ps(_mm256_loadu_ps(weight + i + 8), p1);
@@ -179,10 +179,10 @@ MIXPREC__FORCE_INLINE void row_soft_stats(const void *x, const mixprec_dtype xd,
     const int64_t k = n - i;
     /* Padding lanes: -inf for the sum (exp gives 0); for the target sums a
      * zero weighted target times a zero difference. */
-    const __m256 d = _mm256_sub_ps(k >= 8 ? load8(x, xd, i) : load_part(x, xd, i, k, -INFINITY), vm);
-    const __m256 dz = k >= 8 ? d : _mm256_sub_ps(load_part(x, xd, i, k, m), vm);
-    __m256 p = _mm256_fmadd_ps(k >= 8 ? load8(t, td, i) : load_part(t, td, i, k, 0.0f), vk, va);
-    if (weight) p = _mm256_mul_ps(k >= 8 ? _mm256_loadu_ps(weight + i) : load_part(weight, MIXPREC_F32, i, k, 0.0f), p);
+    const __m256 d = _mm256_sub_ps(k >= 8 ? mixprec__avx2_load8(x, xd, i) : mixprec__avx2_load_part(x, xd, i, k, -INFINITY), vm);
+    const __m256 dz = k >= 8 ? d : _mm256_sub_ps(mixprec__avx2_load_part(x, xd, i, k, m), vm);
+    __m256 p = _mm256_fmadd_ps(k >= 8 ? mixprec__avx2_load8(t, td, i) : mixprec__avx2_load_part(t, td, i, k, 0.0f), vk, va);
+    if (weight) p = _mm256_mul_ps(k >= 8 ? _mm256_loadu_ps(weight + i) : mixprec__avx2_load_part(weight, MIXPREC_F32, i, k, 0.0f), p);
     if (k < 8) p = _mm256_and_ps(p, lanes_below(k));
     s0 = _mm256_add_ps(s0, exp8(d));
     a0 = _mm256_add_ps(a0, p);
@@ -202,24 +202,24 @@ MIXPREC__FORCE_INLINE void row_soft_grad(const void *x, const mixprec_dtype xd, 
                vad = _mm256_set1_ps(add);
   for (int64_t i = 0; i < n; i += 8) {
     const int64_t k = n - i;
-    const __m256 v = k >= 8 ? load8(x, xd, i) : load_part(x, xd, i, k, 0.0f);
-    const __m256 w = weight ? (k >= 8 ? _mm256_loadu_ps(weight + i) : load_part(weight, MIXPREC_F32, i, k, 0.0f))
+    const __m256 v = k >= 8 ? mixprec__avx2_load8(x, xd, i) : mixprec__avx2_load_part(x, xd, i, k, 0.0f);
+    const __m256 w = weight ? (k >= 8 ? _mm256_loadu_ps(weight + i) : mixprec__avx2_load_part(weight, MIXPREC_F32, i, k, 0.0f))
                             : _mm256_set1_ps(1.0f);
     const __m256 lp = _mm256_sub_ps(_mm256_sub_ps(v, vm), vl);
     if (dx) {
-      const __m256 p = _mm256_fmadd_ps(k >= 8 ? load8(t, td, i) : load_part(t, td, i, k, 0.0f), vk, vad);
+      const __m256 p = _mm256_fmadd_ps(k >= 8 ? mixprec__avx2_load8(t, td, i) : mixprec__avx2_load_part(t, td, i, k, 0.0f), vk, vad);
       const __m256 r = _mm256_fnmadd_ps(vg, _mm256_mul_ps(w, p), _mm256_mul_ps(va, exp8(lp)));
       if (k >= 8)
-        store8(dx, xd, i, r);
+        mixprec__avx2_store8(dx, xd, i, r);
       else
-        store_part(dx, xd, i, k, r);
+        mixprec__avx2_store_part(dx, xd, i, k, r);
     }
     if (dt) {
       const __m256 r = _mm256_mul_ps(_mm256_mul_ps(vc, w), lp);
       if (k >= 8)
-        store8(dt, td, i, r);
+        mixprec__avx2_store8(dt, td, i, r);
       else
-        store_part(dt, td, i, k, r);
+        mixprec__avx2_store_part(dt, td, i, k, r);
     }
   }
 }

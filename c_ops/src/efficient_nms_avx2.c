@@ -7,24 +7,11 @@
  * and order as the scalar loop. */
 #include <immintrin.h>
 
+#include "avx2_internal.h"
 #include "nms_internal.h"
 
 int64_t mixprec__efficient_nms_score_avx2(const void *scores, mixprec_dtype dt, int64_t nc, int use_thr,
                                    float thr, uint32_t *keys, int32_t *idx);
-
-MIXPREC__FORCE_INLINE __m256 load8(const void *scores, mixprec_dtype dt, int64_t j) {
-  switch (dt) {
-    case MIXPREC_F16:
-      return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)scores + j)));
-    case MIXPREC_BF16: {
-      const __m256i w =
-          _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)scores + j)));
-      return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-    }
-    default:
-      return _mm256_loadu_ps((const float *)scores + j);
-  }
-}
 
 MIXPREC__FORCE_INLINE int64_t score_loop(const void *scores, mixprec_dtype dt, int64_t nc,
                                          int use_thr, float thr, uint32_t *keys, int32_t *idx) {
@@ -32,7 +19,7 @@ MIXPREC__FORCE_INLINE int64_t score_loop(const void *scores, mixprec_dtype dt, i
   const __m256 vthr = _mm256_set1_ps(thr);
   int64_t m = 0, j = 0;
   for (; j + 8 <= nc; j += 8) {
-    const __m256 s = load8(scores, dt, j);
+    const __m256 s = mixprec__avx2_load8(scores, dt, j);
     const __m256 ok = use_thr ? _mm256_cmp_ps(s, vthr, _CMP_GT_OQ) : _mm256_cmp_ps(s, s, _CMP_EQ_OQ);
     unsigned bits = (unsigned)_mm256_movemask_ps(ok);
     if (!bits) continue;

@@ -22,15 +22,15 @@ MIXPREC__FORCE_INLINE void row_fwd(const void *x, const mixprec_dtype xd, void *
   if (log) {
     const __m256 vm = _mm256_set1_ps(m), vl = _mm256_set1_ps(logf(s));
     for (; i + 8 <= n; i += 8)
-      store8(y, yd, i, _mm256_sub_ps(_mm256_sub_ps(load8(x, xd, i), vm), vl));
+      mixprec__avx2_store8(y, yd, i, _mm256_sub_ps(_mm256_sub_ps(mixprec__avx2_load8(x, xd, i), vm), vl));
     if (i < n)
-      store_part(y, yd, i, n - i,
-                 _mm256_sub_ps(_mm256_sub_ps(load_part(x, xd, i, n - i, 0.0f), vm), vl));
+      mixprec__avx2_store_part(y, yd, i, n - i,
+                 _mm256_sub_ps(_mm256_sub_ps(mixprec__avx2_load_part(x, xd, i, n - i, 0.0f), vm), vl));
   } else {
     const __m256 inv = _mm256_set1_ps(1.0f / s);
-    for (; i + 8 <= n; i += 8) store8(y, yd, i, _mm256_mul_ps(_mm256_loadu_ps(scratch + i), inv));
+    for (; i + 8 <= n; i += 8) mixprec__avx2_store8(y, yd, i, _mm256_mul_ps(_mm256_loadu_ps(scratch + i), inv));
     if (i < n)
-      store_part(y, yd, i, n - i, _mm256_mul_ps(load_part(scratch, MIXPREC_F32, i, n - i, 0.0f), inv));
+      mixprec__avx2_store_part(y, yd, i, n - i, _mm256_mul_ps(mixprec__avx2_load_part(scratch, MIXPREC_F32, i, n - i, 0.0f), inv));
   }
 }
 
@@ -59,34 +59,34 @@ MIXPREC__FORCE_INLINE void row_bwd(const void *dy, const void *y, const mixprec_
   int64_t i = 0;
   if (log) {
     for (; i + 32 <= n; i += 32) {
-      s0 = _mm256_add_ps(s0, load8(dy, yd, i));
-      s1 = _mm256_add_ps(s1, load8(dy, yd, i + 8));
-      s2 = _mm256_add_ps(s2, load8(dy, yd, i + 16));
-      s3 = _mm256_add_ps(s3, load8(dy, yd, i + 24));
+      s0 = _mm256_add_ps(s0, mixprec__avx2_load8(dy, yd, i));
+      s1 = _mm256_add_ps(s1, mixprec__avx2_load8(dy, yd, i + 8));
+      s2 = _mm256_add_ps(s2, mixprec__avx2_load8(dy, yd, i + 16));
+      s3 = _mm256_add_ps(s3, mixprec__avx2_load8(dy, yd, i + 24));
     }
-    for (; i + 8 <= n; i += 8) s0 = _mm256_add_ps(s0, load8(dy, yd, i));
-    if (i < n) s1 = _mm256_add_ps(s1, load_part(dy, yd, i, n - i, 0.0f));
+    for (; i + 8 <= n; i += 8) s0 = _mm256_add_ps(s0, mixprec__avx2_load8(dy, yd, i));
+    if (i < n) s1 = _mm256_add_ps(s1, mixprec__avx2_load_part(dy, yd, i, n - i, 0.0f));
   } else {
     for (; i + 32 <= n; i += 32) {
-      s0 = _mm256_fmadd_ps(load8(dy, yd, i), load8(y, yd, i), s0);
-      s1 = _mm256_fmadd_ps(load8(dy, yd, i + 8), load8(y, yd, i + 8), s1);
-      s2 = _mm256_fmadd_ps(load8(dy, yd, i + 16), load8(y, yd, i + 16), s2);
-      s3 = _mm256_fmadd_ps(load8(dy, yd, i + 24), load8(y, yd, i + 24), s3);
+      s0 = _mm256_fmadd_ps(mixprec__avx2_load8(dy, yd, i), mixprec__avx2_load8(y, yd, i), s0);
+      s1 = _mm256_fmadd_ps(mixprec__avx2_load8(dy, yd, i + 8), mixprec__avx2_load8(y, yd, i + 8), s1);
+      s2 = _mm256_fmadd_ps(mixprec__avx2_load8(dy, yd, i + 16), mixprec__avx2_load8(y, yd, i + 16), s2);
+      s3 = _mm256_fmadd_ps(mixprec__avx2_load8(dy, yd, i + 24), mixprec__avx2_load8(y, yd, i + 24), s3);
     }
-    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load8(dy, yd, i), load8(y, yd, i), s0);
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(mixprec__avx2_load8(dy, yd, i), mixprec__avx2_load8(y, yd, i), s0);
     if (i < n)
-      s1 = _mm256_fmadd_ps(load_part(dy, yd, i, n - i, 0.0f), load_part(y, yd, i, n - i, 0.0f), s1);
+      s1 = _mm256_fmadd_ps(mixprec__avx2_load_part(dy, yd, i, n - i, 0.0f), mixprec__avx2_load_part(y, yd, i, n - i, 0.0f), s1);
   }
   const __m256 s = _mm256_set1_ps(hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3))));
   for (i = 0; i < n; i += 8) {
     const int64_t k = n - i;
-    const __m256 g = k >= 8 ? load8(dy, yd, i) : load_part(dy, yd, i, k, 0.0f);
-    const __m256 o = k >= 8 ? load8(y, yd, i) : load_part(y, yd, i, k, 0.0f);
+    const __m256 g = k >= 8 ? mixprec__avx2_load8(dy, yd, i) : mixprec__avx2_load_part(dy, yd, i, k, 0.0f);
+    const __m256 o = k >= 8 ? mixprec__avx2_load8(y, yd, i) : mixprec__avx2_load_part(y, yd, i, k, 0.0f);
     const __m256 r = log ? _mm256_fnmadd_ps(exp8(o), s, g) : _mm256_mul_ps(o, _mm256_sub_ps(g, s));
     if (k >= 8)
-      store8(dx, dxd, i, r);
+      mixprec__avx2_store8(dx, dxd, i, r);
     else
-      store_part(dx, dxd, i, k, r);
+      mixprec__avx2_store_part(dx, dxd, i, k, r);
   }
 }
 

@@ -1,6 +1,5 @@
 /* The AVX2 + FMA + F16C pieces shared by softmax_avx2.c and
- * cross_entropy_avx2.c: loads/stores of 8 lanes in each dtype, exp, the row
- * max and sum of exponentials, the strided column groups. Static inline: only
+ * cross_entropy_avx2.c: exp, the row max and sum of exponentials, the strided column groups. Static inline: only
  * files compiled with -mavx2 -mfma -mf16c (the *_avx2.c ones) include it. */
 #ifndef MIXPREC_SOFTMAX_AVX2_INTERNAL_H
 #define MIXPREC_SOFTMAX_AVX2_INTERNAL_H
@@ -8,79 +7,10 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include "avx2_internal.h"
 #include "softmax_internal.h"
 
-/* ---- loads, stores, exp -------------------------------------------------- */
-
-MIXPREC__FORCE_INLINE __m256 load8(const void *p, mixprec_dtype d, int64_t i) {
-  switch (d) {
-    case MIXPREC_F16:
-      return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
-    case MIXPREC_BF16: {
-      __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
-      return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-    }
-    default:
-      return _mm256_loadu_ps((const float *)p + i);
-  }
-}
-
-/* The first k (< 8) elements at p + i, the other lanes `fill`. */
-MIXPREC__FORCE_INLINE __m256 load_part(const void *p, mixprec_dtype d, int64_t i, int64_t k, float fill) {
-  float t[8];
-  for (int l = 0; l < 8; l++) t[l] = fill;
-  for (int64_t l = 0; l < k; l++) {
-    t[l] = mixprec__load_f32(p, d, i + l);
-  }
-  return _mm256_loadu_ps(t);
-}
-
-/* Round to nearest even to BF16 (NaN quieted), in the low halves of 32-bit
- * lanes, then packed to 8 uint16. */
-MIXPREC__FORCE_INLINE __m128i to_bf16(__m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
-  const __m256i qnan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-  const __m256i isnan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  r = _mm256_blendv_epi8(r, qnan, isnan);
-  r = _mm256_and_si256(r, _mm256_set1_epi32(0xffff));
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-  return _mm256_castsi256_si128(packed);
-}
-
-MIXPREC__FORCE_INLINE void store8(void *p, mixprec_dtype d, int64_t i, __m256 v) {
-  switch (d) {
-    case MIXPREC_F16:
-      _mm_storeu_si128((__m128i *)((uint16_t *)p + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-      break;
-    case MIXPREC_BF16:
-      _mm_storeu_si128((__m128i *)((uint16_t *)p + i), to_bf16(v));
-      break;
-    default:
-      _mm256_storeu_ps((float *)p + i, v);
-      break;
-  }
-}
-
-MIXPREC__FORCE_INLINE void store_part(void *p, mixprec_dtype d, int64_t i, int64_t k, __m256 v) {
-  uint16_t h[8];
-  float f[8];
-  switch (d) {
-    case MIXPREC_F16:
-      _mm_storeu_si128((__m128i *)h, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-      for (int64_t l = 0; l < k; l++) ((uint16_t *)p)[i + l] = h[l];
-      break;
-    case MIXPREC_BF16:
-      _mm_storeu_si128((__m128i *)h, to_bf16(v));
-      for (int64_t l = 0; l < k; l++) ((uint16_t *)p)[i + l] = h[l];
-      break;
-    default:
-      _mm256_storeu_ps(f, v);
-      for (int64_t l = 0; l < k; l++) ((float *)p)[i + l] = f[l];
-      break;
-  }
-}
+/* ---- exp ---------------------------------------------------------------- */
 
 /* exp(x), Cephes' expf polynomial with FMA: within 2 ulp of exp for
  * x in [-87.3, 88.7]; 0 below about -87.6 (exp(-inf) = 0 exactly, so -inf
@@ -134,7 +64,7 @@ MIXPREC__FORCE_INLINE __m256 vmax(__m256 acc, __m256 v) { return _mm256_max_ps(v
 /* The group of 8 per-column floats starting at column j of a slice whose
  * last group may be short (k < 8 left: the other lanes 0). */
 MIXPREC__FORCE_INLINE __m256 load_group(const float *p, int64_t j, int64_t k) {
-  return k >= 8 ? _mm256_loadu_ps(p + j) : load_part(p, MIXPREC_F32, j, k, 0.0f);
+  return k >= 8 ? _mm256_loadu_ps(p + j) : mixprec__avx2_load_part(p, MIXPREC_F32, j, k, 0.0f);
 }
 
 /* ---- rows ---------------------------------------------------------------- */
@@ -143,13 +73,13 @@ MIXPREC__FORCE_INLINE float row_max(const void *x, mixprec_dtype xd, int64_t n) 
   __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    m0 = vmax(m0, load8(x, xd, i));
-    m1 = vmax(m1, load8(x, xd, i + 8));
-    m2 = vmax(m2, load8(x, xd, i + 16));
-    m3 = vmax(m3, load8(x, xd, i + 24));
+    m0 = vmax(m0, mixprec__avx2_load8(x, xd, i));
+    m1 = vmax(m1, mixprec__avx2_load8(x, xd, i + 8));
+    m2 = vmax(m2, mixprec__avx2_load8(x, xd, i + 16));
+    m3 = vmax(m3, mixprec__avx2_load8(x, xd, i + 24));
   }
-  for (; i + 8 <= n; i += 8) m0 = vmax(m0, load8(x, xd, i));
-  if (i < n) m1 = vmax(m1, load_part(x, xd, i, n - i, -INFINITY));
+  for (; i + 8 <= n; i += 8) m0 = vmax(m0, mixprec__avx2_load8(x, xd, i));
+  if (i < n) m1 = vmax(m1, mixprec__avx2_load_part(x, xd, i, n - i, -INFINITY));
   return hmax(_mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
 }
 
@@ -159,10 +89,10 @@ MIXPREC__FORCE_INLINE float row_sumexp(const void *x, mixprec_dtype xd, int64_t 
   __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    __m256 e0 = exp8(_mm256_sub_ps(load8(x, xd, i), vm));
-    __m256 e1 = exp8(_mm256_sub_ps(load8(x, xd, i + 8), vm));
-    __m256 e2 = exp8(_mm256_sub_ps(load8(x, xd, i + 16), vm));
-    __m256 e3 = exp8(_mm256_sub_ps(load8(x, xd, i + 24), vm));
+    __m256 e0 = exp8(_mm256_sub_ps(mixprec__avx2_load8(x, xd, i), vm));
+    __m256 e1 = exp8(_mm256_sub_ps(mixprec__avx2_load8(x, xd, i + 8), vm));
+    __m256 e2 = exp8(_mm256_sub_ps(mixprec__avx2_load8(x, xd, i + 16), vm));
+    __m256 e3 = exp8(_mm256_sub_ps(mixprec__avx2_load8(x, xd, i + 24), vm));
     if (e) {
       _mm256_storeu_ps(e + i, e0);
       _mm256_storeu_ps(e + i + 8, e1);
@@ -175,13 +105,13 @@ MIXPREC__FORCE_INLINE float row_sumexp(const void *x, mixprec_dtype xd, int64_t 
     s3 = _mm256_add_ps(s3, e3);
   }
   for (; i + 8 <= n; i += 8) {
-    __m256 e0 = exp8(_mm256_sub_ps(load8(x, xd, i), vm));
+    __m256 e0 = exp8(_mm256_sub_ps(mixprec__avx2_load8(x, xd, i), vm));
     if (e) _mm256_storeu_ps(e + i, e0);
     s0 = _mm256_add_ps(s0, e0);
   }
   if (i < n) {
-    __m256 e0 = exp8(_mm256_sub_ps(load_part(x, xd, i, n - i, -INFINITY), vm));
-    if (e) store_part(e, MIXPREC_F32, i, n - i, e0);
+    __m256 e0 = exp8(_mm256_sub_ps(mixprec__avx2_load_part(x, xd, i, n - i, -INFINITY), vm));
+    if (e) mixprec__avx2_store_part(e, MIXPREC_F32, i, n - i, e0);
     s1 = _mm256_add_ps(s1, e0);
   }
   return hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
@@ -193,16 +123,16 @@ MIXPREC__FORCE_INLINE float row_sumexp(const void *x, mixprec_dtype xd, int64_t 
 MIXPREC__FORCE_INLINE __m256 col_load(const void *x, mixprec_dtype d, int64_t c, int64_t stride, int g,
                       int64_t width, float fill) {
   const int64_t j = 8 * (int64_t)g, i = c * stride + j;
-  return width - j >= 8 ? load8(x, d, i) : load_part(x, d, i, width - j, fill);
+  return width - j >= 8 ? mixprec__avx2_load8(x, d, i) : mixprec__avx2_load_part(x, d, i, width - j, fill);
 }
 
 MIXPREC__FORCE_INLINE void col_store(void *y, mixprec_dtype d, int64_t c, int64_t stride, int g, int64_t width,
                      __m256 v) {
   const int64_t j = 8 * (int64_t)g, i = c * stride + j;
   if (width - j >= 8)
-    store8(y, d, i, v);
+    mixprec__avx2_store8(y, d, i, v);
   else
-    store_part(y, d, i, width - j, v);
+    mixprec__avx2_store_part(y, d, i, width - j, v);
 }
 
 MIXPREC__FORCE_INLINE void cols_stats(const void *x, mixprec_dtype xd, int64_t n, int64_t stride, int64_t width,
