@@ -299,13 +299,15 @@ static inline int fz_dtype_ok(mixprec_dtype d) {
 
 /* ---- Configurations: threads x ISA paths --------------------------------- */
 
+#define FZ_MAX_CONFIGS 6 /* ISAs x thread counts {1, 2} */
+
 typedef struct fz_config {
   mixprec_cpu_isa isa;
   int threads;
 } fz_config;
 
 /* Every (ISA this CPU runs, thread count in {1, 2}); returns the count. */
-static inline int fz_configs(fz_config *out) {
+static inline int fz_configs(fz_config out[FZ_MAX_CONFIGS]) {
   static const mixprec_cpu_isa isas[] = {MIXPREC_ISA_SCALAR, MIXPREC_ISA_AVX2,
                                          MIXPREC_ISA_AVX512};
   int n = 0;
@@ -326,6 +328,27 @@ static inline void fz_apply(fz_config c) {
            (int)c.isa);
   mixprec_set_num_threads(c.threads);
 }
+
+/* [note: fuzz harness shape] Each harness's LLVMFuzzerTestOneInput opens
+ * with FZ_OPEN (the decoder `f` over the input, its `call c` zeroed, the op
+ * byte whose low bits pick the variant and whose top bits, all set, turn on
+ * faults: fz_faults), decodes the call and the errors it allows, then runs it
+ * once per configuration (FZ_CONFIGS, FZ_FOR_EACH_CONFIG, which applies each
+ * one): cfg[0]'s outputs are the reference the others must equal. */
+#define FZ_OPEN(f, c, op)  \
+  fz f;                    \
+  fz_init(&f, data, size); \
+  call c;                  \
+  memset(&c, 0, sizeof c); \
+  const uint8_t op = fz_u8(&f)
+#define FZ_CONFIGS(cfg, n_cfg)       \
+  fz_config cfg[FZ_MAX_CONFIGS]; \
+  int n_cfg = fz_configs(cfg)
+#define FZ_FOR_EACH_CONFIG(cfg, n_cfg, k) \
+  for (int k = 0; k < (n_cfg); k++)       \
+    if (fz_apply(cfg[k]), 1)
+
+static inline int fz_faults(uint8_t op, uint8_t top) { return (op & top) == top; }
 
 static inline const char *fz_isa_name(mixprec_cpu_isa isa) {
   switch (isa) {

@@ -194,13 +194,9 @@ static mixprec_status run(const call *c, void *ob, void *os, int64_t *oc, int64_
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  fz f;
-  fz_init(&f, data, size);
-  call c;
-  memset(&c, 0, sizeof c);
-  const uint8_t op = fz_u8(&f);
+  FZ_OPEN(f, c, op);
   c.strided = op & 1;
-  const int faults = (op & 0xc0) == 0xc0;
+  const int faults = fz_faults(op, 0xc0);
   c.hb = fz_range(&f, 0, 5);
   c.hn = fz_u8(&f) < 230 ? fz_range(&f, 0, 40) : fz_range(&f, 41, 400);
   c.hc = fz_range(&f, 0, 12);
@@ -361,12 +357,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             (long long)c.l.score_strides[2], c.p.iou_threshold, c.p.use_score_threshold,
             c.p.score_threshold, (long long)c.p.pre_nms_top_k, (long long)c.p.max_detections,
             c.p.class_agnostic, (unsigned)fm);
-  fz_config cfg[6];
-  const int n_cfg = fz_configs(cfg);
+  FZ_CONFIGS(cfg, n_cfg);
   uint8_t *rb = NULL, *rs = NULL;
   int64_t *rc = NULL, *ri = NULL, *rn = NULL;
-  for (int q = 0; q < n_cfg; q++) {
-    fz_apply(cfg[q]);
+  FZ_FOR_EACH_CONFIG(cfg, n_cfg, q) {
     uint8_t *ob = (uint8_t *)fz_dup(ob0, ob_bytes), *os = (uint8_t *)fz_dup(os0, os_bytes);
     int64_t *oc = (int64_t *)fz_dup(oc0, oc_bytes), *oi = (int64_t *)fz_dup(oi0, oc_bytes);
     int64_t *cnt = (int64_t *)fz_dup(cnt0, cnt_bytes);

@@ -145,13 +145,9 @@ static void fill_boxes(fz *f, void *buf, mixprec_dtype d, int64_t n) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  fz f;
-  fz_init(&f, data, size);
-  call c;
-  memset(&c, 0, sizeof c);
-  const uint8_t op = fz_u8(&f);
+  FZ_OPEN(f, c, op);
   c.batched = op & 1;
-  const int faults = (op & 0xc0) == 0xc0;
+  const int faults = fz_faults(op, 0xc0);
   const uint8_t sz = fz_u8(&f);
   /* 2900+ boxes of one class (or several of ~2000) pass the 4M-pair limit
    * above which batched NMS runs its classes on several threads. */
@@ -249,16 +245,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (int64_t k = 0; k < keep_len; k++) keep_init[k] = 0x5a5a5a5a5a5a5a5all;
   const int64_t nkeep_init = -12345;
 
-  fz_config cfg[6];
-  int n_cfg = fz_configs(cfg);
+  FZ_CONFIGS(cfg, n_cfg);
   if (c.held > 2000) { /* the threading case: the best path on 1 and 2 threads */
     cfg[0] = cfg[n_cfg - 2];
     cfg[1] = cfg[n_cfg - 1];
     n_cfg = 2;
   }
   int64_t *ref_keep = NULL, ref_n = 0;
-  for (int k = 0; k < n_cfg; k++) {
-    fz_apply(cfg[k]);
+  FZ_FOR_EACH_CONFIG(cfg, n_cfg, k) {
     int64_t *keep = (int64_t *)fz_dup(keep_init, sizeof(int64_t) * (size_t)keep_len);
     int64_t n_keep = nkeep_init;
     const mixprec_status st = run(&c, keep, &n_keep);

@@ -203,13 +203,9 @@ static double hyper(fz *f, double lo, double hi, int faults) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  fz f;
-  fz_init(&f, data, size);
-  call c;
-  memset(&c, 0, sizeof c);
-  const uint8_t op = fz_u8(&f);
+  FZ_OPEN(f, c, op);
   c.sgd = op & 1;
-  const int faults = (op & 0xc0) == 0xc0;
+  const int faults = fz_faults(op, 0xc0);
   const int hfaults = (op & 0x30) == 0x30; /* hyper-parameters out of range */
   c.a = mixprec_adamw_params_default();
   c.s = mixprec_sgd_params_default();
@@ -401,12 +397,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
 
   if (getenv("FZ_VERBOSE")) describe(&c, unscale_grads, errors);
-  fz_config cfg[6];
-  const int n_cfg = fz_configs(cfg);
+  FZ_CONFIGS(cfg, n_cfg);
   result ref;
   const char *fn = c.sgd ? "mixprec_sgd_step" : "mixprec_adamw_step";
-  for (int k = 0; k < n_cfg; k++) {
-    fz_apply(cfg[k]);
+  FZ_FOR_EACH_CONFIG(cfg, n_cfg, k) {
     result r;
     const mixprec_status st = run(&c, unscale_grads, 1, &r);
     fz_check_status(fn, st, errors);

@@ -113,12 +113,8 @@ static mixprec_status run(const call *c, float *record) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  fz f;
-  fz_init(&f, data, size);
-  call c;
-  memset(&c, 0, sizeof c);
-  const uint8_t op = fz_u8(&f);
-  const int faults = (op & 0xe0) == 0xe0;
+  FZ_OPEN(f, c, op);
+  const int faults = fz_faults(op, 0xe0);
   c.n_alloc_out = (int)fz_range(&f, 0, MAX_TENSORS);
   c.n_alloc_in = (int)fz_range(&f, 0, MAX_TENSORS);
   c.n_out = c.n_alloc_out;
@@ -184,12 +180,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     snap[i] = snap_bytes[i] ? fz_dup(t->data, snap_bytes[i]) : NULL;
   }
 
-  fz_config cfg[6];
-  const int n_cfg = fz_configs(cfg);
+  FZ_CONFIGS(cfg, n_cfg);
   float first[MAX_SLOTS * MIXPREC_OVERFLOW_SLOT], rec[MAX_SLOTS * MIXPREC_OVERFLOW_SLOT];
   mixprec_status st0 = MIXPREC_OK;
-  for (int k = 0; k < n_cfg; k++) {
-    fz_apply(cfg[k]);
+  FZ_FOR_EACH_CONFIG(cfg, n_cfg, k) {
     const mixprec_status st = run(&c, k == 0 ? first : rec);
     if (k == 0) {
       st0 = st;

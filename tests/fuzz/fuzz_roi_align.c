@@ -184,13 +184,9 @@ static int mul_ok(int64_t a, int64_t b, int64_t *out) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  fz f;
-  fz_init(&f, data, size);
-  call c;
-  memset(&c, 0, sizeof c);
-  const uint8_t op = fz_u8(&f);
+  FZ_OPEN(f, c, op);
   c.backward = op & 1;
-  const int faults = (op & 0xc0) == 0xc0;
+  const int faults = fz_faults(op, 0xc0);
   c.hn = fz_range(&f, 0, 3);
   c.hc = fz_u8(&f) < 200 ? fz_range(&f, 0, 9) : fz_range(&f, 10, 20);
   c.hh = fz_range(&f, 0, 24);
@@ -354,12 +350,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   void *in0 = c.in ? fz_dup(c.in, c.in_bytes) : NULL;
   void *rois0 = c.rois ? fz_dup(c.rois, c.rois_bytes) : NULL;
 
-  fz_config cfg[6];
-  const int n_cfg = fz_configs(cfg);
+  FZ_CONFIGS(cfg, n_cfg);
   uint8_t *ref = NULL;
   int ok_status = 0;
-  for (int q = 0; q < n_cfg; q++) {
-    fz_apply(cfg[q]);
+  FZ_FOR_EACH_CONFIG(cfg, n_cfg, q) {
     uint8_t *out = (uint8_t *)fz_dup(out0, out_bytes);
     const mixprec_status st = run(&c, out);
     if (faults && fm) {

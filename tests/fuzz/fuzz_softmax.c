@@ -266,11 +266,9 @@ static void softmax_case(fz *f, int op, int faults) {
                    : op == OP_SOFTMAX_BWD ? "mixprec_softmax_backward" : "mixprec_log_softmax_backward";
   void *b0 = c.b ? fz_dup(c.b, ab) : NULL;
 
-  fz_config cfg[6];
-  const int n_cfg = fz_configs(cfg);
+  FZ_CONFIGS(cfg, n_cfg);
   void *prev = NULL;
-  for (int k = 0; k < n_cfg; k++) {
-    fz_apply(cfg[k]);
+  FZ_FOR_EACH_CONFIG(cfg, n_cfg, k) {
     void *out, *a_after;
     const mixprec_status st = sm_run(&c, c.in_place, &out, &a_after);
     fz_check_status(fn, st, errors);
@@ -421,11 +419,9 @@ static void ce_case(fz *f, int faults) {
   const int null_gl = faults && (fz_u8(f) & 1);
   void *grad_init = fz_alloc((size_t)nlog * es);
   fz_fill(f, grad_init, fz_dtype_ok(dt) ? dt : MIXPREC_F32, nlog);
-  fz_config cfg[6];
-  const int n_cfg = fz_configs(cfg);
+  FZ_CONFIGS(cfg, n_cfg);
   ce_out prev = {0};
-  for (int k = 0; k < n_cfg; k++) {
-    fz_apply(cfg[k]);
+  FZ_FOR_EACH_CONFIG(cfg, n_cfg, k) {
     ce_out o;
     o.loss = (float *)fz_alloc(sizeof(float) * (size_t)(nloss > 0 ? nloss : 0));
     for (int64_t i = 0; i < nloss; i++) o.loss[i] = init_loss[0];
@@ -611,7 +607,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   fz f;
   fz_init(&f, data, size);
   const uint8_t op = fz_u8(&f);
-  const int faults = (op & 0xc0) == 0xc0;
+  const int faults = fz_faults(op, 0xc0);
   const int which = (op & 7) % 6;
   if (which >= OP_CE)
     ce_case(&f, faults);

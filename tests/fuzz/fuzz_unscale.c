@@ -93,15 +93,11 @@ static void check_norm(const char *what, float norm, double lo, double hi, int n
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  fz f;
-  fz_init(&f, data, size);
-  call c;
-  memset(&c, 0, sizeof c);
-  const uint8_t op = fz_u8(&f);
+  FZ_OPEN(f, c, op);
   c.op_unscale = op & 1;
   c.want_norms = !(op & 2);
   c.want_total = !(op & 4);
-  const int faults = (op & 0xe0) == 0xe0;
+  const int faults = fz_faults(op, 0xe0);
   c.n_alloc = (int)fz_range(&f, 0, MAX_TENSORS);
   c.n = c.n_alloc;
   fz_allowed errors = 0;
@@ -154,12 +150,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (int i = 0; i < MAX_TENSORS; i++) norms_init[i] = fz_f32_from_bits(0x7fc0dead);
   const float total_init = fz_f32_from_bits(0x7fc0beef);
 
-  fz_config cfg[6];
-  const int n_cfg = fz_configs(cfg);
+  FZ_CONFIGS(cfg, n_cfg);
   void *ref_data[MAX_TENSORS];
   float ref_found = 0, ref_norms[MAX_TENSORS], ref_total = 0;
-  for (int k = 0; k < n_cfg; k++) {
-    fz_apply(cfg[k]);
+  FZ_FOR_EACH_CONFIG(cfg, n_cfg, k) {
     void *out[MAX_TENSORS];
     float found, norms[MAX_TENSORS], total = total_init;
     memcpy(norms, norms_init, sizeof norms);

@@ -109,10 +109,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   state want = s0;
   if (!errors) reference(&want, has_hyst, has_skipped, found_inf, &p);
 
-  fz_config cfg[6];
-  const int n_cfg = fz_configs(cfg);
-  for (int k = 0; k < n_cfg; k++) {
-    fz_apply(cfg[k]);
+  FZ_CONFIGS(cfg, n_cfg);
+  FZ_FOR_EACH_CONFIG(cfg, n_cfg, k) {
     state s = s0;
     const float fin = found_inf;
     const mixprec_update_scale_params pp = p;
