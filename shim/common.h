@@ -79,6 +79,32 @@ inline bool to_mixprec_dtype(ScalarType s, mixprec_dtype* d) {
   }
 }
 
+// MIXPREC_SHIM_DISPATCH(dtype, T, body...): the shim's one dtype switch
+// (c_ops' MIXPREC__DISPATCH is internal): runs `body` once with T the storage
+// type of `dtype` (float, mixprec_f16, mixprec_bf16); anything else runs as
+// float, the op having checked the dtype first. to_float widens a T.
+#define MIXPREC_SHIM_DISPATCH(dtype, T, ...) \
+  do {                                       \
+    switch (dtype) {                         \
+      case MIXPREC_F16: {                    \
+        using T = mixprec_f16;               \
+        __VA_ARGS__;                         \
+      } break;                               \
+      case MIXPREC_BF16: {                   \
+        using T = mixprec_bf16;              \
+        __VA_ARGS__;                         \
+      } break;                               \
+      default: {                             \
+        using T = float;                     \
+        __VA_ARGS__;                         \
+      } break;                               \
+    }                                        \
+  } while (0)
+
+inline float to_float(float v) { return v; }
+inline float to_float(mixprec_f16 v) { return mixprec_f16_to_f32(v); }
+inline float to_float(mixprec_bf16 v) { return mixprec_bf16_to_f32(v); }
+
 // Device of a tensor as (is_cuda, index); CPU tensors have index -1.
 struct Where {
   bool cuda;

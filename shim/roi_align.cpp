@@ -15,15 +15,8 @@ struct CpuBackend {
                  op);
     if (bad < 0) return;
     float b = 0.0f;
-    switch (a.rois_dtype) {
-      case MIXPREC_F16:
-        b = mixprec_f16_to_f32(static_cast<const mixprec_f16*>(a.rois)[bad * 5]);
-        break;
-      case MIXPREC_BF16:
-        b = mixprec_bf16_to_f32(static_cast<const mixprec_bf16*>(a.rois)[bad * 5]);
-        break;
-      default: b = static_cast<const float*>(a.rois)[bad * 5]; break;
-    }
+    MIXPREC_SHIM_DISPATCH(a.rois_dtype, T,
+                          b = to_float(static_cast<const T*>(a.rois)[bad * 5]));
     MIXPREC_CHECK(false, "mixprec::", op, ": rois[", bad, ", 0] (the batch index) is ", b,
                   "; it must name an image of the batch: 0 <= index < ", a.batch,
                   " after truncation");
