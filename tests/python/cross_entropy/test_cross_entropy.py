@@ -8,19 +8,14 @@ mixup two-hot targets), timm's Mixup/CutMix + SoftTargetCrossEntropy,
 torchvision's v2 MixUp/CutMix, gradients of the target, eager / aot_eager /
 inductor, opcheck, memory, bad inputs."""
 
-import inspect
-
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.library import opcheck as _opcheck
 
 import mixprec
 
-from _op_tester import OpTester
+from _op_tester import OPCHECK_UTILS, OpTester
 from _reference import DTYPES, EPS, TINY, ce_peaks, cpu_lib
-
-DEFAULT_OPCHECK = list(inspect.signature(_opcheck).parameters["test_utils"].default)
 
 def make(shape, dtype, gen, ignore_frac=0.2, scale=4.0):
     x = (torch.randn(shape, generator=gen) * scale).to(dtype)
@@ -562,7 +557,7 @@ def test_soft_opcheck(gen, dtype):
     # test_aot_dispatch_dynamic (a make_fx trace per call: graph checks, blind
     # to the dtype, and most of this test's time) on BF16 only; the schema,
     # the autograd registration and the fake kernel's dtypes on all three.
-    utils = [u for u in DEFAULT_OPCHECK if dtype == torch.bfloat16 or u != "test_aot_dispatch_dynamic"]
+    utils = [u for u in OPCHECK_UTILS if dtype == torch.bfloat16 or u != "test_aot_dispatch_dynamic"]
     x = torch.randn(6, 9, 5, generator=gen).to(dtype).requires_grad_()
     t = soft_target((6, 9, 5), torch.bfloat16, gen).requires_grad_()
     w = torch.rand(9, generator=gen)
