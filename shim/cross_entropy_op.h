@@ -61,6 +61,22 @@ inline CeArgs ce_self(const char* op, const Tensor& self, const Tensor& target) 
   return a;
 }
 
+// The checks both target kinds make once the shape is known (a.p's outer,
+// classes and inner): classes, reduction, label_smoothing, then the weight.
+inline void ce_options(const char* op, const std::optional<Tensor>& weight, int64_t reduction,
+                       double label_smoothing, CeArgs& a) {
+  a.positions = a.p.outer * a.p.inner;
+  MIXPREC_CHECK(a.p.classes >= 1 || a.positions == 0, "mixprec::", op,
+                  ": self has 0 classes (dimension 1 of size 0)");
+  MIXPREC_CHECK(reduction >= 0 && reduction <= 2, "mixprec::", op,
+                  ": reduction must be 0 (none), 1 (mean) or 2 (sum), got ", reduction);
+  MIXPREC_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, "mixprec::", op,
+                  ": label_smoothing must be in [0, 1], got ", label_smoothing);
+  a.p.label_smoothing = label_smoothing;
+  a.p.reduction = static_cast<mixprec_reduction>(reduction);
+  ce_weight(op, weight, a);
+}
+
 // The checks of mixprec::cross_entropy and its backward, in one place.
 inline CeArgs ce_args(const char* op, const Tensor& self, const Tensor& target,
                       const std::optional<Tensor>& weight, int64_t reduction, int64_t ignore_index,
@@ -102,18 +118,9 @@ inline CeArgs ce_args(const char* op, const Tensor& self, const Tensor& target,
                     for (size_t i = 0; i < want.size(); i++) r += (i ? ", " : "") + std::to_string(want[i]);
                     return r;
                   }(), "]");
-  a.positions = a.p.outer * a.p.inner;
-  MIXPREC_CHECK(a.p.classes >= 1 || a.positions == 0, "mixprec::", op,
-                  ": self has 0 classes (dimension 1 of size 0)");
-  MIXPREC_CHECK(reduction >= 0 && reduction <= 2, "mixprec::", op,
-                  ": reduction must be 0 (none), 1 (mean) or 2 (sum), got ", reduction);
-  MIXPREC_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, "mixprec::", op,
-                  ": label_smoothing must be in [0, 1], got ", label_smoothing);
+  ce_options(op, weight, reduction, label_smoothing, a);
   a.p.ignore_index = ignore_index;
-  a.p.label_smoothing = label_smoothing;
-  a.p.reduction = static_cast<mixprec_reduction>(reduction);
   a.target_dtype = MIXPREC_F32;
-  ce_weight(op, weight, a);
   a.logits = dense(self);
   a.target = dense(target);
   a.loss_shape = sizes_of(target);
@@ -218,16 +225,7 @@ inline CeArgs soft_args(const char* op, const Tensor& self, const Tensor& target
     a.p.inner *= s[d];
     a.loss_shape.push_back(s[d]);
   }
-  a.positions = a.p.outer * a.p.inner;
-  MIXPREC_CHECK(a.p.classes >= 1 || a.positions == 0, "mixprec::", op,
-                  ": self has 0 classes (dimension 1 of size 0)");
-  MIXPREC_CHECK(reduction >= 0 && reduction <= 2, "mixprec::", op,
-                  ": reduction must be 0 (none), 1 (mean) or 2 (sum), got ", reduction);
-  MIXPREC_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, "mixprec::", op,
-                  ": label_smoothing must be in [0, 1], got ", label_smoothing);
-  a.p.label_smoothing = label_smoothing;
-  a.p.reduction = static_cast<mixprec_reduction>(reduction);
-  ce_weight(op, weight, a);
+  ce_options(op, weight, reduction, label_smoothing, a);
   a.logits = dense(self);
   a.target = dense(target);
   return a;
