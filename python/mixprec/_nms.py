@@ -290,7 +290,7 @@ def patch_torchvision() -> TorchvisionPatch:
     from typing import List, Union
 
     from ._library import cuda_ops_loaded
-    from ._roi_align import _boxes_to_rois, _check_box_list, _check_forward
+    from ._roi_align import _as_rois, _check_forward
 
     tv_roi_mod = sys.modules["torchvision.ops.roi_align"]
     heads = importlib.import_module("torchvision.models.detection.roi_heads")
@@ -331,13 +331,7 @@ def patch_torchvision() -> TorchvisionPatch:
         sampling_ratio: int = -1,
         aligned: bool = False,
     ) -> Tensor:
-        if isinstance(boxes, torch.Tensor):
-            rois = boxes
-        else:
-            if not torch.jit.is_scripting():
-                if not torch.compiler.is_compiling():
-                    _check_box_list(boxes)
-            rois = _boxes_to_rois(boxes)
+        rois = _as_rois(boxes)
         if _is_float(input) and _is_float(rois) and _on(input) and not input.is_quantized:
             size = _pair(output_size)
             if not torch.jit.is_scripting():

@@ -168,6 +168,18 @@ def _check_box_list(boxes: List[Tensor]) -> None:
         )
 
 
+def _as_rois(boxes: Union[Tensor, List[Tensor]]) -> Tensor:
+    """``boxes`` as rois ``Tensor[K, 5]``: a tensor as it is, a list of
+    per-image boxes checked (eagerly) and joined. Scriptable."""
+    if isinstance(boxes, torch.Tensor):
+        return boxes
+    else:
+        if not torch.jit.is_scripting():
+            if not torch.compiler.is_compiling():
+                _check_box_list(boxes)
+        return _boxes_to_rois(boxes)
+
+
 def _eager_args(output_size, spatial_scale, sampling_ratio):
     """The number arguments checked for their kind ([note: argument
     conversion] in _args.py); their ranges are the op's checks. Eager only:
@@ -209,13 +221,7 @@ def roi_align(
         if not torch.compiler.is_compiling():
             output_size, spatial_scale, sampling_ratio = _eager_args(output_size, spatial_scale, sampling_ratio)
     size = _pair(output_size)
-    if isinstance(boxes, torch.Tensor):
-        rois = boxes
-    else:
-        if not torch.jit.is_scripting():
-            if not torch.compiler.is_compiling():
-                _check_box_list(boxes)
-        rois = _boxes_to_rois(boxes)
+    rois = _as_rois(boxes)
     # The checks run before .contiguous() (which could copy a huge expanded
     # tensor first); TorchScript does not compile this branch, and under
     # torch.compile the fake kernel makes them. rois goes in as it is: the op
