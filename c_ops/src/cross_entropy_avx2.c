@@ -95,13 +95,13 @@ MIXPREC__FORCE_INLINE void cols_ce_grad(const void *x, const mixprec_dtype xd, v
   const int groups = (int)((width + 7) / 8);
   __m256 vm[4], vl[4], va[4], vb[4], vbt[4];
   __m256i vt[4];
+  load_groups(mx, width, vm);
+  load_groups(lg, width, vl);
+  load_groups(a, width, va);
+  load_groups(b, width, vb);
+  load_groups(bt, width, vbt);
   for (int g = 0; g < groups; g++) {
     const int64_t j = 8 * (int64_t)g, k = width - j;
-    vm[g] = load_group(mx, j, k);
-    vl[g] = load_group(lg, j, k);
-    va[g] = load_group(a, j, k);
-    vb[g] = load_group(b, j, k);
-    vbt[g] = load_group(bt, j, k);
     int32_t t8[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
     for (int64_t l = 0; l < (k < 8 ? k : 8); l++) t8[l] = tc[j + l];
     vt[g] = _mm256_loadu_si256((const __m256i *)t8);
@@ -270,14 +270,11 @@ MIXPREC__FORCE_INLINE void cols_soft_grad(const void *x, const mixprec_dtype xd,
   const int groups = (int)((width + 7) / 8);
   const __m256 vk = _mm256_set1_ps(keep), vad = _mm256_set1_ps(add);
   __m256 vm[4], vl[4], va[4], vg[4], vc[4];
-  for (int q = 0; q < groups; q++) {
-    const int64_t j = 8 * (int64_t)q, k = width - j;
-    vm[q] = load_group(mx, j, k);
-    vl[q] = load_group(lg, j, k);
-    va[q] = load_group(a, j, k);
-    vg[q] = load_group(g, j, k);
-    vc[q] = load_group(cdt, j, k);
-  }
+  load_groups(mx, width, vm);
+  load_groups(lg, width, vl);
+  load_groups(a, width, va);
+  load_groups(g, width, vg);
+  load_groups(cdt, width, vc);
   for (int64_t c = 0; c < n; c++) {
     const __m256 w = _mm256_set1_ps(weight ? weight[c] : 1.0f);
     for (int q = 0; q < groups; q++) {

@@ -67,6 +67,11 @@ MIXPREC__FORCE_INLINE __m256 load_group(const float *p, int64_t j, int64_t k) {
   return k >= 8 ? _mm256_loadu_ps(p + j) : mixprec__avx2_load_part(p, MIXPREC_F32, j, k, 0.0f);
 }
 
+/* load_group of every group of a slice `width` (<= 32) columns wide. */
+MIXPREC__FORCE_INLINE void load_groups(const float *p, int64_t width, __m256 out[4]) {
+  for (int64_t j = 0; j < width; j += 8) out[j / 8] = load_group(p, j, width - j);
+}
+
 /* ---- rows ---------------------------------------------------------------- */
 
 MIXPREC__FORCE_INLINE float row_max(const void *x, mixprec_dtype xd, int64_t n) {
