@@ -35,7 +35,7 @@
  * the same formulas; DEFAULT, NEON/SVE: built without contraction) are not
  * matched bit for bit; MIXPREC__OPT_TORCH_VEC=16 would match an AVX-512 torch
  * if its build contracts the same way (not verified). */
-#include "optim_common.h"
+#include "optim_driver.h"
 
 typedef mixprec__adamw_scalars adamw_scalars;
 typedef mixprec__adamw_consts adamw_consts;
@@ -52,21 +52,13 @@ MIXPREC__FORCE_INLINE void adamw_range(const mixprec_opt_tensor *t, int64_t begi
   float *E = s->ema;
   const mixprec__adamw_tc c = {s->decay, s->step_size, s->bc2_sqrt};
   for (int64_t i = begin; i < end; i++) {
-    float g = mixprec__opt_unscale(mixprec__load_f32(t->grad, t->grad_dtype, i), k->has_scale,
-                                   k->scale);
-    if (k->unscale) mixprec__opt_store_grad(t->grad, t->grad_dtype, i, g);
-    if (k->h.maximize) g = -g;
-    const float p0 = sr ? mixprec__load_f32(t->param, MIXPREC_BF16, i) : P[i];
+    const float g = MIXPREC__OPT_GRAD_IN(t, i, k);
+    const float p0 = mixprec__opt_param_get(t, P, i, sr);
     float vmax = k->h.amsgrad ? VM[i] : 0.0f;
     const float p = mixprec__adamw_math(g, p0, &M[i], &V[i], &vmax, &k->h, &c, tail);
     if (k->h.amsgrad) VM[i] = vmax;
     if (E) E[i] = mixprec__ema_lerp(E[i], p, s->ema_w);
-    if (sr) {
-      mixprec__opt_store_bf16_sr(t->param, i, s->sr_key, p);
-    } else {
-      P[i] = p;
-      if (half) mixprec__opt_store_half(t->param, t->param_dtype, i, p);
-    }
+    mixprec__opt_param_put(t, P, i, sr, half, s->sr_key, p);
   }
 }
 
@@ -120,10 +112,7 @@ static void adamw_lean_range(const mixprec_opt_tensor *t, int64_t begin, int64_t
     int64_t i = b0;
     if (lk->adamw) i = lk->adamw(t, b0, b1 < tail_from ? b1 : tail_from, s, k, &x);
     for (; i < b1; i++) {
-      float g = mixprec__opt_unscale(mixprec__load_f32(t->grad, t->grad_dtype, i), k->has_scale,
-                                     k->scale);
-      if (k->unscale) mixprec__opt_store_grad(t->grad, t->grad_dtype, i, g);
-      if (k->h.maximize) g = -g;
+      const float g = MIXPREC__OPT_GRAD_IN(t, i, k);
       float m = mixprec__opt_state_get(t->exp_avg_data, dm, t->exp_avg_scale, i, 1);
       float v = mixprec__opt_state_get(t->exp_avg_sq_data, dv, t->exp_avg_sq_scale, i, 0);
       float vmax = k->h.amsgrad ? VM[i] : 0.0f;
@@ -151,8 +140,7 @@ static void adamw_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
     adamw_lean_range(t, begin, end, s, k, lk);
     return;
   }
-  const int64_t tail = mixprec__opt_tail_start(t->numel);
-  const int64_t mid = end < tail ? end : (begin > tail ? begin : tail);
+  const int64_t mid = mixprec__opt_tail_split(t->numel, begin, end);
   const int64_t done = body(t, begin, mid, s, k);
   adamw_range(t, done, mid, s, k, 0);
   adamw_range(t, mid, end, s, k, 1);
@@ -160,78 +148,67 @@ static void adamw_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
 
 mixprec_adamw_params mixprec_adamw_params_default(void) {
   mixprec_adamw_params p;
-  p.lr = 1e-3;
+  MIXPREC__OPT_PARAMS_DEFAULT(&p);
   p.beta1 = 0.9;
   p.beta2 = 0.999;
   p.eps = 1e-8;
   p.weight_decay = 1e-2;
   p.amsgrad = 0;
-  p.maximize = 0;
-  p.lr_tensor = NULL;
-  p.grad_scale = NULL;
-  p.found_inf = NULL;
-  p.sr_seed = 0;
-  p.unscale_grads = 0;
-  p.ema = mixprec__ema_params_default();
   return p;
 }
 
+/* AdamW's per-step state for the driver (mixprec__opt_traits). */
+typedef struct adamw_run {
+  adamw_consts k;
+  mixprec__ema_hyper eh;
+  double lr;
+  mixprec__adamw_body_fn body;
+  mixprec__lean_kernels lk;
+} adamw_run;
+
+static void adamw_prepare(const void *pv, const mixprec_opt_tensor *list, int64_t n,
+                          int64_t total, void *rv) {
+  const mixprec_adamw_params *p = (const mixprec_adamw_params *)pv;
+  adamw_run *r = (adamw_run *)rv;
+  r->lr = mixprec__opt_lr(p->lr_tensor, p->lr);
+  r->k.h = mixprec__adamw_hyper_of(p);
+  MIXPREC__OPT_GRAD_CONSTS(&r->k, p, total);
+  r->eh = mixprec__ema_hyper_of(&p->ema);
+  r->body = adamw_body_kernel();
+  mixprec__lean_kernels_init(&r->lk, list, n, 1);
+}
+
+static void adamw_tensor_scalars(const void *pv, const void *rv, const mixprec_opt_tensor *list,
+                                 int64_t i, void *out) {
+  const mixprec_adamw_params *p = (const mixprec_adamw_params *)pv;
+  const adamw_run *r = (const adamw_run *)rv;
+  adamw_scalars *sc = (adamw_scalars *)out;
+  const float t = *list[i].step + 1.0f;
+  const double step = (double)t;
+  const double bc1 = 1.0 - pow(p->beta1, step);
+  const double bc2 = 1.0 - pow(p->beta2, step);
+  sc->new_step = t;
+  mixprec__adamw_tensor_consts(r->lr, p->weight_decay, bc1, bc2, &sc->decay, &sc->step_size,
+                               &sc->bc2_sqrt);
+  sc->sr_key = mixprec__sr_key(p->sr_seed, (uint64_t)i, t);
+  const mixprec__ema_scalars e = mixprec__ema_scalars_of(&p->ema, &r->eh, i, t);
+  sc->ema = e.buf;
+  sc->ema_w = e.w;
+}
+
+static void adamw_run_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
+                            const void *sc, const void *rv) {
+  const adamw_run *r = (const adamw_run *)rv;
+  adamw_chunk(t, begin, end, (const adamw_scalars *)sc, &r->k, r->body, &r->lk);
+}
+
+static const mixprec__opt_traits adamw_traits = {sizeof(adamw_scalars), adamw_prepare,
+                                                 adamw_tensor_scalars, adamw_run_chunk};
 
 mixprec_status mixprec_adamw_step(const mixprec_opt_tensor *list, int64_t n,
                                   const mixprec_adamw_params *p) {
-  mixprec_status st = mixprec__adamw_check(list, n, p);
+  const mixprec_status st = mixprec__adamw_check(list, n, p);
   if (st != MIXPREC_OK) return st;
-  if (mixprec__opt_skip(p->found_inf) || n == 0) return MIXPREC_OK;
-
-  adamw_scalars *sc = (adamw_scalars *)malloc(sizeof(adamw_scalars) * (size_t)n);
-  if (!sc) return MIXPREC_ERR_OUT_OF_MEMORY;
-  int64_t n_chunks, total;
-  int64_t *first = mixprec__opt_chunks(list, n, &n_chunks, &total);
-  if (!first) {
-    free(sc);
-    return MIXPREC_ERR_OUT_OF_MEMORY;
-  }
-
-  /* torch reads the learning rate tensor as a double (lr.item<double>()). */
-  const double lr = p->lr_tensor ? (double)*p->lr_tensor : p->lr;
-  adamw_consts k;
-  k.h = mixprec__adamw_hyper_of(p);
-  k.has_scale = p->grad_scale != NULL;
-  k.scale = p->grad_scale ? *p->grad_scale : 1.0f;
-  k.unscale = p->grad_scale != NULL && p->unscale_grads != 0;
-  k.stream = total >= MIXPREC__OPT_STREAM_MIN;
-  const mixprec__ema_hyper eh = mixprec__ema_hyper_of(&p->ema);
-
-  /* Every count is read before any is written (tensors may share one). */
-  for (int64_t i = 0; i < n; i++) {
-    const float t = *list[i].step + 1.0f;
-    const double step = (double)t;
-    const double bc1 = 1.0 - pow(p->beta1, step);
-    const double bc2 = 1.0 - pow(p->beta2, step);
-    sc[i].new_step = t;
-    mixprec__adamw_tensor_consts(lr, p->weight_decay, bc1, bc2, &sc[i].decay, &sc[i].step_size,
-                                 &sc[i].bc2_sqrt);
-    sc[i].sr_key = mixprec__sr_key(p->sr_seed, (uint64_t)i, t);
-    const mixprec__ema_scalars e = mixprec__ema_scalars_of(&p->ema, &eh, i, t);
-    sc[i].ema = e.buf;
-    sc[i].ema_w = e.w;
-  }
-
-  const mixprec__adamw_body_fn body = adamw_body_kernel();
-  mixprec__lean_kernels lk;
-  mixprec__lean_kernels_init(&lk, list, n, 1);
-  int n_threads = mixprec__num_threads();
-  (void)n_threads;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) \
-    if (total >= MIXPREC__OPT_PARALLEL_MIN && n_chunks > 1)
-  for (int64_t c = 0; c < n_chunks; c++) {
-    int64_t begin, end;
-    const int64_t t = mixprec__opt_chunk_range(list, first, n, c, &begin, &end);
-    adamw_chunk(&list[t], begin, end, &sc[t], &k, body, &lk);
-  }
-
-  for (int64_t i = 0; i < n; i++) *list[i].step = sc[i].new_step;
-  free(first);
-  free(sc);
-  return MIXPREC_OK;
+  adamw_run r;
+  return mixprec__opt_step_drive(&adamw_traits, list, n, p, p->found_inf, &r);
 }

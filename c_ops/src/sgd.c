@@ -28,7 +28,7 @@
  *   ema = lerp(ema, p, c(1 - decay))   (EMA of the weights, mixprec_ema_params)
  * torch's other capabilities (DEFAULT, NEON/SVE builds without contraction,
  * AVX-512 with width 16) are not matched bit for bit. */
-#include "optim_common.h"
+#include "optim_driver.h"
 
 typedef mixprec__sgd_consts sgd_consts;
 
@@ -43,21 +43,13 @@ MIXPREC__FORCE_INLINE void sgd_range(const mixprec_opt_tensor *t, int64_t begin,
   float *B = t->momentum_buffer;
   float *E = ema->buf;
   for (int64_t i = begin; i < end; i++) {
-    float g = mixprec__opt_unscale(mixprec__load_f32(t->grad, t->grad_dtype, i), k->has_scale,
-                                   k->scale);
-    if (k->unscale) mixprec__opt_store_grad(t->grad, t->grad_dtype, i, g);
-    if (k->h.maximize) g = -g;
-    const float p0 = sr ? mixprec__load_f32(t->param, MIXPREC_BF16, i) : P[i];
+    const float g = MIXPREC__OPT_GRAD_IN(t, i, k);
+    const float p0 = mixprec__opt_param_get(t, P, i, sr);
     float buf = k->h.momentum_on && !first ? B[i] : 0.0f;
     const float p = mixprec__sgd_math(g, p0, &buf, &k->h, first, tail);
     if (k->h.momentum_on) B[i] = buf;
     if (E) E[i] = mixprec__ema_lerp(E[i], p, ema->w);
-    if (sr) {
-      mixprec__opt_store_bf16_sr(t->param, i, sr_key, p);
-    } else {
-      P[i] = p;
-      if (half) mixprec__opt_store_half(t->param, t->param_dtype, i, p);
-    }
+    mixprec__opt_param_put(t, P, i, sr, half, sr_key, p);
   }
 }
 
@@ -109,10 +101,7 @@ static void sgd_lean_range(const mixprec_opt_tensor *t, int64_t begin, int64_t e
     int64_t i = b0;
     if (lk->sgd) i = lk->sgd(t, b0, b1 < tail_from ? b1 : tail_from, first, sr_key, ema, k, &x);
     for (; i < b1; i++) {
-      float g = mixprec__opt_unscale(mixprec__load_f32(t->grad, t->grad_dtype, i), k->has_scale,
-                                     k->scale);
-      if (k->unscale) mixprec__opt_store_grad(t->grad, t->grad_dtype, i, g);
-      if (k->h.maximize) g = -g;
+      const float g = MIXPREC__OPT_GRAD_IN(t, i, k);
       float buf = k->h.momentum_on && !first
                       ? mixprec__opt_state_get(t->exp_avg_data, db, t->exp_avg_scale, i, 1)
                       : 0.0f;
@@ -135,8 +124,7 @@ static void sgd_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end, i
     sgd_lean_range(t, begin, end, first, sr_key, ema, k, lk);
     return;
   }
-  const int64_t tail = mixprec__opt_tail_start(t->numel);
-  const int64_t mid = end < tail ? end : (begin > tail ? begin : tail);
+  const int64_t mid = mixprec__opt_tail_split(t->numel, begin, end);
   const int64_t done = body(t, begin, mid, first, sr_key, ema, k);
   sgd_range(t, done, mid, first, sr_key, ema, k, 0);
   sgd_range(t, mid, end, first, sr_key, ema, k, 1);
@@ -144,80 +132,70 @@ static void sgd_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end, i
 
 mixprec_sgd_params mixprec_sgd_params_default(void) {
   mixprec_sgd_params p;
-  p.lr = 1e-3;
+  MIXPREC__OPT_PARAMS_DEFAULT(&p);
   p.momentum = 0.0;
   p.dampening = 0.0;
   p.weight_decay = 0.0;
   p.nesterov = 0;
-  p.maximize = 0;
-  p.lr_tensor = NULL;
-  p.grad_scale = NULL;
-  p.found_inf = NULL;
   p.first_step = 0;
-  p.sr_seed = 0;
-  p.unscale_grads = 0;
-  p.ema = mixprec__ema_params_default();
   return p;
 }
 
+/* SGD's per tensor scalars: its new count (0 without one), its "first step"
+ * flag, its rounding key and its EMA. */
+typedef struct sgd_scalars {
+  float new_step; /* first: the driver writes it back */
+  uint32_t sr_key;
+  int first;
+  mixprec__ema_scalars ema;
+} sgd_scalars;
+
+/* SGD's per-step state for the driver (mixprec__opt_traits). */
+typedef struct sgd_run {
+  sgd_consts k;
+  mixprec__ema_hyper eh;
+  mixprec__sgd_body_fn body;
+  mixprec__lean_kernels lk;
+} sgd_run;
+
+static void sgd_prepare(const void *pv, const mixprec_opt_tensor *list, int64_t n, int64_t total,
+                        void *rv) {
+  const mixprec_sgd_params *p = (const mixprec_sgd_params *)pv;
+  sgd_run *r = (sgd_run *)rv;
+  r->k.h = mixprec__sgd_hyper_of(p, mixprec__opt_lr(p->lr_tensor, p->lr));
+  MIXPREC__OPT_GRAD_CONSTS(&r->k, p, total);
+  r->eh = mixprec__ema_hyper_of(&p->ema);
+  r->body = sgd_body_kernel();
+  mixprec__lean_kernels_init(&r->lk, list, n, 0);
+}
+
+static void sgd_tensor_scalars(const void *pv, const void *rv, const mixprec_opt_tensor *list,
+                               int64_t i, void *out) {
+  const mixprec_sgd_params *p = (const mixprec_sgd_params *)pv;
+  const sgd_run *r = (const sgd_run *)rv;
+  sgd_scalars *sc = (sgd_scalars *)out;
+  const float *s = list[i].step;
+  sc->first = s ? *s == 0.0f : p->first_step != 0;
+  sc->new_step = s ? *s + 1.0f : 0.0f;
+  sc->sr_key = mixprec__sr_key(p->sr_seed, (uint64_t)i, sc->new_step);
+  /* A tensor with an EMA buffer has a step count (mixprec__sgd_check). */
+  sc->ema = mixprec__ema_scalars_of(&p->ema, &r->eh, i, sc->new_step);
+}
+
+static void sgd_run_chunk(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
+                          const void *scv, const void *rv) {
+  const sgd_run *r = (const sgd_run *)rv;
+  const sgd_scalars *sc = (const sgd_scalars *)scv;
+  sgd_chunk(t, begin, end, sc->first, sc->sr_key, &sc->ema, &r->k, r->body, &r->lk);
+}
+
+static const mixprec__opt_traits sgd_traits = {sizeof(sgd_scalars), sgd_prepare,
+                                               sgd_tensor_scalars, sgd_run_chunk};
 
 mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list, int64_t n,
                                 const mixprec_sgd_params *p) {
-  mixprec_status st = mixprec__sgd_check(list, n, p);
+  const mixprec_status st = mixprec__sgd_check(list, n, p);
   if (st != MIXPREC_OK) return st;
-  if (mixprec__opt_skip(p->found_inf) || n == 0) return MIXPREC_OK;
-
-  /* Per tensor: its "first step" flag, its new count and its rounding key.
-   * Every count is read before any is written (tensors may share one). */
-  typedef struct {
-    float new_step;
-    uint32_t sr_key;
-    int first;
-    mixprec__ema_scalars ema;
-  } sgd_scalars;
-  sgd_scalars *sc = (sgd_scalars *)malloc(sizeof(sgd_scalars) * (size_t)n);
-  if (!sc) return MIXPREC_ERR_OUT_OF_MEMORY;
-  int64_t n_chunks, total;
-  int64_t *first = mixprec__opt_chunks(list, n, &n_chunks, &total);
-  if (!first) {
-    free(sc);
-    return MIXPREC_ERR_OUT_OF_MEMORY;
-  }
-  const mixprec__ema_hyper eh = mixprec__ema_hyper_of(&p->ema);
-  for (int64_t i = 0; i < n; i++) {
-    const float *s = list[i].step;
-    sc[i].first = s ? *s == 0.0f : p->first_step != 0;
-    sc[i].new_step = s ? *s + 1.0f : 0.0f;
-    sc[i].sr_key = mixprec__sr_key(p->sr_seed, (uint64_t)i, sc[i].new_step);
-    /* A tensor with an EMA buffer has a step count (mixprec__sgd_check). */
-    sc[i].ema = mixprec__ema_scalars_of(&p->ema, &eh, i, sc[i].new_step);
-  }
-
-  /* torch reads the learning rate tensor as a double (lr.item<double>()). */
-  const double lr = p->lr_tensor ? (double)*p->lr_tensor : p->lr;
-  sgd_consts k;
-  k.h = mixprec__sgd_hyper_of(p, lr);
-  k.has_scale = p->grad_scale != NULL;
-  k.scale = p->grad_scale ? *p->grad_scale : 1.0f;
-  k.unscale = p->grad_scale != NULL && p->unscale_grads != 0;
-  k.stream = total >= MIXPREC__OPT_STREAM_MIN;
-
-  const mixprec__sgd_body_fn body = sgd_body_kernel();
-  mixprec__lean_kernels lk;
-  mixprec__lean_kernels_init(&lk, list, n, 0);
-  int n_threads = mixprec__num_threads();
-  (void)n_threads;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) \
-    if (total >= MIXPREC__OPT_PARALLEL_MIN && n_chunks > 1)
-  for (int64_t c = 0; c < n_chunks; c++) {
-    int64_t begin, end;
-    const int64_t t = mixprec__opt_chunk_range(list, first, n, c, &begin, &end);
-    sgd_chunk(&list[t], begin, end, sc[t].first, sc[t].sr_key, &sc[t].ema, &k, body, &lk);
-  }
-
-  for (int64_t i = 0; i < n; i++)
-    if (list[i].step) *list[i].step = sc[i].new_step;
-  free(first);
-  free(sc);
-  return MIXPREC_OK;
+  sgd_run r;
+  return mixprec__opt_step_drive(&sgd_traits, list, n, p, p->found_inf, &r);
 }
