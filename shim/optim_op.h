@@ -320,6 +320,38 @@ void set_shared(P& p, const OptArgs& a, int64_t sr_seed, bool unscale_grads) {
   p.unscale_grads = unscale_grads;
 }
 
+// The lean lists from an op's optional arguments (absent: an empty list).
+inline LeanLists lean_lists(const std::optional<std::vector<Tensor>>& remainders,
+                            const std::optional<std::vector<Tensor>>& scales0,
+                            const std::optional<std::vector<Tensor>>& scales1,
+                            const char* name0, const char* name1) {
+  static const std::vector<Tensor> none;
+  auto of = [](const std::optional<std::vector<Tensor>>& l) { return l ? &*l : &none; };
+  return {of(remainders), {of(scales0), of(scales1)}, {name0, name1}};
+}
+
+// The EMA arguments of both schemas, as they come (checked by ema_params).
+struct EmaArgs {
+  double decay, min_decay;
+  bool use_warmup;
+  double warmup_gamma, warmup_power;
+  int64_t update_after_step, update_every;
+};
+
+// Either op once its own checks passed and its descriptors are built: the
+// device check, the EMA, p's own hyper-parameters (set(p)), the shared
+// fields, then the step on backend B; a bad status raises.
+template <class B, class P, class Set>
+void finish_step(const char* op, const OptArgs& a, P p, const EmaArgs& e, int64_t sr_seed,
+                 bool unscale_grads, Set set) {
+  B::check_device(op, a.device);
+  p.ema = ema_params(op, a, e.decay, e.min_decay, e.use_warmup, e.warmup_gamma, e.warmup_power,
+                     e.update_after_step, e.update_every);
+  set(p);
+  set_shared(p, a, sr_seed, unscale_grads);
+  check_status(B::step(op, a, p), op);
+}
+
 template <class B>
 void adamw_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
                    std::vector<Tensor> masters, std::vector<Tensor> exp_avgs,
@@ -346,26 +378,22 @@ void adamw_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
   check_hyper(op, "eps", eps, finite_ge0(eps), "finite and >= 0");
   const std::vector<Tensor>* states[3] = {&exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs};
   const char* const names[3] = {"exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"};
-  const std::vector<Tensor> none;
-  const LeanLists lean = {remainders ? &*remainders : &none,
-                          {exp_avg_scales ? &*exp_avg_scales : &none,
-                           exp_avg_sq_scales ? &*exp_avg_sq_scales : &none},
-                          {"exp_avg_scales", "exp_avg_sq_scales"}};
+  const LeanLists lean = lean_lists(remainders, exp_avg_scales, exp_avg_sq_scales,
+                                    "exp_avg_scales", "exp_avg_sq_scales");
   OptArgs a = opt_args(op, params, grads, masters, states, names, 3, steps, lr_tensor,
                        grad_scale, found_inf, emas ? *emas : std::vector<Tensor>{}, lean, 2);
-  B::check_device(op, a.device);
-  mixprec_adamw_params p = mixprec_adamw_params_default();
-  p.ema = ema_params(op, a, ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma,
-                     ema_warmup_power, ema_update_after_step, ema_update_every);
-  p.lr = lr;
-  p.beta1 = beta1;
-  p.beta2 = beta2;
-  p.weight_decay = weight_decay;
-  p.eps = eps;
-  p.amsgrad = amsgrad;
-  p.maximize = maximize;
-  set_shared(p, a, sr_seed, unscale_grads);
-  check_status(B::step(op, a, p), op);
+  const EmaArgs e = {ema_decay,        ema_min_decay,         ema_use_warmup,  ema_warmup_gamma,
+                     ema_warmup_power, ema_update_after_step, ema_update_every};
+  finish_step<B>(op, a, mixprec_adamw_params_default(), e, sr_seed, unscale_grads,
+                 [&](mixprec_adamw_params& p) {
+                   p.lr = lr;
+                   p.beta1 = beta1;
+                   p.beta2 = beta2;
+                   p.weight_decay = weight_decay;
+                   p.eps = eps;
+                   p.amsgrad = amsgrad;
+                   p.maximize = maximize;
+                 });
 }
 
 template <class B>
@@ -392,24 +420,20 @@ void sgd_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
                 " and dampening ", dampening);
   const std::vector<Tensor>* states[1] = {&momentum_buffers};
   const char* const names[1] = {"momentum_buffers"};
-  const std::vector<Tensor> none;
-  const LeanLists lean = {remainders ? &*remainders : &none,
-                          {buf_scales ? &*buf_scales : &none, &none},
-                          {"buf_scales", "unused"}};
+  const LeanLists lean = lean_lists(remainders, buf_scales, std::nullopt, "buf_scales", "unused");
   OptArgs a = opt_args(op, params, grads, masters, states, names, 1, steps, lr_tensor,
                        grad_scale, found_inf, emas ? *emas : std::vector<Tensor>{}, lean, 1);
-  B::check_device(op, a.device);
-  mixprec_sgd_params p = mixprec_sgd_params_default();
-  p.ema = ema_params(op, a, ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma,
-                     ema_warmup_power, ema_update_after_step, ema_update_every);
-  p.lr = lr;
-  p.momentum = momentum;
-  p.dampening = dampening;
-  p.weight_decay = weight_decay;
-  p.nesterov = nesterov;
-  p.maximize = maximize;
-  set_shared(p, a, sr_seed, unscale_grads);
-  check_status(B::step(op, a, p), op);
+  const EmaArgs e = {ema_decay,        ema_min_decay,         ema_use_warmup,  ema_warmup_gamma,
+                     ema_warmup_power, ema_update_after_step, ema_update_every};
+  finish_step<B>(op, a, mixprec_sgd_params_default(), e, sr_seed, unscale_grads,
+                 [&](mixprec_sgd_params& p) {
+                   p.lr = lr;
+                   p.momentum = momentum;
+                   p.dampening = dampening;
+                   p.weight_decay = weight_decay;
+                   p.nesterov = nesterov;
+                   p.maximize = maximize;
+                 });
 }
 
 }  // namespace optim
