@@ -16,15 +16,12 @@
  * c_ops/src/optim_math.h ([note: one rounding per operation] there). */
 #include "optim.cuh"
 
-/* Per-call constants: h as adamw.c has it (optim_consts.h), the doubles the
- * per-tensor constants are computed from on the device. */
-struct mixprec__adamw_k {
+/* Per-call constants: the shared ones (mixprec__opt_kc), h as adamw.c has it
+ * (optim_consts.h), the doubles the per-tensor constants are computed from
+ * on the device. */
+struct mixprec__adamw_k : mixprec__opt_kc {
   double beta1, beta2, weight_decay, lr; /* lr: used when lr_tensor is NULL */
-  const float *lr_tensor, *grad_scale, *found_inf;
   mixprec__adamw_hyper h;
-  uint64_t sr_seed;
-  bool unscale; /* unscale_grads with a grad_scale */
-  mixprec__ema_hyper eh; /* the EMA's decay formula (the buffers are packed per group) */
 };
 
 /* One element: mixprec__adamw_math (optim_math.h), as adamw_range in
@@ -82,19 +79,6 @@ __global__ void __launch_bounds__(MIXPREC__OPT_CU_THREADS)
   }
 }
 
-template <int CAP>
-static mixprec_status mixprec__adamw_group(const mixprec_opt_tensor *list, int64_t first,
-                                           int count, const mixprec__adamw_k &k,
-                                           const mixprec_ema_params *ema, cudaStream_t stream) {
-  mixprec__opt_args<CAP> a;
-  const int64_t n_chunks = mixprec__opt_pack<CAP>(list, first, count, 1, 1, k.h.amsgrad, ema, &a);
-  if (n_chunks == 0) return MIXPREC_OK;
-  const unsigned grid =
-      (unsigned)(n_chunks < MIXPREC__MAX_GRID ? n_chunks : MIXPREC__MAX_GRID);
-  mixprec__adamw_kernel<CAP><<<grid, MIXPREC__OPT_CU_THREADS, 0, stream>>>(a, k);
-  return mixprec__cuda_launch_status();
-}
-
 extern "C" MIXPREC_API mixprec_status mixprec_cuda_adamw_step(const mixprec_opt_tensor *list,
                                                               int64_t n,
                                                               const mixprec_adamw_params *p,
@@ -103,31 +87,15 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_adamw_step(const mixprec_opt_
   if (st != MIXPREC_OK) return st;
   st = mixprec__opt_check_alignment(list, n, 1, 1, p->amsgrad != 0, &p->ema);
   if (st != MIXPREC_OK) return st;
-  if (n == 0) return MIXPREC_OK;
-
-  float **steps;
-  int64_t n_steps;
-  st = mixprec__opt_distinct_steps(list, n, &steps, &n_steps);
-  if (st != MIXPREC_OK) return st;
 
   mixprec__adamw_k k;
   k.beta1 = p->beta1;
   k.beta2 = p->beta2;
   k.weight_decay = p->weight_decay;
   k.lr = p->lr;
-  k.lr_tensor = p->lr_tensor;
-  k.grad_scale = p->grad_scale;
-  k.found_inf = p->found_inf;
+  k.set_common(p);
   k.h = mixprec__adamw_hyper_of(p);
-  k.sr_seed = p->sr_seed;
-  k.unscale = p->grad_scale != NULL && p->unscale_grads != 0;
-  k.eh = mixprec__ema_hyper_of(&p->ema);
 
-  cudaStream_t s = (cudaStream_t)stream;
-  st = mixprec__opt_for_groups(n, [&](auto cap, int64_t first, int count) {
-    return mixprec__adamw_group<decltype(cap)::value>(list, first, count, k, &p->ema, s);
-  });
-  if (st == MIXPREC_OK) st = mixprec__opt_advance(steps, n_steps, p->found_inf, s);
-  free(steps);
-  return st;
+  return mixprec__opt_cuda_step(list, n, k, 1, 1, k.h.amsgrad, &p->ema, p->found_inf, stream,
+                                [](auto cap) { return &mixprec__adamw_kernel<decltype(cap)::value>; });
 }

@@ -705,4 +705,61 @@ MIXPREC__INLINE mixprec_status mixprec__opt_advance(float **steps, int64_t n_ste
   return MIXPREC_OK;
 }
 
+/* ---- the step driver ------------------------------------------------------ */
+
+/* The per-call constants both optimizers' kernels take from their params
+ * (mixprec_adamw_params / mixprec_sgd_params): the optional device scalars,
+ * the rounding seed, unscale_grads with a grad_scale, the EMA's decay
+ * formula (its buffers are packed per group). */
+struct mixprec__opt_kc {
+  const float *lr_tensor, *grad_scale, *found_inf;
+  uint64_t sr_seed;
+  bool unscale;
+  mixprec__ema_hyper eh;
+
+  template <class P>
+  void set_common(const P *p) {
+    lr_tensor = p->lr_tensor;
+    grad_scale = p->grad_scale;
+    found_inf = p->found_inf;
+    sr_seed = p->sr_seed;
+    unscale = p->grad_scale != NULL && p->unscale_grads != 0;
+    eh = mixprec__ema_hyper_of(&p->ema);
+  }
+};
+
+/* The one host driver of the CUDA steps (adamw.cu, sgd.cu), called once the
+ * step's checks passed: nothing for n == 0; else, on `stream`, kernel_of(cap)
+ * (the optimizer's kernel at that group capacity) over each group of the list
+ * packed with the state slots s0, s1, s2 (mixprec__opt_pack), with the
+ * per-call constants k, then the advance of the distinct step counts. No host
+ * synchronisation: a skip (found_inf) is decided on the device.
+ * @return : MIXPREC_OK, OUT_OF_MEMORY, or the first launch's error. */
+template <class K, class KernelOf>
+static mixprec_status mixprec__opt_cuda_step(const mixprec_opt_tensor *list, int64_t n,
+                                             const K &k, int s0, int s1, int s2,
+                                             const mixprec_ema_params *ema,
+                                             const float *found_inf, void *stream,
+                                             const KernelOf &kernel_of) {
+  if (n == 0) return MIXPREC_OK;
+  float **steps;
+  int64_t n_steps;
+  mixprec_status st = mixprec__opt_distinct_steps(list, n, &steps, &n_steps);
+  if (st != MIXPREC_OK) return st;
+  cudaStream_t s = (cudaStream_t)stream;
+  st = mixprec__opt_for_groups(n, [&](auto cap, int64_t first, int count) {
+    constexpr int CAP = decltype(cap)::value;
+    mixprec__opt_args<CAP> a;
+    const int64_t n_chunks = mixprec__opt_pack<CAP>(list, first, count, s0, s1, s2, ema, &a);
+    if (n_chunks == 0) return MIXPREC_OK;
+    const unsigned grid =
+        (unsigned)(n_chunks < MIXPREC__MAX_GRID ? n_chunks : MIXPREC__MAX_GRID);
+    kernel_of(cap)<<<grid, MIXPREC__OPT_CU_THREADS, 0, s>>>(a, k);
+    return mixprec__cuda_launch_status();
+  });
+  if (st == MIXPREC_OK) st = mixprec__opt_advance(steps, n_steps, found_inf, s);
+  free(steps);
+  return st;
+}
+
 #endif /* MIXPREC_KERNELS_OPTIM_CUH */

@@ -9,15 +9,11 @@
  * mixprec__sgd_math in c_ops/src/optim_math.h. */
 #include "optim.cuh"
 
-/* Per-call constants: h as sgd.c has it (optim_consts.h; h.lr is used when
- * lr_tensor is NULL). */
-struct mixprec__sgd_k {
-  const float *lr_tensor, *grad_scale, *found_inf;
+/* Per-call constants: the shared ones (mixprec__opt_kc), h as sgd.c has it
+ * (optim_consts.h; h.lr is used when lr_tensor is NULL). */
+struct mixprec__sgd_k : mixprec__opt_kc {
   mixprec__sgd_hyper h;
   int first_step;
-  uint64_t sr_seed;
-  bool unscale; /* unscale_grads with a grad_scale */
-  mixprec__ema_hyper eh; /* the EMA's decay formula (the buffers are packed per group) */
 };
 
 /* One element: mixprec__sgd_math (optim_math.h), as sgd_range in
@@ -59,19 +55,6 @@ __global__ void __launch_bounds__(MIXPREC__OPT_CU_THREADS)
   }
 }
 
-template <int CAP>
-static mixprec_status mixprec__sgd_group(const mixprec_opt_tensor *list, int64_t first,
-                                         int count, const mixprec__sgd_k &k,
-                                         const mixprec_ema_params *ema, cudaStream_t stream) {
-  mixprec__opt_args<CAP> a;
-  const int64_t n_chunks = mixprec__opt_pack<CAP>(list, first, count, k.h.momentum_on, 0, 0, ema, &a);
-  if (n_chunks == 0) return MIXPREC_OK;
-  const unsigned grid =
-      (unsigned)(n_chunks < MIXPREC__MAX_GRID ? n_chunks : MIXPREC__MAX_GRID);
-  mixprec__sgd_kernel<CAP><<<grid, MIXPREC__OPT_CU_THREADS, 0, stream>>>(a, k);
-  return mixprec__cuda_launch_status();
-}
-
 extern "C" MIXPREC_API mixprec_status mixprec_cuda_sgd_step(const mixprec_opt_tensor *list,
                                                             int64_t n,
                                                             const mixprec_sgd_params *p,
@@ -80,28 +63,12 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_sgd_step(const mixprec_opt_te
   if (st != MIXPREC_OK) return st;
   st = mixprec__opt_check_alignment(list, n, p->momentum != 0.0, 0, 0, &p->ema);
   if (st != MIXPREC_OK) return st;
-  if (n == 0) return MIXPREC_OK;
-
-  float **steps;
-  int64_t n_steps;
-  st = mixprec__opt_distinct_steps(list, n, &steps, &n_steps);
-  if (st != MIXPREC_OK) return st;
 
   mixprec__sgd_k k;
-  k.lr_tensor = p->lr_tensor;
-  k.grad_scale = p->grad_scale;
-  k.found_inf = p->found_inf;
+  k.set_common(p);
   k.h = mixprec__sgd_hyper_of(p, p->lr);
-  k.sr_seed = p->sr_seed;
   k.first_step = p->first_step != 0;
-  k.unscale = p->grad_scale != NULL && p->unscale_grads != 0;
-  k.eh = mixprec__ema_hyper_of(&p->ema);
 
-  cudaStream_t s = (cudaStream_t)stream;
-  st = mixprec__opt_for_groups(n, [&](auto cap, int64_t first, int count) {
-    return mixprec__sgd_group<decltype(cap)::value>(list, first, count, k, &p->ema, s);
-  });
-  if (st == MIXPREC_OK) st = mixprec__opt_advance(steps, n_steps, p->found_inf, s);
-  free(steps);
-  return st;
+  return mixprec__opt_cuda_step(list, n, k, k.h.momentum_on, 0, 0, &p->ema, p->found_inf, stream,
+                                [](auto cap) { return &mixprec__sgd_kernel<decltype(cap)::value>; });
 }
