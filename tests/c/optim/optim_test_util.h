@@ -13,6 +13,24 @@
 
 namespace optim_test {
 
+// The fields the lean tests (test_optim_lean.cc, test_optim_lean_cuda.cc) set
+// on either optimizer's params h: lr 1e-2, the grad scale, the skip flag,
+// unscale_grads and the rounding seed; with emas (NULL: none) an EMA of
+// decay 0.9 over them.
+template <class P>
+void set_lean_step(P &h, const float *scale, const float *found_inf, bool unscale, uint64_t seed,
+                   float *const *emas) {
+  h.lr = 1e-2;
+  h.grad_scale = scale;
+  h.found_inf = found_inf;
+  h.unscale_grads = unscale;
+  h.sr_seed = seed;
+  if (emas) {
+    h.ema.bufs = emas;
+    h.ema.decay = 0.9;
+  }
+}
+
 using mpt::Buf;
 
 struct Spec {

@@ -17,6 +17,7 @@
 #include <functional>
 
 #include "optim_math.h"
+#include "optim_test_util.h"
 #include "test_util.h"
 
 namespace {
@@ -162,32 +163,17 @@ mixprec_status step_list(std::vector<LTensor> &ps, bool adamw, bool amsgrad, boo
     list.push_back(t.desc(amsgrad));
     emas.push_back(t.ema.data());
   }
+  float *const *e = ema ? emas.data() : nullptr;
   if (adamw) {
     mixprec_adamw_params h = mixprec_adamw_params_default();
-    h.lr = 1e-2;
+    optim_test::set_lean_step(h, scale, found_inf, unscale, seed, e);
     h.amsgrad = amsgrad;
-    h.grad_scale = scale;
-    h.found_inf = found_inf;
-    h.unscale_grads = unscale;
-    h.sr_seed = seed;
-    if (ema) {
-      h.ema.bufs = emas.data();
-      h.ema.decay = 0.9;
-    }
     return mixprec_adamw_step(list.data(), int64_t(list.size()), &h);
   }
   mixprec_sgd_params h = mixprec_sgd_params_default();
-  h.lr = 1e-2;
+  optim_test::set_lean_step(h, scale, found_inf, unscale, seed, e);
   h.momentum = 0.9;
   h.weight_decay = 1e-3;
-  h.grad_scale = scale;
-  h.found_inf = found_inf;
-  h.unscale_grads = unscale;
-  h.sr_seed = seed;
-  if (ema) {
-    h.ema.bufs = emas.data();
-    h.ema.decay = 0.9;
-  }
   return mixprec_sgd_step(list.data(), int64_t(list.size()), &h);
 }
 

@@ -16,6 +16,7 @@
 
 #include "cuda_util.h"
 #include "mixprec/mixprec.h"
+#include "optim_test_util.h"
 #include "test_util.h"
 
 namespace {
@@ -146,24 +147,14 @@ void run(bool adamw, bool ema, bool unscale, uint32_t salt) {
       mixprec_status st;
       if (adamw) {
         mixprec_adamw_params h = mixprec_adamw_params_default();
-        h.lr = 1e-2;
-        h.grad_scale = sc;
-        h.found_inf = fi;
-        h.unscale_grads = unscale;
-        h.sr_seed = 77;
-        if (ema) h.ema.bufs = emas.data(), h.ema.decay = 0.9;
+        optim_test::set_lean_step(h, sc, fi, unscale, 77, ema ? emas.data() : nullptr);
         st = device ? mixprec_cuda_adamw_step(list.data(), int64_t(list.size()), &h, stream)
                     : mixprec_adamw_step(list.data(), int64_t(list.size()), &h);
       } else {
         mixprec_sgd_params h = mixprec_sgd_params_default();
-        h.lr = 1e-2;
+        optim_test::set_lean_step(h, sc, fi, unscale, 77, ema ? emas.data() : nullptr);
         h.momentum = 0.9;
         h.weight_decay = 1e-3;
-        h.grad_scale = sc;
-        h.found_inf = fi;
-        h.unscale_grads = unscale;
-        h.sr_seed = 77;
-        if (ema) h.ema.bufs = emas.data(), h.ema.decay = 0.9;
         st = device ? mixprec_cuda_sgd_step(list.data(), int64_t(list.size()), &h, stream)
                     : mixprec_sgd_step(list.data(), int64_t(list.size()), &h);
       }
