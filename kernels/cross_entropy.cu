@@ -44,6 +44,19 @@ __device__ __forceinline__ double position_loss(float xt, float m, float lg, flo
   return mixprec__ce_position_loss(mixprec__ce_nll(xt, m, lg), wt, (double)eps, (double)W, lg, wx, C);
 }
 
+/* A column block's partial sums (loss, weight sum or count) in a fixed order
+ * (mixprec__block_sum_f64), stored as its unit of `part` in slice o. */
+__device__ __forceinline__ void block_partials(double l, double w, double *part, int64_t o,
+                                               double *scratch) {
+  const double sl = mixprec__block_sum_f64(l, scratch);
+  const double sw = mixprec__block_sum_f64(w, scratch);
+  if (threadIdx.x == 0) {
+    const int64_t unit = o * gridDim.x + blockIdx.x;
+    part[2 * unit] = sl;
+    part[2 * unit + 1] = sw;
+  }
+}
+
 template <int D, bool WARP>
 __global__ void ce_rows(const void *logits, CeArgs a) {
   __shared__ float scratch[64];
@@ -120,14 +133,7 @@ __global__ void ce_cols(const void *logits, CeArgs a, int64_t o0) {
     a.stats[pos] = m;
     a.stats[a.positions + pos] = lg;
   }
-  /* Block partial sums in a fixed order (mixprec__block_sum_f64). */
-  const double sl = mixprec__block_sum_f64(l, scratch);
-  const double sw = mixprec__block_sum_f64(wt, scratch);
-  if (threadIdx.x == 0) {
-    const int64_t unit = o * gridDim.x + blockIdx.x;
-    a.part[2 * unit] = sl;
-    a.part[2 * unit + 1] = sw;
-  }
+  block_partials(l, wt, a.part, o, scratch);
 }
 
 /* One block: adds the units' partial sums in a fixed order and writes the
@@ -299,13 +305,7 @@ __global__ void ces_cols(const void *logits, SoftArgs a, int64_t o0) {
     a.stats[a.positions + pos] = lg;
     a.stats[2 * a.positions + pos] = tw;
   }
-  const double sl = mixprec__block_sum_f64(l, scratch);
-  const double sc = mixprec__block_sum_f64(cnt, scratch);
-  if (threadIdx.x == 0) {
-    const int64_t unit = o * gridDim.x + blockIdx.x;
-    a.part[2 * unit] = sl;
-    a.part[2 * unit + 1] = sc;
-  }
+  block_partials(l, cnt, a.part, o, scratch);
 }
 
 struct SoftBwdArgs {
