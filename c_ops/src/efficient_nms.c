@@ -204,6 +204,28 @@ typedef struct efficient_nms_args {
   int64_t *out_classes, *out_indices, *counts;
 } efficient_nms_args;
 
+/* Each candidate's box, read in place and decoded in float32 (fb: 4
+ * corners per candidate, in sorted order), with its row and class. One copy
+ * of the loop per box dtype and coding (the dtype and `center` fold away), and
+ * the flat score index split by 32-bit division: idx holds int32 values, so
+ * j / classes and j % classes are the same as in 64 bits. */
+MIXPREC__FORCE_INLINE void gather_boxes(const uint8_t *boxes, const mixprec_dtype D,
+                                        const int center, const int64_t classes,
+                                        const int64_t *bs, const int32_t *idx, const int64_t m,
+                                        float *fb, int32_t *rows, int64_t *cls) {
+  const uint32_t nclass = (uint32_t)classes;
+  const int64_t s1 = bs[1], s2 = bs[2], s3 = bs[3];
+  for (int64_t r = 0; r < m; r++) {
+    const uint32_t j = (uint32_t)idx[r], q = j / nclass, c = j - q * nclass;
+    const int64_t at = (int64_t)q * s1 + (int64_t)c * s2;
+    float v[4];
+    for (int e = 0; e < 4; e++) v[e] = mixprec__load_f32(boxes, D, at + e * s3);
+    mixprec__box_corners(center, v, fb + 4 * r);
+    rows[r] = (int32_t)r;
+    cls[r] = c;
+  }
+}
+
 static mixprec_status efficient_nms_image(const efficient_nms_args *a, int64_t b, int threads) {
   const mixprec_detect_layout *L = a->layout;
   const int64_t nc = a->n * a->classes, k = a->k;
@@ -250,16 +272,12 @@ static mixprec_status efficient_nms_image(const efficient_nms_args *a, int64_t b
     /* Each candidate's box, read in place and decoded in float32: the NMS
      * then runs on contiguous float32 corners. */
     const uint8_t *boxes = a->boxes + (size_t)(b * L->box_strides[0]) * a->box_es;
-    for (int64_t r = 0; r < m; r++) {
-      const int64_t j = idx[r], q = j / a->classes, c = j % a->classes;
-      const int64_t at = q * L->box_strides[1] + c * L->box_strides[2];
-      float v[4];
-      for (int e = 0; e < 4; e++)
-        v[e] = mixprec__load_f32(boxes, a->boxes_dtype, at + e * L->box_strides[3]);
-      mixprec__box_corners(center, v, fb + 4 * r);
-      rows[r] = (int32_t)r;
-      cls[r] = c;
-    }
+    if (center)
+      MIXPREC__DISPATCH(a->boxes_dtype, D,
+                        gather_boxes(boxes, D, 1, a->classes, L->box_strides, idx, m, fb, rows, cls));
+    else
+      MIXPREC__DISPATCH(a->boxes_dtype, D,
+                        gather_boxes(boxes, D, 0, a->classes, L->box_strides, idx, m, fb, rows, cls));
     const mixprec_status st =
         mixprec__nms_sorted(fb, MIXPREC_F32, rows, a->p->class_agnostic ? NULL : cls, m,
                             a->iou_thr, k, threads, flags);
