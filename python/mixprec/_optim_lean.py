@@ -103,6 +103,24 @@ def q8_scale_key(key: str) -> str:
 
 
 _ALL_MOMENTS = (*ADAMW_MOMENTS, *SGD_MOMENTS)
+
+
+# [note: formats saved by name] The groups' state formats go into
+# state_dict() as names ("float32", "bfloat16", "uint8"), not torch dtypes:
+# torch.distributed.checkpoint's full_state_dict gather
+# (get_state_dict(..., StateDictOptions(full_state_dict=True))) accepts only
+# tensors, numbers, strings and containers in a state dict and raised
+# "Unexpected value type <class 'torch.dtype'>" for every mixprec optimizer.
+# load_state_dict turns names back into dtypes and still takes dtypes.
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_of(name: str) -> Any:
+    """The torch dtype a saved format name stands for; anything else as it
+    is (the group check then names it)."""
+    d = getattr(torch, name.removeprefix("torch."), None)
+    return d if isinstance(d, torch.dtype) else name
 LEAN_STATE_KEYS = ("remainder", *map(scale_key, _ALL_MOMENTS))
 SAVED_Q8_KEYS = (*map(q8_key, _ALL_MOMENTS), *map(q8_scale_key, _ALL_MOMENTS))
 
@@ -710,7 +728,26 @@ class LeanState:
                     saved = saved_moment(st, key)
                     del st[key], st[scale_key(key)]
                     st.update(saved)
+        for g in sd["param_groups"]:
+            for k in self._MOMENTS.values():
+                if isinstance(g.get(k), torch.dtype):
+                    g[k] = dtype_name(g[k])
         return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As the base class's; the groups' state formats may be saved as
+        names (``state_dict()``) or as torch dtypes (older checkpoints)."""
+        groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
+        if isinstance(groups, list) and any(
+            isinstance(g, dict) and isinstance(g.get(k), str) for g in groups for k in self._MOMENTS.values()
+        ):
+            state_dict = dict(state_dict)
+            state_dict["param_groups"] = [
+                {**g, **{k: dtype_of(g[k]) for k in self._MOMENTS.values() if isinstance(g.get(k), str)}}
+                if isinstance(g, dict) else g
+                for g in groups
+            ]
+        super().load_state_dict(state_dict)
 
     def _check_loading(self, state_dict: dict[str, Any]) -> None:
         """Before torch's loader installs anything (after the user's

@@ -633,3 +633,38 @@ def test_mode_change_between_steps_converts_state(gen):
         assert "master" not in st and st["exp_avg"].dtype is U8
         assert_same(lean.join_master(p.detach(), st["remainder"]), mm)
         assert float((opt.fp32_state(p)["exp_avg"] - e).abs().max()) <= 0.07 * float(e.abs().max())
+
+
+@pytest.mark.parametrize("cls", [AdamW, SGD])
+def test_state_formats_saved_by_name_and_loaded_either_way(cls):
+    """[note: formats saved by name]: state_dict() names the groups' state
+    formats (a torch.dtype breaks DCP's full_state_dict gather);
+    load_state_dict takes the names and the older torch dtypes alike, and
+    the reloaded optimizer steps exactly like the saved one."""
+    kw = (dict(exp_avg_dtype=torch.bfloat16, exp_avg_sq_dtype=torch.uint8) if cls is AdamW
+          else dict(momentum=0.9, momentum_dtype=torch.uint8))
+    fmt = {k: v for k, v in kw.items() if k.endswith("_dtype")}
+    g = torch.Generator().manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(512, generator=g).bfloat16())
+    opt = cls([p], lr=1e-2, seed=5, **kw)
+    grads = [torch.randn(512, generator=g).bfloat16() for _ in range(2)]
+    p.grad = grads[0]
+    opt.step()
+    sd = copy.deepcopy(opt.state_dict())  # torch's holds the live state tensors
+    assert {k: sd["param_groups"][0][k] for k in fmt} == {k: str(v).removeprefix("torch.") for k, v in fmt.items()}
+    first = p.detach().clone()
+    p.grad = grads[1]
+    opt.step()
+    for form in ("name", "dtype"):
+        saved = copy.deepcopy(sd)
+        if form == "dtype":  # a checkpoint from before the names
+            saved["param_groups"][0].update(fmt)
+        before = copy.deepcopy(saved["param_groups"])
+        q = torch.nn.Parameter(first.clone())
+        o2 = cls([q], lr=1e-2, seed=5, **kw)
+        o2.load_state_dict(saved)
+        assert saved["param_groups"] == before  # the caller's dict untouched
+        assert all(o2.param_groups[0][k] is v for k, v in fmt.items())
+        q.grad = grads[1]
+        o2.step()
+        assert torch.equal(q.view(torch.int16), p.view(torch.int16)), form

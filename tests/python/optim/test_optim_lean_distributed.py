@@ -197,6 +197,35 @@ def _scenario_dcp_load(out, ckpt_dir):
     out["dcp_loaded"] = res
 
 
+# get_state_dict(full_state_dict=True) gathers every state tensor with a
+# collective. Not yet with param_remainders: their int16 tensors are a dtype
+# neither gloo nor NCCL gathers ("Invalid scalar type"); use dcp.save (the
+# sharded form, tested above) or fp32_state_dict() there.
+FULL_SD_MODES = {
+    "master": {},
+    "sr+bf16": MODES["sr+bf16"],
+    "master+8bit": dict(exp_avg_dtype=U8, exp_avg_sq_dtype=U8),
+}
+
+
+def _scenario_full_state_dict(out, result_dir):
+    """get_state_dict(full_state_dict=True, cpu_offload=True), the form
+    FSDP2 users torch.save for a single-file checkpoint: rank 0 gets whole
+    tensors and saves them; the test loads them into a plain model (2 -> 1)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    res = {}
+    for name, kw in FULL_SD_MODES.items():
+        model = _shard(_net(row_form=True))
+        opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2, seed=4, **kw)
+        _train(model, opt, _batches(dist.get_rank()))
+        msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if dist.get_rank() == 0:
+            torch.save({"model": msd, "optim": osd}, os.path.join(result_dir, f"full-{name}.pt"))
+        res[name] = _fp32_by_name(model, opt)
+    out["full_sd"] = res
+
+
 def _worker(rank, port, result_dir):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -208,6 +237,7 @@ def _worker(rank, port, result_dir):
         _scenario_fsdp2_vs_plain(out)
         _scenario_dcp_save(out, os.path.join(result_dir, "two"))
         _scenario_dcp_load(out, os.path.join(result_dir, "one"))
+        _scenario_full_state_dict(out, result_dir)
     finally:
         dist.destroy_process_group()
     torch.save(out, os.path.join(result_dir, f"rank{rank}.pt"))
@@ -242,6 +272,23 @@ def _one_process_load(ckpt_dir):
     return res
 
 
+def _full_state_dict_load(result_dir):
+    """Rank 0's full state dicts into plain models here (2 -> 1)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    res = {}
+    for name, kw in FULL_SD_MODES.items():
+        sd = torch.load(os.path.join(result_dir, f"full-{name}.pt"))
+        model = _net(seed=3, row_form=True)
+        opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2, seed=4, **kw)
+        set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"],
+                       options=StateDictOptions(full_state_dict=True))
+        saved = {k: {n: v.dtype for n, v in st.items() if isinstance(v, torch.Tensor)}
+                 for k, st in sd["optim"]["state"].items()}
+        res[name] = {"loaded": _fp32_by_name(model, opt), "saved_dtypes": saved}
+    return res
+
+
 @pytest.fixture(scope="module")
 def results():
     pytest.importorskip("torch.distributed.fsdp")
@@ -250,8 +297,10 @@ def results():
         spawn(_worker, (free_port(), d), WORLD, timeout=240.0)
         ranks = [torch.load(os.path.join(d, f"rank{r}.pt")) for r in range(WORLD)]
         one_loaded = _one_process_load(os.path.join(d, "two"))
+        full_loaded = _full_state_dict_load(d)
         dtypes = {src: _saved_dtypes(os.path.join(d, src, "rem+8bit")) for src in ("one", "two")}
-    return {"ranks": ranks, "one_saved": one_saved, "one_loaded": one_loaded, "saved_dtypes": dtypes}
+    return {"ranks": ranks, "one_saved": one_saved, "one_loaded": one_loaded, "saved_dtypes": dtypes,
+            "full_loaded": full_loaded}
 
 
 @pytest.mark.parametrize("name", list(MODES))
@@ -340,3 +389,25 @@ def test_dcp_one_to_two_ranks(results, name):
         got = r["dcp_loaded"][name]
         _assert_loaded(got["loaded"], saved, name)
         assert got["finite_after"] and got["moved"]
+
+
+@pytest.mark.parametrize("name", list(FULL_SD_MODES))
+def test_full_state_dict_two_ranks_to_one(results, name):
+    """The FSDP2 full state dict (rank 0's whole tensors, torch.save'd)
+    loads into a plain model: masters exact, BF16 moments and whole-row
+    8-bit moments exact, the rest within the 8-bit error."""
+    saved = results["ranks"][0]["full_sd"][name]
+    got = results["full_loaded"][name]
+    for k, (m, ea, eq) in saved.items():
+        lm, la, lq = got["loaded"][k]
+        assert torch.equal(lm.view(torch.int32), m.view(torch.int32)), k
+        if name != "master+8bit" or k == ROW_FORM:
+            assert torch.equal(la, ea) and torch.equal(lq, eq), k
+        else:
+            for a, b in ((la, ea), (lq, eq)):
+                assert float((a - b).abs().max() / b.abs().max()) <= Q8_TOL, k
+    st = got["saved_dtypes"][ROW_FORM]
+    if name == "master+8bit":  # whole rows of 256: saved compact, as codes + row scales
+        assert st["exp_avg_q8"] is U8 and st["exp_avg_q8_scale"] is torch.float32 and "exp_avg" not in st
+    else:
+        assert st["exp_avg"] is (BF16 if name == "sr+bf16" else torch.float32)
