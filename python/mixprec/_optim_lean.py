@@ -79,7 +79,8 @@ from ._distributed import is_dtensor, local
 BLOCK = 256
 
 MOMENT_DTYPES = (torch.float32, torch.bfloat16, torch.uint8)
-_DTYPE_NAMES = {torch.float32: "torch.float32", torch.bfloat16: "torch.bfloat16", torch.uint8: "torch.uint8"}
+#: The formats by the names state_dict() saves ([note: formats saved by name]).
+_FORMAT_NAMES = {str(d).removeprefix("torch."): d for d in MOMENT_DTYPES}
 
 #: Each optimizer's moment keys: state key -> group option naming its dtype.
 ADAMW_MOMENTS = {"exp_avg": "exp_avg_dtype", "exp_avg_sq": "exp_avg_sq_dtype"}
@@ -117,10 +118,11 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def dtype_of(name: str) -> Any:
-    """The torch dtype a saved format name stands for; anything else as it
-    is (the group check then names it)."""
-    d = getattr(torch, name.removeprefix("torch."), None)
-    return d if isinstance(d, torch.dtype) else name
+    """The format a saved name stands for; any other name as it is (the
+    group check then names it)."""
+    return _FORMAT_NAMES.get(name.removeprefix("torch."), name)
+
+
 LEAN_STATE_KEYS = ("remainder", *map(scale_key, _ALL_MOMENTS))
 SAVED_Q8_KEYS = (*map(q8_key, _ALL_MOMENTS), *map(q8_scale_key, _ALL_MOMENTS))
 
