@@ -32,15 +32,11 @@ MIXPREC__FORCE_INLINE vf math_v(vf g, vf p, vf *m, vf *v, vf *vmax, const mixpre
   return MPV(sub)(p, MPV(div)(upd, denom));
 }
 
-/* The gradient of one vector at i as the update sees it (unscaled, written
- * back with unscale_grads, negated for maximize). */
+/* The gradient of one vector at i as the update sees it
+ * (mixprec__opt_grad_v). */
 MIXPREC__FORCE_INLINE vf grad_v(const mixprec_opt_tensor *t, int64_t i, const mixprec__adamw_consts *k,
                                 const mixprec_dtype gd) {
-  vf g = MPV_N(mixprec__opt_load)(t->grad, gd, i);
-  if (k->has_scale) g = MPV(div)(g, MPV(set1)(k->scale));
-  if (k->unscale) MPV_NS(mixprec__opt_store, _grad)(t->grad, gd, i, g);
-  if (k->h.maximize) g = MPV_N(mixprec__opt_neg)(g);
-  return g;
+  return mixprec__opt_grad_v(t, i, gd, k->has_scale, k->scale, k->unscale, k->h.maximize);
 }
 
 /* One vector of the update at i; stores m, v (and the amsgrad max) and

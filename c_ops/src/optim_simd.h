@@ -44,4 +44,18 @@ typedef __m512 mixprec__vf;
 #  error "define MIXPREC__VW as 8 or 16 before including optim_simd.h"
 #endif
 
+/* The gradient of one vector at i as the update sees it (unscaled, written
+ * back with unscale_grads, negated for maximize): AdamW's and SGD's grad_v
+ * with their consts' fields. */
+MIXPREC__FORCE_INLINE mixprec__vf mixprec__opt_grad_v(const mixprec_opt_tensor *t, int64_t i,
+                                                      const mixprec_dtype gd, const int has_scale,
+                                                      const float scale, const int unscale,
+                                                      const int maximize) {
+  mixprec__vf g = MPV_N(mixprec__opt_load)(t->grad, gd, i);
+  if (has_scale) g = MPV(div)(g, MPV(set1)(scale));
+  if (unscale) MPV_NS(mixprec__opt_store, _grad)(t->grad, gd, i, g);
+  if (maximize) g = MPV_N(mixprec__opt_neg)(g);
+  return g;
+}
+
 #endif /* MIXPREC_OPTIM_SIMD_H */
