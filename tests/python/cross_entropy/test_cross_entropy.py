@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import mixprec
 
-from _op_tester import OPCHECK_UTILS, OpTester
+from _op_tester import OpTester
 from _reference import DTYPES, EPS, TINY, ce_peaks, cpu_lib
 
 def make(shape, dtype, gen, ignore_frac=0.2, scale=4.0):
@@ -100,17 +100,24 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("C", [1, 3, 1000])
-def test_special_rows(isa, gen, dtype, C):
+def special_rows(dtype, C, gen, spread=None):
+    """Four rows of C logits in dtype: near the largest finite value the
+    dtype takes, near its negative, constant, and spread widely (by
+    ``spread``, default an eighth of that value)."""
     big = {torch.float32: 1e30, torch.float16: 3e4, torch.bfloat16: 1e37}[dtype]
     rows = [
         torch.randn(C, generator=gen) * 3 + big,
         torch.randn(C, generator=gen) * 3 - big,
         torch.full((C,), 0.75),
-        torch.randn(C, generator=gen) * big / 8,
+        torch.randn(C, generator=gen) * (big / 8 if spread is None else spread),
     ]
-    x = torch.stack(rows).to(dtype)
+    return torch.stack(rows).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("C", [1, 3, 1000])
+def test_special_rows(isa, gen, dtype, C):
+    x = special_rows(dtype, C, gen)
     t = torch.randint(0, C, (4,), generator=gen)
     for red in ("none", "mean", "sum"):
         compare(x, t, gen, reduction=red)
@@ -309,43 +316,54 @@ def soft_target(shape, dtype, gen, kind="dirichlet"):
     return t.to(dtype)
 
 
-def compare_soft(x, t, gen, *, weight=None, reduction="mean", label_smoothing=0.0, target_grad=True):
-    """Loss and both gradients of mixprec vs torch on the float64 upcast
-    inputs (exact for the rounded inputs), with bounds from the sizes of the
-    terms each result is made of."""
+def _soft_ref(x, t, weight, reduction, label_smoothing, target_grad):
+    """torch's loss on the float64 upcast inputs (leaves taking gradients)
+    and what the bounds are made of: (xr, tr, ref, wv, tp, logp)."""
     cdim = 0 if x.dim() == 1 else 1
     C = x.shape[cdim]
-    xm = x.clone().requires_grad_()
-    tm = t.clone().requires_grad_(target_grad)
-    loss = mixprec.ops.cross_entropy(xm, tm, weight, reduction=reduction, label_smoothing=label_smoothing)
-    xr = x.double().requires_grad_()
-    tr = t.double().requires_grad_(target_grad)
+    xr = x.detach().double().requires_grad_()
+    tr = t.detach().double().requires_grad_(target_grad)
     w64 = None if weight is None else weight.double()
     ref = F.cross_entropy(xr, tr, w64, reduction=reduction, label_smoothing=label_smoothing)
-    assert loss.dtype == torch.float32 and loss.shape == ref.shape
-    # Size of the terms: sum_c |w t' log p| per position (reduced like the
-    # loss), plus sum_c |w t'| for the log-sum's absolute error (an ulp of a
-    # sum near 1 when the loss is small; torch's FP32 log_softmax has it too).
     with torch.no_grad():
         wv = torch.ones(C, dtype=torch.float64) if w64 is None else w64
         wv = wv.view([C] + [1] * (x.dim() - 1 - cdim))
         tp = tr * (1 - label_smoothing) + label_smoothing / C
         logp = torch.log_softmax(xr, cdim)
-        terms = ((wv * tp * logp).abs().nan_to_num(0.0) + (wv * tp).abs()).sum(cdim)
-        if reduction == "sum":
-            terms = terms.sum()
-        elif reduction == "mean":
-            terms = terms.mean() if terms.numel() else terms.sum()
+    return xr, tr, ref, wv, tp, logp
+
+
+def check_soft_loss(x, t, loss, weight, reduction, label_smoothing):
+    """mixprec's loss vs torch on the float64 upcast inputs (exact for the
+    rounded inputs), within a bound from the sizes of the terms it is made of."""
+    cdim = 0 if x.dim() == 1 else 1
+    C = x.shape[cdim]
+    _, _, ref, wv, tp, logp = _soft_ref(x, t, weight, reduction, label_smoothing, False)
+    assert loss.dtype == torch.float32 and loss.shape == ref.shape
+    # Size of the terms: sum_c |w t' log p| per position (reduced like the
+    # loss), plus sum_c |w t'| for the log-sum's absolute error (an ulp of a
+    # sum near 1 when the loss is small; torch's FP32 log_softmax has it too).
+    terms = ((wv * tp * logp).abs().nan_to_num(0.0) + (wv * tp).abs()).sum(cdim)
+    if reduction == "sum":
+        terms = terms.sum()
+    elif reduction == "mean":
+        terms = terms.mean() if terms.numel() else terms.sum()
     tol = 2.0**-21 * (16 + C**0.5) * terms + 1e-30
     assert torch.equal(torch.isnan(loss), torch.isnan(ref))
     err = (loss.double() - ref.detach()).abs()
     assert (torch.isnan(ref) | (err <= tol)).all(), f"loss err {err.max().item():.3g} tol {tol.min().item():.3g}"
-    g = torch.rand(ref.shape, generator=gen) + 0.5
-    inputs_m = (xm, tm) if target_grad else (xm,)
-    inputs_r = (xr, tr) if target_grad else (xr,)
-    gm = torch.autograd.grad(loss, inputs_m, g)
-    gr = torch.autograd.grad(ref, inputs_r, g.double())
-    assert gm[0].dtype == x.dtype and gm[0].shape == x.shape
+
+
+def check_soft_grads(x, t, g, grads, weight, reduction, label_smoothing):
+    """mixprec's gradients (of the logits, and of the target when ``grads``
+    has two) for the loss's gradient g vs torch's autograd on the float64
+    upcast inputs, within bounds from the sizes of the terms each is made of."""
+    cdim = 0 if x.dim() == 1 else 1
+    C = x.shape[cdim]
+    target_grad = len(grads) == 2
+    xr, tr, ref, wv, tp, logp = _soft_ref(x, t, weight, reduction, label_smoothing, target_grad)
+    gr = torch.autograd.grad(ref, (xr, tr) if target_grad else (xr,), g.double())
+    assert grads[0].dtype == x.dtype and grads[0].shape == x.shape
     with torch.no_grad():
         gpos = g.double()
         if reduction == "mean":
@@ -357,10 +375,10 @@ def compare_soft(x, t, gen, *, weight=None, reduction="mean", label_smoothing=0.
         # dx = g (T p - w t'): rounding of each part, exp's error growing with |log p|.
         coef = gpos * (T * p * (4 + lp) + (wv * tp).abs())
         tol_x = EPS[x.dtype] * gr[0].abs() + 2.0**-21 * (16 + C**0.5) * coef + TINY[x.dtype]
-        ex = (gm[0].double() - gr[0]).abs()
+        ex = (grads[0].double() - gr[0]).abs()
         assert (torch.isnan(gr[0]) | (ex <= tol_x)).all(), f"grad x err {ex.max().item():.3g}"
         if target_grad:
-            assert gm[1].dtype == t.dtype and gm[1].shape == t.shape
+            assert grads[1].dtype == t.dtype and grads[1].shape == t.shape
             xmax = xr.amax(cdim, keepdim=True)
             lse = torch.logsumexp(xr, cdim, keepdim=True)
             # log p = (x - max) - log-sum: the rounding of each part, and the
@@ -368,8 +386,20 @@ def compare_soft(x, t, gen, *, weight=None, reduction="mean", label_smoothing=0.
             coef_t = gpos * (1 - label_smoothing) * wv.abs()
             err_lp = 2.0**-22 * ((xr - xmax).abs() + (lse - xmax).abs() + 16 + C**0.5)
             tol_t = EPS[t.dtype] * gr[1].abs() + coef_t * err_lp + TINY[t.dtype]
-            et = (gm[1].double() - gr[1]).abs()
+            et = (grads[1].double() - gr[1]).abs()
             assert (torch.isnan(gr[1]) | (et <= tol_t)).all(), f"grad target err {et.max().item():.3g}"
+
+
+def compare_soft(x, t, gen, *, weight=None, reduction="mean", label_smoothing=0.0, target_grad=True):
+    """Loss and gradients of mixprec vs torch on the float64 upcast inputs
+    (check_soft_loss, check_soft_grads); returns (loss, gradients)."""
+    xm = x.clone().requires_grad_()
+    tm = t.clone().requires_grad_(target_grad)
+    loss = mixprec.ops.cross_entropy(xm, tm, weight, reduction=reduction, label_smoothing=label_smoothing)
+    check_soft_loss(x, t, loss, weight, reduction, label_smoothing)
+    g = torch.rand(loss.shape, generator=gen) + 0.5
+    gm = torch.autograd.grad(loss, (xm, tm) if target_grad else (xm,), g)
+    check_soft_grads(x, t, g, gm, weight, reduction, label_smoothing)
     return loss, gm
 
 
@@ -391,40 +421,28 @@ SOFT_CASES = [
 
 
 # Logits dtype x target dtype x case as a Latin square, not the full grid:
-# case i with logits DTYPES[d] takes target DTYPES[(i + d) % 3]. Every pair
-# of the three still meets (each case in each logits dtype and with each
-# target dtype; each of the 9 dtype pairs on 4 cases), on every CPU path;
-# the full 12 x 3 x 3 grid was 324 tests, 44% of this folder's time, for
-# combinations no pair of which is new (the target is read through its own
-# dtype's load, independently of the logits' dtype).
-SOFT_GRID = [
-    pytest.param(*case, DTYPES[d], DTYPES[(i + d) % len(DTYPES)],
-                 id=f"case{i}-{str(DTYPES[d])[6:]}-t{str(DTYPES[(i + d) % len(DTYPES)])[6:]}")
-    for i, case in enumerate(SOFT_CASES)
-    for d in range(len(DTYPES))
-]
+# case i with logits DTYPES[d] takes target DTYPES[(i + d) % 3]
+# (soft_target_dtype). Every pair of the three still meets (each case in each
+# logits dtype and with each target dtype; each of the 9 dtype pairs on 4
+# cases), on every CPU path; the full 12 x 3 x 3 grid was 324 tests, 44% of
+# this folder's time, for combinations no pair of which is new (the target is
+# read through its own dtype's load, independently of the logits' dtype).
+# TestSoftCrossEntropy runs them (forward and both gradients against torch on
+# float64 inputs).
 
 
-@pytest.mark.parametrize("shape,reduction,ls,weighted,kind,dtype,tdtype", SOFT_GRID)
-def test_soft_matches_torch_float64(isa, gen, dtype, tdtype, shape, reduction, ls, weighted, kind):
-    x = (torch.randn(shape, generator=gen) * 4).to(dtype)
-    t = soft_target(shape, tdtype, gen, kind)
-    C = shape[0] if len(shape) == 1 else shape[1]
-    w = torch.rand(C, generator=gen) + 0.1 if weighted else None
-    compare_soft(x, t, gen, weight=w, reduction=reduction, label_smoothing=ls)
+def soft_target_dtype(case, dtype):
+    """The target dtype of a SOFT_CASES case with logits of ``dtype`` (the
+    Latin square above); float32 for a case outside the list."""
+    if case not in SOFT_CASES:
+        return torch.float32
+    return DTYPES[(SOFT_CASES.index(case) + DTYPES.index(dtype)) % len(DTYPES)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("C", [1, 3, 1000])
 def test_soft_special_rows(isa, gen, dtype, C):
-    big = {torch.float32: 1e30, torch.float16: 3e4, torch.bfloat16: 1e37}[dtype]
-    rows = [
-        torch.randn(C, generator=gen) * 3 + big,
-        torch.randn(C, generator=gen) * 3 - big,
-        torch.full((C,), 0.75),
-        torch.randn(C, generator=gen) * 40,
-    ]
-    x = torch.stack(rows).to(dtype)
+    x = special_rows(dtype, C, gen, spread=40)
     t = soft_target((4, C), torch.float32, gen)
     for red in ("none", "mean", "sum"):
         compare_soft(x, t, gen, reduction=red)
@@ -543,41 +561,9 @@ def test_soft_non_contiguous_inputs(gen):
     compare_soft(x2, t2, gen)
 
 
-def test_soft_empty_batch_like_torch():
-    x = torch.zeros(0, 5, dtype=torch.bfloat16)
-    t = torch.zeros(0, 5)
-    assert torch.isnan(mixprec.ops.cross_entropy(x, t))
-    assert mixprec.ops.cross_entropy(x, t, reduction="sum").item() == 0
-    assert mixprec.ops.cross_entropy(x, t, reduction="none").shape == (0,)
-    assert torch.isnan(F.cross_entropy(x.float(), t))
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_soft_opcheck(gen, dtype):
-    # test_aot_dispatch_dynamic (a make_fx trace per call: graph checks, blind
-    # to the dtype, and most of this test's time) on BF16 only; the schema,
-    # the autograd registration and the fake kernel's dtypes on all three.
-    utils = [u for u in OPCHECK_UTILS if dtype == torch.bfloat16 or u != "test_aot_dispatch_dynamic"]
-    x = torch.randn(6, 9, 5, generator=gen).to(dtype).requires_grad_()
-    t = soft_target((6, 9, 5), torch.bfloat16, gen).requires_grad_()
-    w = torch.rand(9, generator=gen)
-    for args in ((x, t, None, 1, 0.0), (x, t.detach().float(), w, 0, 0.1), (x, t, w, 2, 0.0)):
-        torch.library.opcheck(torch.ops.mixprec.cross_entropy_soft, args, test_utils=utils)
-    x1 = torch.randn(33, generator=gen).to(dtype).requires_grad_()
-    torch.library.opcheck(torch.ops.mixprec.cross_entropy_soft, (x1, soft_target((33,), torch.float16, gen), w[:0].new_ones(33), 1, 0.2),
-                          test_utils=utils)
-    for red, gl in ((1, torch.ones(())), (0, torch.rand(6, 5, generator=gen))):
-        _, stats = torch.ops.mixprec.cross_entropy_soft(x.detach(), t.detach(), w, red, 0.1)
-        assert stats.shape == (3, 6, 5)
-        for sg, tg in ((True, True), (True, False), (False, True)):
-            torch.library.opcheck(
-                torch.ops.mixprec.cross_entropy_soft_backward,
-                (gl, x.detach(), t.detach(), w, stats, red, 0.1, sg, tg),
-                test_utils=utils,
-            )
-
-
 def test_soft_torch_compile_forward_and_backward(gen):
+    """Through inductor, as a training step compiles it (aot_eager: the
+    OpTester's compile check, TestSoftCrossEntropy)."""
     x = torch.randn(4, 7, 5, 3, generator=gen).bfloat16()
     t = soft_target((4, 7, 5, 3), torch.float32, gen, "twohot")
     w = torch.rand(7, generator=gen) + 0.5
@@ -585,65 +571,12 @@ def test_soft_torch_compile_forward_and_backward(gen):
     def f(v, tt):
         return mixprec.ops.cross_entropy(v, tt, w, label_smoothing=0.1)
 
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
-    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-    ta, tb = t.clone().requires_grad_(), t.clone().requires_grad_()
-    la, lb = f(xa, ta), compiled(xb, tb)
+    xa, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    la = f(xa, t)
     la.backward()
-    lb.backward()
-    assert torch.equal(la.detach(), lb.detach())
-    assert torch.equal(xa.grad, xb.grad) and torch.equal(ta.grad, tb.grad)
-    # And through inductor, as a training step compiles it.
-    compiled_ind = torch.compile(f, fullgraph=True)
-    xc = x.clone().requires_grad_()
-    lc = compiled_ind(xc, t)
+    lc = torch.compile(f, fullgraph=True)(xc, t)
     lc.backward()
     assert torch.equal(la.detach(), lc.detach()) and torch.equal(xa.grad, xc.grad)
-
-
-def test_soft_bad_inputs(gen):
-    x = torch.randn(8, 5, generator=gen).bfloat16()
-    t = soft_target((8, 5), torch.float32, gen)
-    before = (x.clone(), t.clone())
-    op = torch.ops.mixprec.cross_entropy_soft
-    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy_soft: target holds class probabilities and "
-                                           r"must be float32, float16 or bfloat16, got int64"):
-        mixprec.ops.cross_entropy(x, torch.zeros(8, 5, dtype=torch.int64))
-    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy_soft: target .* got float64"):
-        op(x, t.double(), None, 1, 0.0)
-    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy_soft: target has shape \[8, 6\] but class "
-                                           r"probabilities must have self's shape \[8, 5\]"):
-        op(x, torch.rand(8, 6), None, 1, 0.0)
-    # Through the function a float target of another shape is a class-index
-    # target of the wrong dtype, and the message says what shape it needs.
-    with pytest.raises(RuntimeError, match=r"target must be int64 class indices, got torch.float32 \(a "
-                                           r"class-probability target must have self's shape"):
-        mixprec.ops.cross_entropy(x, torch.rand(8, 6))
-    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy_soft: ignore_index \(3\) is not supported"):
-        mixprec.ops.cross_entropy(x, t, ignore_index=3)
-    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy_soft: label_smoothing must be in \[0, 1\]"):
-        op(x, t, None, 1, float("nan"))
-    with pytest.raises(RuntimeError, match="mixprec::cross_entropy_soft: reduction must be"):
-        op(x, t, None, 5, 0.0)
-    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy_soft: weight must have shape \[5\]"):
-        op(x, t, torch.ones(4), 1, 0.0)
-    with pytest.raises(RuntimeError, match="mixprec::cross_entropy_soft: self must be float32, float16 or bfloat16"):
-        op(x.double(), t, None, 1, 0.0)
-    with pytest.raises(RuntimeError, match="mixprec::cross_entropy_soft: target is on meta but self is on cpu"):
-        op(x, t.to("meta"), None, 1, 0.0)
-    with pytest.raises(RuntimeError, match="mixprec::cross_entropy_soft: weight is on meta but self is on cpu"):
-        op(x, t, torch.ones(5, device="meta"), 1, 0.0)
-    _, stats = op(x, t, None, 1, 0.0)
-    bop = torch.ops.mixprec.cross_entropy_soft_backward
-    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy_soft_backward: stats must be"):
-        bop(torch.ones(()), x, t, None, stats[:2], 1, 0.0, True, True)
-    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy_soft_backward: grad_loss has shape"):
-        bop(torch.ones(7), x, t, None, stats, 0, 0.0, True, True)
-    with pytest.raises(RuntimeError, match=r"mixprec::cross_entropy_soft_backward: grad_loss must be a float32"):
-        bop(torch.ones((), dtype=torch.float64), x, t, None, stats, 1, 0.0, True, True)
-    assert torch.equal(x, before[0]) and torch.equal(t, before[1])
-    # A valid call after the errors.
-    compare_soft(x, t, gen)
 
 
 @pytest.mark.parametrize("shape", [(16, 100), (4, 7, 50), (2, 3, 5, 11)])
@@ -797,4 +730,134 @@ class TestCrossEntropy(OpTester):
             case("label_smoothing 1.5", lambda x, t: op(x, t, None, 1, -100, 1.5), r"label_smoothing must be in \[0, 1\]"),
             case("label_smoothing nan", lambda x, t: op(x, t, None, 1, -100, float("nan")), r"label_smoothing must be in \[0, 1\]"),
             case("0 classes", lambda x, t: op(torch.zeros(3, 0), torch.zeros(3, dtype=torch.int64), None, 1, -100, 0.0), "self has 0 classes"),
+        ]
+
+
+class TestSoftCrossEntropy(OpTester):
+    """Class-probability targets; a case is (shape, reduction,
+    label_smoothing, weighted, target kind) of SOFT_CASES, its target dtype
+    soft_target_dtype's; call is mixprec.ops.cross_entropy; gradients of
+    the logits and of the target, against torch on float64 inputs."""
+
+    cases = SOFT_CASES
+    isas = ["scalar", "avx2", "avx512"]
+    grad_argnums = (0, 1)
+    layout_case = ((4, 7, 5, 3), "mean", 0.1, True, "twohot")
+
+    @staticmethod
+    def case_id(case):
+        shape, red, ls, weighted, kind = case
+        return "x".join(map(str, shape)) + f"-{red}-ls{ls}" + ("-w" if weighted else "") + f"-{kind}"
+
+    def make_inputs(self, gen, dtype, device, case):
+        shape, reduction, ls, weighted, kind = case
+        x = (torch.randn(shape, generator=gen) * 4).to(dtype)
+        t = soft_target(shape, soft_target_dtype(case, dtype), gen, kind)
+        C = shape[0] if len(shape) == 1 else shape[1]
+        w = torch.rand(C, generator=gen) + 0.1 if weighted else None
+        return x.to(device), t.to(device), None if w is None else w.to(device), reduction, ls
+
+    def call(self, x, t, w, reduction, ls):
+        return mixprec.ops.cross_entropy(x, t, w, reduction=reduction, label_smoothing=ls)
+
+    @staticmethod
+    def _cpu(args):
+        return [a.cpu() if isinstance(a, torch.Tensor) else a for a in args]
+
+    def check_forward(self, args, loss, case):
+        x, t, w, reduction, ls = self._cpu(args)
+        check_soft_loss(x, t, loss.cpu(), w, reduction, ls)
+
+    def grad_output(self, gen, loss):
+        return (torch.rand(loss.shape, generator=gen) + 0.5).to(loss.device)
+
+    def check_backward(self, args, loss, g, grads, case):
+        x, t, w, reduction, ls = self._cpu(args)
+        check_soft_grads(x, t, g.cpu(), [gr.cpu() for gr in grads], w, reduction, ls)
+
+    def opcheck_cases(self, gen, dtype):
+        x = torch.randn(6, 9, 5, generator=gen).to(dtype).requires_grad_()
+        t = soft_target((6, 9, 5), torch.bfloat16, gen).requires_grad_()
+        w = torch.rand(9, generator=gen)
+        op, bop = torch.ops.mixprec.cross_entropy_soft, torch.ops.mixprec.cross_entropy_soft_backward
+        x1 = torch.randn(33, generator=gen).to(dtype).requires_grad_()
+        cases = [(op, args) for args in ((x, t, None, 1, 0.0), (x, t.detach().float(), w, 0, 0.1), (x, t, w, 2, 0.0),
+                                         (x1, soft_target((33,), torch.float16, gen), torch.ones(33), 1, 0.2))]
+        for red, gl in ((1, torch.ones(())), (0, torch.rand(6, 5, generator=gen))):
+            _, stats = op(x.detach(), t.detach(), w, red, 0.1)
+            assert stats.shape == (3, 6, 5)
+            for sg, tg in ((True, True), (True, False), (False, True)):
+                cases.append((bop, (gl, x.detach(), t.detach(), w, stats, red, 0.1, sg, tg)))
+        return cases
+
+    def empty_inputs(self, dtype, device):
+        x = torch.zeros(0, 5, dtype=dtype, device=device)
+        t = torch.zeros(0, 5, device=device)
+        return [(x, t, None, red, 0.0) for red in _REDUCTIONS]
+
+    def check_empty(self, args, loss):
+        x, t, _, reduction, _ = self._cpu(args)
+        assert loss.dtype == torch.float32
+        if reduction == "mean":
+            assert torch.isnan(loss)  # 0 / 0, as torch
+        elif reduction == "sum":
+            assert loss.item() == 0
+        else:
+            assert loss.shape == (0,)
+        ref = F.cross_entropy(x.float(), t, reduction=reduction)
+        assert loss.shape == ref.shape and torch.equal(torch.isnan(loss.cpu()), torch.isnan(ref))
+
+    def noncontiguous(self, args):
+        x, t, *rest = args
+        cl = torch.channels_last
+        return [(x.to(memory_format=cl), t.to(memory_format=cl), *rest), (x.to(memory_format=cl), t, *rest),
+                (x.transpose(1, 3).contiguous().transpose(1, 3), t.transpose(2, 3).contiguous().transpose(2, 3), *rest)]
+
+    @classmethod
+    def bad_cases(cls):
+        op = torch.ops.mixprec.cross_entropy_soft
+        bop = torch.ops.mixprec.cross_entropy_soft_backward
+        ce = mixprec.ops.cross_entropy
+
+        def small(a):
+            """(8, 5) float32 logits and class probabilities: views of the case's."""
+            return a[0][:8, :5], a[1][:8, :5]
+
+        def case(name, fn, msg, soft=True):
+            prefix = "mixprec::cross_entropy_soft" if soft else "mixprec::cross_entropy"
+            return (name, lambda a: lambda: fn(*small(a)), prefix + msg)
+
+        def backward(name, fn, msg):
+            def make(a):
+                x, t = small(a)
+                _, stats = op(x, t, None, 1, 0.0)
+                return lambda: fn(x, t, stats)
+
+            return (name, make, "mixprec::cross_entropy_soft_backward: " + msg)
+
+        return [
+            case("target int64", lambda x, t: ce(x, torch.zeros(8, 5, dtype=torch.int64)),
+                 ": target holds class probabilities and must be float32, float16 or bfloat16, got int64"),
+            case("target float64", lambda x, t: op(x, t.double(), None, 1, 0.0), ": target .* got float64"),
+            case("target shape", lambda x, t: op(x, torch.rand(8, 6), None, 1, 0.0),
+                 r": target has shape \[8, 6\] but class probabilities must have self's shape \[8, 5\]"),
+            # Through the function a float target of another shape is a class-index
+            # target of the wrong dtype, and the message says what shape it needs.
+            case("public target shape", lambda x, t: ce(x, torch.rand(8, 6)),
+                 r": target must be int64 class indices, got torch.float32 \(a class-probability target must have "
+                 "self's shape", soft=False),
+            case("ignore_index 3", lambda x, t: ce(x, t, ignore_index=3), r": ignore_index \(3\) is not supported"),
+            case("label_smoothing nan", lambda x, t: op(x, t, None, 1, float("nan")), r": label_smoothing must be in \[0, 1\]"),
+            case("reduction 5", lambda x, t: op(x, t, None, 5, 0.0), ": reduction must be"),
+            case("weight shape", lambda x, t: op(x, t, torch.ones(4), 1, 0.0), r": weight must have shape \[5\]"),
+            case("self float64", lambda x, t: op(x.double(), t, None, 1, 0.0), ": self must be float32, float16 or bfloat16"),
+            case("meta target", lambda x, t: op(x, t.to("meta"), None, 1, 0.0), ": target is on meta but self is on cpu"),
+            case("meta weight", lambda x, t: op(x, t, torch.ones(5, device="meta"), 1, 0.0),
+                 ": weight is on meta but self is on cpu"),
+            backward("stats shape", lambda x, t, st: bop(torch.ones(()), x, t, None, st[:2], 1, 0.0, True, True), "stats must be"),
+            backward("grad_loss shape", lambda x, t, st: bop(torch.ones(7), x, t, None, st, 0, 0.0, True, True),
+                     "grad_loss has shape"),
+            backward("grad_loss float64",
+                     lambda x, t, st: bop(torch.ones((), dtype=torch.float64), x, t, None, st, 1, 0.0, True, True),
+                     "grad_loss must be a float32"),
         ]
