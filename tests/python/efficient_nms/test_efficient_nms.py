@@ -4,16 +4,21 @@ torchvision NMS, both on the float32-widened boxes (bit-exact: the same IoU
 decisions) and torchvision.ops.batched_nms on float64 boxes; every dtype,
 shared and class-specific boxes, class-aware and class-agnostic, ties,
 empty images, N = 0, K above the candidates, NaN scores; thread count
-independence; opcheck, torch.compile, torch.export of a decoding module."""
+independence; torch.compile, torch.export of a decoding module; and the
+OpTester checks (TestEfficientNMS: the torchvision loop per dtype, device
+and CPU path, the boxes' gradient, compile, opcheck, empty, non-contiguous,
+bad inputs)."""
+
+import re
 
 import pytest
 import torch
-from torch.library import opcheck
 
 import mixprec
 from mixprec.ops import Detections, efficient_nms
 
-from _reference import DTYPES, bits, cpu_lib
+from _op_tester import OpTester
+from _reference import DTYPES, EPS, bits, cpu_lib
 
 
 def _tv():
@@ -101,21 +106,6 @@ def assert_same(got, want):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("per_class", [False, True])
-@pytest.mark.parametrize("agnostic", [False, True])
-def test_matches_torchvision_loop(gen, dtype, per_class, agnostic):
-    boxes, scores = make(gen, 3, 300, 6, dtype, per_class)
-    for thr, top_k, k in ((0.5, 600, 50), (None, None, 2000), (0.9, 20, 7)):
-        got = efficient_nms(
-            boxes, scores, iou_threshold=0.5, score_threshold=thr, max_detections=k, pre_nms_top_k=top_k,
-            class_agnostic=agnostic,
-        )
-        want = reference(boxes, scores, 0.5, thr, k, top_k, agnostic)
-        assert_same(got, want)
-        assert int(got.counts.min()) > 0
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("agnostic", [False, True])
 def test_matches_float64_batched_nms(gen, dtype, agnostic):
     """The brief's reference: torchvision.ops.batched_nms on float64 boxes
@@ -191,18 +181,6 @@ def test_padding_and_empty_images(gen):
         assert (bits(got.boxes[b, m:]) == 0).all() and (bits(got.scores[b, m:]) == 0).all()
 
 
-@pytest.mark.parametrize("shape", [(0, 10, 3), (2, 0, 3), (2, 10, 0), (0, 0, 0)])
-@pytest.mark.parametrize("per_class", [False, True])
-def test_empty_shapes(shape, per_class):
-    b, n, c = shape
-    boxes = torch.rand(b, n, c, 4) if per_class else torch.rand(b, n, 4)
-    scores = torch.rand(b, n, c)
-    got = efficient_nms(boxes, scores, max_detections=5)
-    assert got.boxes.shape == (b, 5, 4) and got.scores.shape == (b, 5)
-    assert got.classes.shape == got.indices.shape == (b, 5) and got.counts.shape == (b,)
-    assert (got.counts == 0).all() and (got.classes == -1).all() and (got.indices == -1).all()
-
-
 def test_iou_threshold_extremes(gen):
     boxes, scores = make(gen, 2, 80, 3)
     # Above 1: nothing is suppressed; 0: any overlap suppresses.
@@ -240,13 +218,6 @@ def test_mixed_dtypes_and_noncontiguous(gen):
     assert_same(Detections(*torch.ops.mixprec.efficient_nms(bt, st, 0.5, 0.3)), want)
 
 
-def test_inputs_untouched(gen):
-    boxes, scores = make(gen, 2, 100, 4, torch.float16, per_class=True)
-    b0, s0 = boxes.clone(), scores.clone()
-    efficient_nms(boxes, scores, score_threshold=0.1, pre_nms_top_k=50)
-    assert torch.equal(bits(boxes), bits(b0)) and torch.equal(bits(scores), bits(s0))
-
-
 @pytest.mark.parametrize("batch", [1, 5])
 def test_thread_count_does_not_matter(gen, batch):
     lib = cpu_lib()
@@ -260,11 +231,6 @@ def test_thread_count_does_not_matter(gen, batch):
     finally:
         lib.mixprec_set_num_threads(before)
     assert_same(one, two)
-
-
-def test_both_isa_paths(gen, isa):
-    boxes, scores = make(gen, 2, 600, 10)
-    assert_same(efficient_nms(boxes, scores, score_threshold=0.2), reference(boxes, scores, 0.5, 0.2))
 
 
 def test_matches_mixprec_batched_nms(gen):
@@ -283,38 +249,6 @@ def test_matches_mixprec_batched_nms(gen):
 # ---- bad inputs -------------------------------------------------------------
 
 
-def _bad(fn, *match):
-    with pytest.raises(RuntimeError) as e:
-        fn()
-    msg = str(e.value)
-    assert "mixprec::efficient_nms" in msg and "shim/" not in msg
-    for m in match:
-        assert m in msg, msg
-
-
-def test_bad_inputs(gen):
-    boxes, scores = make(gen, 2, 10, 3)
-    op = torch.ops.mixprec.efficient_nms
-    _bad(lambda: op(boxes, scores, 0.5, None, 0), "max_detections")
-    _bad(lambda: op(boxes, scores, 0.5, None, -3), "max_detections")
-    _bad(lambda: op(boxes, scores, 0.5, None, 10, 0), "pre_nms_top_k")
-    _bad(lambda: op(boxes, scores, float("nan")), "iou_threshold")
-    _bad(lambda: op(boxes, scores, -0.1), "iou_threshold")
-    _bad(lambda: op(boxes, scores, 0.5, float("nan")), "score_threshold")
-    _bad(lambda: op(boxes.double(), scores), "boxes", "float64")
-    _bad(lambda: op(boxes, scores.double()), "scores", "float64")
-    _bad(lambda: op(boxes, scores[0]), "scores", "(B, N, C)")
-    _bad(lambda: op(torch.rand(2, 10, 3), scores), "boxes", "(B, N, 4)")
-    _bad(lambda: op(boxes[:1], scores), "boxes", "scores")
-    _bad(lambda: op(boxes[:, :5].contiguous(), scores), "boxes", "scores")
-    _bad(lambda: op(torch.rand(2, 10, 4, 4), scores), "boxes", "scores")
-    _bad(lambda: op(boxes, scores.to("meta")), "scores", "meta")
-    _bad(lambda: op(boxes.to("meta"), scores), "scores")
-    _bad(lambda: efficient_nms(boxes, scores, max_detections=0), "max_detections")
-    _bad(lambda: efficient_nms(boxes, scores.to("meta")), "scores")
-    _bad(lambda: efficient_nms(boxes.to_sparse(), scores), "boxes")
-
-
 def test_nan_boxes_like_torchvision(gen):
     """NaN coordinates: the IoU decisions of torchvision's kernel."""
     boxes, scores = make(gen, 2, 100, 3)
@@ -325,16 +259,6 @@ def test_nan_boxes_like_torchvision(gen):
 
 
 # ---- torch integration ------------------------------------------------------
-
-
-def test_opcheck(gen):
-    boxes, scores = make(gen, 2, 40, 3)
-    op = torch.ops.mixprec.efficient_nms.default
-    opcheck(op, (boxes, scores))
-    opcheck(op, (boxes.half(), scores.bfloat16(), 0.4, 0.2, 7, 30, True))
-    pb, ps = make(gen, 3, 20, 4, torch.bfloat16, per_class=True)
-    opcheck(op, (pb, ps, 0.5, None, 50))
-    opcheck(op, (boxes.clone().requires_grad_(), scores.clone().requires_grad_(), 0.5, 0.1, 20))
 
 
 def test_fake_kernel_shapes():
@@ -428,3 +352,125 @@ def test_gradients_scatter_back(gen, per_class, dtype):
     assert torch.equal(gs.double(), want_s)
     tol = 0 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(gb.double(), want_b, rtol=tol, atol=tol)
+
+
+# ---- the OpTester checks -------------------------------------------------------
+
+
+def _message(msg):
+    return "mixprec::efficient_nms: " + re.escape(msg)
+
+
+class TestEfficientNMS(OpTester):
+    """A case is (class-specific boxes, class-agnostic); call is
+    mixprec.ops.efficient_nms. Forward: the documented torchvision loop on
+    the float32-widened boxes, bit for bit, for three threshold / top-k / K
+    sets; backward: the output boxes' gradient scattered back to the boxes
+    the detections came from."""
+
+    cases = [(False, False), (False, True), (True, False), (True, True)]
+    # The CPU paths of the candidate scan: scalar and AVX2 (AVX-512 machines
+    # take the AVX2 one).
+    isas = ["scalar", "avx2"]
+    grad_argnums = (0,)
+
+    @staticmethod
+    def case_id(case):
+        per_class, agnostic = case
+        return ("per-class" if per_class else "shared") + ("-agnostic" if agnostic else "")
+
+    def make_inputs(self, gen, dtype, device, case):
+        per_class, agnostic = case
+        boxes, scores = make(gen, 3, 300, 6, dtype, per_class)
+        return boxes.to(device), scores.to(device), agnostic
+
+    def call(self, boxes, scores, agnostic, score_threshold=0.5, max_detections=50, pre_nms_top_k=600):
+        return efficient_nms(boxes, scores, iou_threshold=0.5, score_threshold=score_threshold,
+                             max_detections=max_detections, pre_nms_top_k=pre_nms_top_k, class_agnostic=agnostic)
+
+    def check_forward(self, args, out, case):
+        boxes, scores, agnostic = args
+        for thr, k, top_k in ((0.5, 50, 600), (None, 2000, None), (0.9, 7, 20)):
+            got = out if thr == 0.5 else self.call(*args, thr, k, top_k)
+            want = reference(boxes.cpu(), scores.cpu(), 0.5, thr, k, top_k, agnostic)
+            assert_same(Detections(*(t.cpu() for t in got)), want)
+            assert int(got.counts.min()) > 0
+
+    def check_backward(self, args, out, g, grads, case):
+        boxes = args[0]
+        per_class = boxes.dim() == 4
+        want = torch.zeros(boxes.shape, dtype=torch.float64)
+        size = torch.zeros(boxes.shape, dtype=torch.float64)
+        g = g.cpu().double()
+        indices, classes, counts = out.indices.cpu(), out.classes.cpu(), out.counts.cpu()
+        for b in range(boxes.shape[0]):
+            for k in range(int(counts[b])):
+                n, c = int(indices[b, k]), int(classes[b, k])
+                at = (b, n, c) if per_class else (b, n)
+                want[at] += g[b, k]
+                size[at] += g[b, k].abs()
+        got = grads[0].cpu()
+        assert got.dtype == boxes.dtype and got.shape == boxes.shape
+        assert (size > 0).any()
+        # Exact where no detection came from; elsewhere a sum of at most C
+        # terms rounded in the boxes' dtype (a box kept for several classes).
+        assert ((got.double() - want).abs() <= 4 * EPS[boxes.dtype] * size).all()
+
+    def opcheck_cases(self, gen, dtype):
+        boxes, scores = make(gen, 2, 40, 3, dtype)
+        op = torch.ops.mixprec.efficient_nms.default
+        cases = [(op, (boxes, scores)),
+                 (op, (boxes.clone().requires_grad_(), scores.clone().requires_grad_(), 0.5, 0.1, 20))]
+        if dtype == torch.float16:
+            cases.append((op, (boxes, scores.bfloat16(), 0.4, 0.2, 7, 30, True)))
+        if dtype == torch.bfloat16:
+            pb, ps = make(gen, 3, 20, 4, dtype, per_class=True)
+            cases.append((op, (pb, ps, 0.5, None, 50)))
+        return cases
+
+    def empty_inputs(self, dtype, device):
+        out = []
+        for b, n, c in ((0, 10, 3), (2, 0, 3), (2, 10, 0), (0, 0, 0)):
+            scores = torch.rand(b, n, c).to(dtype).to(device)
+            for shape in ((b, n, 4), (b, n, c, 4)):
+                out.append((torch.rand(shape).to(dtype).to(device), scores, False, None, 5, None))
+        return out
+
+    def check_empty(self, args, got):
+        b = args[1].shape[0]
+        assert got.boxes.shape == (b, 5, 4) and got.scores.shape == (b, 5)
+        assert got.classes.shape == got.indices.shape == (b, 5) and got.counts.shape == (b,)
+        assert (got.counts == 0).all() and (got.classes == -1).all() and (got.indices == -1).all()
+
+    def noncontiguous(self, args):
+        boxes, scores, agnostic = args
+        bt = boxes.transpose(0, 1).contiguous().transpose(0, 1)
+        st = scores.transpose(1, 2).contiguous().transpose(1, 2)
+        return [(bt, scores, agnostic), (boxes, st, agnostic), (bt, st, agnostic)]
+
+    @classmethod
+    def bad_cases(cls):
+        op = torch.ops.mixprec.efficient_nms
+        range_k = "max_detections must be in 1 .. 2^31 - 1, got "
+        iou = "iou_threshold must be >= 0 and not NaN, got "
+        cases = [
+            ("max_detections 0", lambda b, s: op(b, s, 0.5, None, 0), range_k + "0"),
+            ("max_detections -3", lambda b, s: op(b, s, 0.5, None, -3), range_k + "-3"),
+            ("pre_nms_top_k 0", lambda b, s: op(b, s, 0.5, None, 10, 0), "pre_nms_top_k must be >= 1, or -1"),
+            ("iou nan", lambda b, s: op(b, s, float("nan")), iou + "nan"),
+            ("iou negative", lambda b, s: op(b, s, -0.1), iou + "-0.1"),
+            ("score_threshold nan", lambda b, s: op(b, s, 0.5, float("nan")), "score_threshold must not be NaN"),
+            ("boxes float64", lambda b, s: op(b.double(), s), "boxes must be float32, float16 or bfloat16, got float64"),
+            ("scores float64", lambda b, s: op(b, s.double()), "scores must be float32, float16 or bfloat16, got float64"),
+            ("scores 2-D", lambda b, s: op(b, s[0]), "scores must have shape (B, N, C)"),
+            ("boxes last size", lambda b, s: op(torch.rand(3, 300, 6), s), "boxes must have shape (B, N, 4) or (B, N, C, 4)"),
+            ("boxes batch", lambda b, s: op(b[:1], s), "boxes has shape (1, 300, 4) but scores has shape (3, 300, 6)"),
+            ("boxes rows", lambda b, s: op(b[:, :5].contiguous(), s), "boxes has shape (3, 5, 4) but scores"),
+            ("boxes classes", lambda b, s: op(torch.rand(3, 300, 4, 4), s), "boxes has shape (3, 300, 4, 4) but scores"),
+            ("meta scores", lambda b, s: op(b, s.to("meta")), "scores is on meta but boxes is on cpu"),
+            ("meta boxes", lambda b, s: op(b.to("meta"), s), "scores is on cpu but boxes is on meta"),
+            ("public max_detections 0", lambda b, s: efficient_nms(b, s, max_detections=0), range_k + "0"),
+            ("public meta scores", lambda b, s: efficient_nms(b, s.to("meta")), "scores is on meta but boxes is on cpu"),
+            ("public sparse boxes", lambda b, s: efficient_nms(b.to_sparse(), s), "boxes must be a defined strided tensor"),
+        ]
+        return [(name, (lambda fn: lambda a: lambda: fn(a[0], a[1]))(fn), _message(msg)) for name, fn, msg in cases]
