@@ -112,7 +112,7 @@ def test_matches_float64_batched_nms(gen, dtype, agnostic):
     (an IoU decision within float32 rounding of the threshold may differ:
     coarse bfloat16 coordinates make IoUs of exactly 0.5 common, so the
     thresholds here are not simple fractions; the exact float32 comparison is
-    test_matches_torchvision_loop)."""
+    TestEfficientNMS.test_forward)."""
     boxes, scores = make(gen, 4, 500, 8, dtype)
     for iou in (0.3013, 0.4987, 0.7011):
         got = efficient_nms(boxes, scores, iou_threshold=iou, score_threshold=0.3, max_detections=100, pre_nms_top_k=1000, class_agnostic=agnostic)
