@@ -111,6 +111,19 @@ def _iou(op, iou_threshold):
     return as_real(f"mixprec.ops.{op}", "iou_threshold", iou_threshold)
 
 
+def _call(op, boxes, scores, idxs, iou_threshold, score_threshold, max_output):
+    """The public functions' one path: the number arguments converted, the
+    checks made before ``.contiguous()`` (see _check), then the op
+    (``nms`` takes no idxs)."""
+    iou_threshold, score_threshold = _iou(op, iou_threshold), _thr(op, score_threshold)
+    max_output = _opt(op, max_output)
+    _check(op, boxes, scores, idxs, iou_threshold, score_threshold)
+    tensors = (boxes.contiguous(), scores.contiguous())
+    if op != "nms":
+        tensors += (None if idxs is None else idxs.contiguous(),)
+    return getattr(torch.ops.mixprec, op)(*tensors, iou_threshold, score_threshold, max_output)
+
+
 def nms(
     boxes: torch.Tensor,
     scores: torch.Tensor,
@@ -123,12 +136,7 @@ def nms(
     and bfloat16 boxes: int64 indices of the kept boxes, by decreasing score.
     ``score_threshold``: keep only boxes with a higher score; ``max_output``:
     return at most that many."""
-    iou_threshold, score_threshold = _iou("nms", iou_threshold), _thr("nms", score_threshold)
-    max_output = _opt("nms", max_output)
-    _check("nms", boxes, scores, None, iou_threshold, score_threshold)
-    return torch.ops.mixprec.nms(
-        boxes.contiguous(), scores.contiguous(), iou_threshold, score_threshold, max_output
-    )
+    return _call("nms", boxes, scores, None, iou_threshold, score_threshold, max_output)
 
 
 def batched_nms(
@@ -143,17 +151,7 @@ def batched_nms(
     """``torchvision.ops.batched_nms``: boxes only suppress boxes of the same
     class (``idxs``, int64 or int32). Exact in every dtype: coordinates are
     never offset by class."""
-    iou_threshold, score_threshold = _iou("batched_nms", iou_threshold), _thr("batched_nms", score_threshold)
-    max_output = _opt("batched_nms", max_output)
-    _check("batched_nms", boxes, scores, idxs, iou_threshold, score_threshold)
-    return torch.ops.mixprec.batched_nms(
-        boxes.contiguous(),
-        scores.contiguous(),
-        idxs.contiguous(),
-        iou_threshold,
-        score_threshold,
-        max_output,
-    )
+    return _call("batched_nms", boxes, scores, idxs, iou_threshold, score_threshold, max_output)
 
 
 def nms_padded(
@@ -170,17 +168,7 @@ def nms_padded(
     ``max_output``), the kept ones first and -1 after them, and ``count`` is a
     0-dim int64 tensor on the boxes' device. With ``idxs``, class-aware. Never
     synchronises with the host."""
-    iou_threshold, score_threshold = _iou("nms_padded", iou_threshold), _thr("nms_padded", score_threshold)
-    max_output = _opt("nms_padded", max_output)
-    _check("nms_padded", boxes, scores, idxs, iou_threshold, score_threshold)
-    return torch.ops.mixprec.nms_padded(
-        boxes.contiguous(),
-        scores.contiguous(),
-        None if idxs is None else idxs.contiguous(),
-        iou_threshold,
-        score_threshold,
-        max_output,
-    )
+    return _call("nms_padded", boxes, scores, idxs, iou_threshold, score_threshold, max_output)
 
 
 def _supported(boxes, scores):
