@@ -42,7 +42,7 @@ moments on load (``quantize``: the nearest code, per block the absmax
 scale; a dequantised block gets back its codes and scale exactly).
 
 [note: checkpoint format] ``state_dict()`` saves the state compact: the
-remainder as int16, BF16 moments as BF16, and an 8-bit moment ``key`` as
+remainder as its bits ([note: remainders saved as bits]), BF16 moments as BF16, and an 8-bit moment ``key`` as
 ``key + "_q8"`` (the uint8 codes, shaped like the param: a DTensor with
 its placements for a DTensor param) and ``key + "_q8_scale"`` (FP32, shape
 ``[dim 0, numel / dim 0 / 256]``: the scale of each run of 256 elements of
@@ -125,6 +125,35 @@ def dtype_of(name: str) -> Any:
 
 LEAN_STATE_KEYS = ("remainder", *map(scale_key, _ALL_MOMENTS))
 SAVED_Q8_KEYS = (*map(q8_key, _ALL_MOMENTS), *map(q8_scale_key, _ALL_MOMENTS))
+
+# [note: remainders saved as bits] state_dict() saves a param's int16
+# remainder as its 16 bits in a bfloat16 tensor under "remainder_bits"
+# (``.view(torch.int16)`` gives the remainder back): the full_state_dict
+# gather of torch.distributed.checkpoint (FSDP2) all-gathers every state
+# tensor, and neither gloo nor NCCL gathers int16 ("Invalid scalar type");
+# BF16 they gather as raw bits. It is one form for every layout (plain and
+# DTensor): DCP loads into the destination's dtypes with copy_, so a saved
+# int16 meeting a BF16 destination (or the reverse) would be converted by
+# value, silently; a new key instead makes DCP name a missing key.
+# load_state_dict also takes "remainder" (int16: earlier checkpoints,
+# Transformer Engine's dtype).
+REMAINDER_BITS = "remainder_bits"
+
+
+def remainder_bits(rem: torch.Tensor) -> torch.Tensor:
+    """The saved form of a remainder: its bits as BF16 (a view, DTensor
+    placements kept)."""
+    return _like(rem, local(rem).view(torch.bfloat16))
+
+
+def remainder_of_bits(bits: torch.Tensor, cls: str, key) -> torch.Tensor:
+    """The int16 remainder of a saved ``remainder_bits`` (a view)."""
+    if not isinstance(bits, torch.Tensor) or bits.dtype not in (torch.bfloat16, torch.int16):
+        raise RuntimeError(
+            f"{cls}.load_state_dict: state[{key!r}][{REMAINDER_BITS!r}] must be a bfloat16 tensor (a remainder's "
+            f"bits, [note: remainders saved as bits]), got "
+            f"{bits.dtype if isinstance(bits, torch.Tensor) else type(bits).__name__}")
+    return _like(bits, local(bits).view(torch.int16))
 
 
 # ---- group options ---------------------------------------------------------------
@@ -724,6 +753,9 @@ class LeanState:
         for i, st in sd["state"].items():
             if not isinstance(st, dict):
                 continue  # an entry a hook added (torch's own tests add some)
+            if isinstance(st.get("remainder"), torch.Tensor):
+                st = sd["state"][i] = dict(st)
+                st[REMAINDER_BITS] = remainder_bits(st.pop("remainder"))
             for key in self._MOMENTS:
                 if isinstance(st.get(key), torch.Tensor) and st[key].dtype == torch.uint8:
                     st = sd["state"][i] = dict(st)
@@ -762,6 +794,12 @@ class LeanState:
             p = id_map.get(key)
             if p is None or not isinstance(st, dict):
                 continue
+            if REMAINDER_BITS in st:
+                bits = remainder_of_bits(st[REMAINDER_BITS], type(self).__name__, key)
+                if tuple(bits.shape) != tuple(p.shape):
+                    raise RuntimeError(
+                        f"{type(self).__name__}.load_state_dict: state[{key!r}][{REMAINDER_BITS!r}] has shape "
+                        f"{tuple(bits.shape)}, its parameter {tuple(p.shape)}")
             for m in self._MOMENTS:
                 if q8_key(m) in st or q8_scale_key(m) in st:
                     check_saved_moment(type(self).__name__, m, p, st.get(q8_key(m)), st.get(q8_scale_key(m)))
@@ -777,7 +815,7 @@ class LeanState:
         saved_groups = state_dict.get("param_groups", [])
         id_map = dict(zip((k for g in saved_groups for k in g["params"]),
                           (p for g in self.param_groups for p in g["params"])))
-        keep = (*LEAN_STATE_KEYS, *self._MOMENTS)
+        keep = (*LEAN_STATE_KEYS, REMAINDER_BITS, *self._MOMENTS)
         compact, q8 = {}, {}
         for key, st in state_dict.get("state", {}).items():
             if isinstance(st, dict):
@@ -785,6 +823,9 @@ class LeanState:
                     k: v for k, v in st.items()
                     if k in keep and isinstance(v, torch.Tensor) and (k in LEAN_STATE_KEYS or v.dtype != torch.float32)
                 }
+                if REMAINDER_BITS in st:
+                    compact[key]["remainder"] = remainder_of_bits(st[REMAINDER_BITS], type(self).__name__, key)
+                    compact[key].pop(REMAINDER_BITS, None)
                 q8[key] = {m: (st.get(q8_key(m)), st.get(q8_scale_key(m))) for m in self._MOMENTS
                            if q8_key(m) in st or q8_scale_key(m) in st}
         super()._restore_fp32_state(state_dict)
@@ -793,7 +834,7 @@ class LeanState:
             if p is None:
                 continue
             st = self.state[p]
-            for k in SAVED_Q8_KEYS:
+            for k in (*SAVED_Q8_KEYS, REMAINDER_BITS):
                 st.pop(k, None)  # as torch's loader installed them: the scales cast to the param's dtype
             for k, v in saved.items():
                 st[k] = v.to(device=local(p).device if not is_dtensor(v) else p.device, copy=True)

@@ -326,7 +326,8 @@ def test_skipped_step_touches_nothing(gen, mode):
     for i, st in opt.state_dict()["state"].items():
         for k, v in st.items():
             if isinstance(v, torch.Tensor):
-                assert torch.equal(v, snap[1][i][k]), (i, k)
+                w = snap[1][i][k]  # remainder_bits are bits in a BF16 tensor: compare bits, NaN patterns too
+                assert torch.equal(*(bits(x) if x.dtype in (torch.bfloat16, torch.float32) else x for x in (v, w))), (i, k)
 
 
 @pytest.mark.parametrize("mode", ["rem", "rem+8bit"])
@@ -466,7 +467,7 @@ def test_state_dict_is_compact_and_resumes_bit_for_bit(gen, kind, mode, tmp_path
             for i, shape in enumerate(CKPT_SHAPES):
                 saved = ck["opt"]["state"][i]
                 if kw.get("param_remainders"):
-                    assert saved["remainder"].dtype is torch.int16 and "master" not in saved
+                    assert saved["remainder_bits"].dtype is torch.bfloat16 and "remainder" not in saved and "master" not in saved
                 assert key + "_scale" not in saved
                 if dt == U8 and row_form(shape):  # codes + a scale per row's 256-run
                     assert key not in saved and saved[key + "_q8"].dtype is U8
@@ -528,6 +529,54 @@ def test_bad_saved_8bit_moments_raise_and_change_nothing(gen):
             opt.load_state_dict(sd)
         for k, v in before.items():
             assert torch.equal(v, opt.state[ps[0]][k]), k
+
+
+def test_bad_saved_remainders_raise_and_change_nothing(gen):
+    ps = bf16_params(gen, [(3, 256)])
+    opt = make("adamw", ps, "rem")
+    ps[0].grad = grads_for(ps, gen)[0]
+    opt.step()
+    good = opt.state_dict()
+    before = copy.deepcopy(opt.state[ps[0]])
+    for edit, match in [
+        (lambda st: st.update(remainder_bits=st["remainder_bits"].float()), "remainder_bits.*bfloat16"),
+        (lambda st: st.update(remainder_bits=st["remainder_bits"][:2]), "remainder_bits.*shape"),
+        (lambda st: st.update(remainder_bits=1), "remainder_bits"),
+    ]:
+        sd = copy.deepcopy(good)
+        edit(sd["state"][0])
+        with pytest.raises(RuntimeError, match=match):
+            opt.load_state_dict(sd)
+        for k, v in before.items():
+            assert torch.equal(v, opt.state[ps[0]][k]), k
+
+
+@pytest.mark.parametrize("saved_as", ["remainder_bits", "remainder int16"])
+def test_saved_remainders_load_in_either_form(gen, saved_as):
+    """state_dict() saves the remainder's bits as BF16 ([note: remainders
+    saved as bits]); the int16 "remainder" of earlier checkpoints (and
+    Transformer Engine's dtype) loads too; both resume bit for bit."""
+    pa = bf16_params(gen, [(5, 7), (300,)])
+    pb = [torch.nn.Parameter(p.detach().clone()) for p in pa]
+    oa, ob = make("adamw", pa, "rem"), make("adamw", pb, "rem")
+    for t in range(4):
+        for a, b, g in zip(pa, pb, grads_for(pa, gen)):
+            a.grad, b.grad = g.clone(), g.clone()
+        oa.step()
+        ob.step()
+        if t == 1:
+            sd = copy.deepcopy(ob.state_dict())
+            for st in sd["state"].values():
+                assert st["remainder_bits"].dtype is torch.bfloat16 and "remainder" not in st
+                if saved_as != "remainder_bits":
+                    st["remainder"] = st.pop("remainder_bits").view(torch.int16)
+            ob = make("adamw", pb, "rem")
+            ob.load_state_dict(sd)
+            assert all(ob.state[p]["remainder"].dtype is torch.int16 and "remainder_bits" not in ob.state[p]
+                       for p in pb)
+    for a, b in zip(pa, pb):
+        assert torch.equal(bits(a.detach()), bits(b.detach()))
+        assert torch.equal(oa.state[a]["remainder"], ob.state[b]["remainder"])
 
 
 @pytest.mark.parametrize("mode", ["rem", "rem+bf16", "rem+8bit", "sr+bf16"])

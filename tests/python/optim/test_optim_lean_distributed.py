@@ -198,13 +198,14 @@ def _scenario_dcp_load(out, ckpt_dir):
 
 
 # get_state_dict(full_state_dict=True) gathers every state tensor with a
-# collective. Not yet with param_remainders: their int16 tensors are a dtype
-# neither gloo nor NCCL gathers ("Invalid scalar type"); use dcp.save (the
-# sharded form, tested above) or fp32_state_dict() there.
+# collective: the remainders go as their bits in BF16 tensors (gloo and
+# NCCL gather no int16, [note: remainders saved as bits]).
 FULL_SD_MODES = {
     "master": {},
     "sr+bf16": MODES["sr+bf16"],
     "master+8bit": dict(exp_avg_dtype=U8, exp_avg_sq_dtype=U8),
+    "rem": MODES["rem"],
+    "rem+8bit": MODES["rem+8bit"],
 }
 
 
@@ -359,7 +360,7 @@ def test_dcp_saves_8bit_moments_compact(results, src):
         assert got[f"optim.state.{ROW_FORM}.{m}_q8_scale"] is torch.float32
         assert f"optim.state.{ROW_FORM}.{m}" not in got
         assert got[f"optim.state.0.weight.{m}"] is torch.float32  # 30 x 20: no layout-free compact form
-    assert got[f"optim.state.{ROW_FORM}.remainder"] is torch.int16
+    assert got[f"optim.state.{ROW_FORM}.remainder_bits"] is BF16 and f"optim.state.{ROW_FORM}.remainder" not in got
 
 
 @pytest.mark.parametrize("name", ["rem+bf16", "rem+8bit"])
@@ -401,13 +402,15 @@ def test_full_state_dict_two_ranks_to_one(results, name):
     for k, (m, ea, eq) in saved.items():
         lm, la, lq = got["loaded"][k]
         assert torch.equal(lm.view(torch.int32), m.view(torch.int32)), k
-        if name != "master+8bit" or k == ROW_FORM:
+        if not name.endswith("8bit") or k == ROW_FORM:
             assert torch.equal(la, ea) and torch.equal(lq, eq), k
         else:
             for a, b in ((la, ea), (lq, eq)):
                 assert float((a - b).abs().max() / b.abs().max()) <= Q8_TOL, k
     st = got["saved_dtypes"][ROW_FORM]
-    if name == "master+8bit":  # whole rows of 256: saved compact, as codes + row scales
+    if name.startswith("rem"):  # the remainder's bits, gathered as BF16
+        assert st["remainder_bits"] is BF16 and "remainder" not in st and "master" not in st
+    if name.endswith("8bit"):  # whole rows of 256: saved compact, as codes + row scales
         assert st["exp_avg_q8"] is U8 and st["exp_avg_q8_scale"] is torch.float32 and "exp_avg" not in st
     else:
         assert st["exp_avg"] is (BF16 if name == "sr+bf16" else torch.float32)
