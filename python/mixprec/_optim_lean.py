@@ -815,7 +815,7 @@ class LeanState:
         saved_groups = state_dict.get("param_groups", [])
         id_map = dict(zip((k for g in saved_groups for k in g["params"]),
                           (p for g in self.param_groups for p in g["params"])))
-        keep = (*LEAN_STATE_KEYS, REMAINDER_BITS, *self._MOMENTS)
+        keep = (*LEAN_STATE_KEYS, *self._MOMENTS)
         compact, q8 = {}, {}
         for key, st in state_dict.get("state", {}).items():
             if isinstance(st, dict):
@@ -825,7 +825,6 @@ class LeanState:
                 }
                 if REMAINDER_BITS in st:
                     compact[key]["remainder"] = remainder_of_bits(st[REMAINDER_BITS], type(self).__name__, key)
-                    compact[key].pop(REMAINDER_BITS, None)
                 q8[key] = {m: (st.get(q8_key(m)), st.get(q8_scale_key(m))) for m in self._MOMENTS
                            if q8_key(m) in st or q8_scale_key(m) in st}
         super()._restore_fp32_state(state_dict)

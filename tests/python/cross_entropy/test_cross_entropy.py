@@ -687,14 +687,7 @@ class TestCrossEntropy(OpTester):
         return [(x, t, None, -100, red, 0.0) for red in _REDUCTIONS]
 
     def check_empty(self, args, loss):
-        reduction = args[4]
-        assert loss.dtype == torch.float32
-        if reduction == "mean":
-            assert torch.isnan(loss)  # 0 / 0, as torch
-        elif reduction == "sum":
-            assert loss.item() == 0
-        else:
-            assert loss.shape == (0,)
+        check_empty_loss(loss, args[4])
 
     def noncontiguous(self, args):
         x, *rest = args
@@ -731,6 +724,18 @@ class TestCrossEntropy(OpTester):
             case("label_smoothing nan", lambda x, t: op(x, t, None, 1, -100, float("nan")), r"label_smoothing must be in \[0, 1\]"),
             case("0 classes", lambda x, t: op(torch.zeros(3, 0), torch.zeros(3, dtype=torch.int64), None, 1, -100, 0.0), "self has 0 classes"),
         ]
+
+
+def check_empty_loss(loss, reduction):
+    """The loss of an empty batch, as torch gives it: FP32; NaN for mean
+    (0 / 0), 0 for sum, an empty tensor for none."""
+    assert loss.dtype == torch.float32
+    if reduction == "mean":
+        assert torch.isnan(loss)  # 0 / 0, as torch
+    elif reduction == "sum":
+        assert loss.item() == 0
+    else:
+        assert loss.shape == (0,)
 
 
 class TestSoftCrossEntropy(OpTester):
@@ -797,13 +802,7 @@ class TestSoftCrossEntropy(OpTester):
 
     def check_empty(self, args, loss):
         x, t, _, reduction, _ = self._cpu(args)
-        assert loss.dtype == torch.float32
-        if reduction == "mean":
-            assert torch.isnan(loss)  # 0 / 0, as torch
-        elif reduction == "sum":
-            assert loss.item() == 0
-        else:
-            assert loss.shape == (0,)
+        check_empty_loss(loss, reduction)
         ref = F.cross_entropy(x.float(), t, reduction=reduction)
         assert loss.shape == ref.shape and torch.equal(torch.isnan(loss.cpu()), torch.isnan(ref))
 
