@@ -298,156 +298,10 @@ void run_sgd(const std::string &name, const std::function<void(mixprec_sgd_param
                salt, mode, shape);
 }
 
-TEST(OptimIsa, SeveralIsasToCompare) {
-  // Not a failure on a CPU without AVX2, but then nothing below compares.
-  if (mpt::supported_isas().size() < 2) GTEST_SKIP() << "only the scalar path on this CPU";
-}
-
-TEST(OptimIsa, AdamWDefault) { run_adamw("adamw default", nullptr, false, false, 1); }
-TEST(OptimIsa, AdamWAmsgrad) {
-  run_adamw("adamw amsgrad", [](mixprec_adamw_params &h) { h.amsgrad = 1; }, false, false, 2);
-}
-TEST(OptimIsa, AdamWMaximize) {
-  run_adamw("adamw maximize", [](mixprec_adamw_params &h) { h.maximize = 1; }, false, false, 3);
-}
-TEST(OptimIsa, AdamWGradScale) { run_adamw("adamw grad_scale", nullptr, true, false, 4); }
-TEST(OptimIsa, AdamWOtherLerpBranchNoDecay) {
-  run_adamw("adamw beta1 0.3, wd 0",
-            [](mixprec_adamw_params &h) {
-              h.beta1 = 0.3;
-              h.weight_decay = 0.0;
-            },
-            false, false, 5);
-}
-TEST(OptimIsa, AdamWEverything) {
-  run_adamw("adamw amsgrad maximize grad_scale lr_tensor",
-            [](mixprec_adamw_params &h) {
-              h.amsgrad = 1;
-              h.maximize = 1;
-              h.lr = 0.05;
-              h.weight_decay = 0.1;
-              h.beta2 = 0.95;
-              h.eps = 1e-6;
-            },
-            true, true, 6);
-}
-
-TEST(OptimIsa, SgdPlain) { run_sgd("sgd plain", nullptr, false, 11); }
-TEST(OptimIsa, SgdMomentum) {
-  run_sgd("sgd momentum", [](mixprec_sgd_params &h) { h.momentum = 0.9; }, false, 12);
-}
-TEST(OptimIsa, SgdNesterovWeightDecay) {
-  run_sgd("sgd nesterov wd",
-          [](mixprec_sgd_params &h) {
-            h.momentum = 0.9;
-            h.nesterov = 1;
-            h.weight_decay = 0.01;
-          },
-          false, 13);
-}
-TEST(OptimIsa, SgdDampeningMaximizeScale) {
-  run_sgd("sgd dampening maximize grad_scale",
-          [](mixprec_sgd_params &h) {
-            h.momentum = 0.8;
-            h.dampening = 0.3;
-            h.weight_decay = 0.05;
-            h.maximize = 1;
-          },
-          true, 14);
-}
-TEST(OptimIsa, AdamWUnscaleGrads) {
-  run_adamw("adamw unscale_grads maximize amsgrad",
-            [](mixprec_adamw_params &h) {
-              h.unscale_grads = 1;
-              h.maximize = 1;
-              h.amsgrad = 1;
-            },
-            true, false, 7);
-}
-TEST(OptimIsa, SgdUnscaleGrads) {
-  run_sgd("sgd unscale_grads momentum maximize",
-          [](mixprec_sgd_params &h) {
-            h.unscale_grads = 1;
-            h.momentum = 0.9;
-            h.weight_decay = 1e-3;
-            h.maximize = 1;
-          },
-          true, 16);
-}
-TEST(OptimIsa, SgdWeightDecayNoMomentum) {
-  run_sgd("sgd wd", [](mixprec_sgd_params &h) { h.weight_decay = 0.02; }, false, 15);
-}
-
-// A step of over a million elements: the non-temporal stores of the params
-// (with the unaligned head before the first 32-byte boundary) give the same
-// bits as the scalar path, and nothing outside the tensors is written.
-TEST(OptimIsa, AdamWLargeStepStreams) {
-  run_adamw("adamw large", [](mixprec_adamw_params &h) { h.amsgrad = 1; }, true, false, 21, kPlain,
-            kLarge);
-}
-TEST(OptimIsa, SgdLargeStepStreams) {
-  run_sgd("sgd large", [](mixprec_sgd_params &h) { h.momentum = 0.9; }, false, 22, kPlain, kLarge);
-}
-// The same with unscale_grads: the grads are written beside the streamed
-// params and the blocked master update.
-TEST(OptimIsa, AdamWLargeStepStreamsUnscaleGrads) {
-  run_adamw("adamw large unscale_grads", [](mixprec_adamw_params &h) { h.unscale_grads = 1; },
-            true, false, 23, kPlain, kLarge);
-}
-TEST(OptimIsa, SgdLargeStepStreamsUnscaleGrads) {
-  run_sgd("sgd large unscale_grads",
-          [](mixprec_sgd_params &h) {
-            h.momentum = 0.9;
-            h.unscale_grads = 1;
-          },
-          true, 24, kPlain, kLarge);
-}
-
-}  // namespace
-
-// Master-free BF16 params (stochastic rounding): the random bits depend on the
-// element index, not on the path, so every ISA gives the same bits.
-TEST(OptimIsa, AdamWStochasticRounding) {
-  run_adamw("adamw stochastic rounding",
-            [](mixprec_adamw_params &h) {
-              h.amsgrad = 1;
-              h.sr_seed = 0x123456789abcdefull;
-            },
-            true, false, 11, kSr);
-}
-TEST(OptimIsa, AdamWStochasticRoundingUnscaleGrads) {
-  run_adamw("adamw stochastic rounding unscale_grads",
-            [](mixprec_adamw_params &h) {
-              h.unscale_grads = 1;
-              h.sr_seed = 7;
-            },
-            true, false, 13, kSr);
-}
-TEST(OptimIsa, SgdStochasticRoundingUnscaleGrads) {
-  run_sgd("sgd stochastic rounding unscale_grads",
-          [](mixprec_sgd_params &h) {
-            h.momentum = 0.9;
-            h.unscale_grads = 1;
-            h.sr_seed = 9;
-          },
-          true, 14, kSr);
-}
-TEST(OptimIsa, SgdStochasticRounding) {
-  run_sgd("sgd stochastic rounding",
-          [](mixprec_sgd_params &h) {
-            h.momentum = 0.9;
-            h.nesterov = 1;
-            h.weight_decay = 1e-3;
-            h.sr_seed = 42;
-          },
-          true, 12, kSr);
-}
-
 // The lean state on every ISA: remainders, BF16 moments (stochastically
 // rounded with the element's bits) and 8-bit blockwise moments (the block
 // tails of odd sizes, zero scales, random codes), each with a master, master-
 // free (SR) or remainder param; the same bits on every path.
-namespace {
 const auto BF = MIXPREC_STATE_BF16, Q8 = MIXPREC_STATE_Q8, F = MIXPREC_STATE_F32;
 // Two rotations: every size still meets every dtype pair over the nine
 // tensors, the Q8 block tails included (255, 257, 65536 + 13).
@@ -455,49 +309,138 @@ const Shape kLean = {{1, 7, 9, 17, 255, 257, 4097, 65536 + 13, 100003}, {0, 4}};
 const Mode kLeanModes[] = {{false, true, F, F},  {false, true, BF, BF}, {false, true, Q8, Q8},
                            {false, false, Q8, BF}, {true, false, BF, Q8}, {false, false, F, Q8}};
 
-void adamw_lean(const std::function<void(mixprec_adamw_params &)> &tweak, bool scale, uint32_t salt) {
-  for (const Mode &m : kLeanModes)
-    run_adamw("adamw lean rem " + std::to_string(m.rem) + " sr " + std::to_string(m.sr) + " dm " +
-                  std::to_string(int(m.dm)) + " dv " + std::to_string(int(m.dv)),
-              tweak, scale, false, salt++, m, kLean);
-}
-void sgd_lean(const std::function<void(mixprec_sgd_params &)> &tweak, bool scale, uint32_t salt) {
-  for (const Mode &m0 : kLeanModes) {
-    Mode m = m0;
-    m.dv = F;  // SGD has one buffer
-    run_sgd("sgd lean rem " + std::to_string(m.rem) + " sr " + std::to_string(m.sr) + " db " +
-                std::to_string(int(m.dm)),
-            tweak, scale, salt++, m, kLean);
-  }
-}
-}  // namespace
+using AdamWTweak = std::function<void(mixprec_adamw_params &)>;
+using SgdTweak = std::function<void(mixprec_sgd_params &)>;
+using Run = std::function<void()>;
 
-TEST(OptimIsa, AdamWLean) { adamw_lean([](mixprec_adamw_params &h) { h.sr_seed = 5; }, false, 31); }
-TEST(OptimIsa, AdamWLeanAmsgradMaximizeUnscaleGrads) {
-  adamw_lean([](mixprec_adamw_params &h) {
-               h.amsgrad = 1;
-               h.maximize = 1;
-               h.unscale_grads = 1;
-               h.beta1 = 0.3;
-               h.sr_seed = 6;
-             },
-             true, 41);
+// A case's run: run_adamw / run_sgd of these arguments.
+Run adamw(const std::string &name, const AdamWTweak &tweak, bool use_scale, bool use_lr_tensor,
+          uint32_t salt, const Mode &mode = kPlain, const Shape &shape = kSmall) {
+  return [=] { run_adamw(name, tweak, use_scale, use_lr_tensor, salt, mode, shape); };
 }
-TEST(OptimIsa, SgdLeanMomentum) {
-  sgd_lean([](mixprec_sgd_params &h) {
-             h.momentum = 0.9;
-             h.weight_decay = 1e-3;
-             h.sr_seed = 8;
-           },
-           false, 51);
+Run sgd(const std::string &name, const SgdTweak &tweak, bool use_scale, uint32_t salt,
+        const Mode &mode = kPlain, const Shape &shape = kSmall) {
+  return [=] { run_sgd(name, tweak, use_scale, salt, mode, shape); };
 }
-TEST(OptimIsa, SgdLeanNesterovMaximizeUnscaleGrads) {
-  sgd_lean([](mixprec_sgd_params &h) {
-             h.momentum = 0.8;
-             h.nesterov = 1;
-             h.maximize = 1;
-             h.unscale_grads = 1;
-             h.sr_seed = 10;
-           },
-           true, 61);
+// A case's run over every lean mode (salts salt, salt + 1, ...; SGD with
+// the mode's dm for its one buffer).
+Run adamw_lean(const AdamWTweak &tweak, bool scale, uint32_t salt) {
+  return [=] {
+    uint32_t k = salt;
+    for (const Mode &m : kLeanModes)
+      run_adamw("adamw lean rem " + std::to_string(m.rem) + " sr " + std::to_string(m.sr) +
+                    " dm " + std::to_string(int(m.dm)) + " dv " + std::to_string(int(m.dv)),
+                tweak, scale, false, k++, m, kLean);
+  };
 }
+Run sgd_lean(const SgdTweak &tweak, bool scale, uint32_t salt) {
+  return [=] {
+    uint32_t k = salt;
+    for (const Mode &m0 : kLeanModes) {
+      Mode m = m0;
+      m.dv = F;  // SGD has one buffer
+      run_sgd("sgd lean rem " + std::to_string(m.rem) + " sr " + std::to_string(m.sr) + " db " +
+                  std::to_string(int(m.dm)),
+              tweak, scale, k++, m, kLean);
+    }
+  };
+}
+
+// The cases, each the test OptimIsa.<test>, in the order they are listed.
+// sr: master-free BF16 params (stochastic rounding): the random bits depend
+// on the element index, not on the path, so every ISA gives the same bits.
+// large: a step of over a million elements: the non-temporal stores of the
+// params (with the unaligned head before the first 32-byte boundary) give
+// the same bits as the scalar path, and nothing outside the tensors is
+// written; with unscale_grads the grads are written beside the streamed
+// params and the blocked master update.
+struct IsaCase {
+  const char *test;
+  Run run;
+};
+const IsaCase kCases[] = {
+    {"AdamWDefault", adamw("adamw default", nullptr, false, false, 1)},
+    {"AdamWAmsgrad", adamw("adamw amsgrad", [](auto &h) { h.amsgrad = 1; }, false, false, 2)},
+    {"AdamWMaximize", adamw("adamw maximize", [](auto &h) { h.maximize = 1; }, false, false, 3)},
+    {"AdamWGradScale", adamw("adamw grad_scale", nullptr, true, false, 4)},
+    {"AdamWOtherLerpBranchNoDecay",
+     adamw("adamw beta1 0.3, wd 0",
+           [](auto &h) { h.beta1 = 0.3; h.weight_decay = 0.0; }, false, false, 5)},
+    {"AdamWEverything",
+     adamw("adamw amsgrad maximize grad_scale lr_tensor",
+           [](auto &h) { h.amsgrad = 1; h.maximize = 1; h.lr = 0.05; h.weight_decay = 0.1; h.beta2 = 0.95; h.eps = 1e-6; },
+           true, true, 6)},
+    {"SgdPlain", sgd("sgd plain", nullptr, false, 11)},
+    {"SgdMomentum", sgd("sgd momentum", [](auto &h) { h.momentum = 0.9; }, false, 12)},
+    {"SgdNesterovWeightDecay",
+     sgd("sgd nesterov wd",
+         [](auto &h) { h.momentum = 0.9; h.nesterov = 1; h.weight_decay = 0.01; }, false, 13)},
+    {"SgdDampeningMaximizeScale",
+     sgd("sgd dampening maximize grad_scale",
+         [](auto &h) { h.momentum = 0.8; h.dampening = 0.3; h.weight_decay = 0.05; h.maximize = 1; },
+         true, 14)},
+    {"AdamWUnscaleGrads",
+     adamw("adamw unscale_grads maximize amsgrad",
+           [](auto &h) { h.unscale_grads = 1; h.maximize = 1; h.amsgrad = 1; }, true, false, 7)},
+    {"SgdUnscaleGrads",
+     sgd("sgd unscale_grads momentum maximize",
+         [](auto &h) { h.unscale_grads = 1; h.momentum = 0.9; h.weight_decay = 1e-3; h.maximize = 1; },
+         true, 16)},
+    {"SgdWeightDecayNoMomentum", sgd("sgd wd", [](auto &h) { h.weight_decay = 0.02; }, false, 15)},
+    {"AdamWLargeStepStreams",
+     adamw("adamw large", [](auto &h) { h.amsgrad = 1; }, true, false, 21, kPlain, kLarge)},
+    {"SgdLargeStepStreams",
+     sgd("sgd large", [](auto &h) { h.momentum = 0.9; }, false, 22, kPlain, kLarge)},
+    {"AdamWLargeStepStreamsUnscaleGrads",
+     adamw("adamw large unscale_grads",
+           [](auto &h) { h.unscale_grads = 1; }, true, false, 23, kPlain, kLarge)},
+    {"SgdLargeStepStreamsUnscaleGrads",
+     sgd("sgd large unscale_grads",
+         [](auto &h) { h.momentum = 0.9; h.unscale_grads = 1; }, true, 24, kPlain, kLarge)},
+    {"AdamWStochasticRounding",
+     adamw("adamw stochastic rounding",
+           [](auto &h) { h.amsgrad = 1; h.sr_seed = 0x123456789abcdefull; }, true, false, 11, kSr)},
+    {"AdamWStochasticRoundingUnscaleGrads",
+     adamw("adamw stochastic rounding unscale_grads",
+           [](auto &h) { h.unscale_grads = 1; h.sr_seed = 7; }, true, false, 13, kSr)},
+    {"SgdStochasticRoundingUnscaleGrads",
+     sgd("sgd stochastic rounding unscale_grads",
+         [](auto &h) { h.momentum = 0.9; h.unscale_grads = 1; h.sr_seed = 9; }, true, 14, kSr)},
+    {"SgdStochasticRounding",
+     sgd("sgd stochastic rounding",
+         [](auto &h) { h.momentum = 0.9; h.nesterov = 1; h.weight_decay = 1e-3; h.sr_seed = 42; },
+         true, 12, kSr)},
+    {"AdamWLean", adamw_lean([](auto &h) { h.sr_seed = 5; }, false, 31)},
+    {"AdamWLeanAmsgradMaximizeUnscaleGrads",
+     adamw_lean([](auto &h) { h.amsgrad = 1; h.maximize = 1; h.unscale_grads = 1; h.beta1 = 0.3; h.sr_seed = 6; },
+                true, 41)},
+    {"SgdLeanMomentum",
+     sgd_lean([](auto &h) { h.momentum = 0.9; h.weight_decay = 1e-3; h.sr_seed = 8; }, false, 51)},
+    {"SgdLeanNesterovMaximizeUnscaleGrads",
+     sgd_lean([](auto &h) { h.momentum = 0.8; h.nesterov = 1; h.maximize = 1; h.unscale_grads = 1; h.sr_seed = 10; },
+              true, 61)},
+};
+
+TEST(OptimIsa, SeveralIsasToCompare) {
+  // Not a failure on a CPU without AVX2, but then nothing below compares.
+  if (mpt::supported_isas().size() < 2) GTEST_SKIP() << "only the scalar path on this CPU";
+}
+
+// Each case of kCases registered as OptimIsa.<test> after
+// SeveralIsasToCompare (the plain ::testing::Test fixture TEST uses).
+class IsaCaseTest : public ::testing::Test {
+ public:
+  explicit IsaCaseTest(const IsaCase &c) : c_(c) {}
+  void TestBody() override { c_.run(); }
+
+ private:
+  const IsaCase &c_;
+};
+[[maybe_unused]] const bool kRegistered = [] {
+  for (const IsaCase &c : kCases)
+    ::testing::RegisterTest("OptimIsa", c.test, nullptr, nullptr, __FILE__, __LINE__,
+                            [&c]() -> ::testing::Test * { return new IsaCaseTest(c); });
+  return true;
+}();
+
+}  // namespace
