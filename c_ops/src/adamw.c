@@ -102,8 +102,8 @@ static void adamw_lean_range(const mixprec_opt_tensor *t, int64_t begin, int64_t
   x.q1 = qv;
   x.k0 = mixprec__sr_stream_key(s->sr_key, 1);
   x.k1 = mixprec__sr_stream_key(s->sr_key, 2);
-  x.tab_s = &lk->tab_s;
-  x.tab_u = &lk->tab_u;
+  x.tab_s = lk->tab_s;
+  x.tab_u = lk->tab_u;
   for (int64_t b0 = begin; b0 < end; b0 += MIXPREC__Q8_BLOCK) {
     const int64_t b1 = end - b0 < MIXPREC__Q8_BLOCK ? end : b0 + MIXPREC__Q8_BLOCK;
     x.b0 = b0;
@@ -126,10 +126,10 @@ static void adamw_lean_range(const mixprec_opt_tensor *t, int64_t begin, int64_t
     }
     if (dm == MIXPREC_STATE_Q8)
       lk->store(qm, (int)(b1 - b0), (uint8_t *)t->exp_avg_data + b0,
-                &t->exp_avg_scale[b0 / MIXPREC__Q8_BLOCK], &lk->tab_s, 1);
+                &t->exp_avg_scale[b0 / MIXPREC__Q8_BLOCK], lk->tab_s, 1);
     if (dv == MIXPREC_STATE_Q8)
       lk->store(qv, (int)(b1 - b0), (uint8_t *)t->exp_avg_sq_data + b0,
-                &t->exp_avg_sq_scale[b0 / MIXPREC__Q8_BLOCK], &lk->tab_u, 0);
+                &t->exp_avg_sq_scale[b0 / MIXPREC__Q8_BLOCK], lk->tab_u, 0);
   }
 }
 

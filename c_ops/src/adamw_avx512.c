@@ -22,13 +22,17 @@ void mixprec__q8_store_block_avx512(const float *x, int n, uint8_t *codes, float
   const float inv = mixprec__q8_inv(mx);
   const __m512 inv16 = _mm512_set1_ps(inv);
 #define MIXPREC__Q8_ENC_LOOP(SIGNED)                                                          \
+  const mixprec__q8_enc16 e = mixprec__q8_enc16_load(tb, SIGNED);                           \
   for (int i = 0; i < n; i += 16) {                                                         \
     const __mmask16 in = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u); \
     _mm_mask_storeu_epi8(codes + i, in,                                                     \
-                         mixprec__q8_encode16(_mm512_maskz_loadu_ps(in, x + i), inv16, tb, SIGNED)); \
+                         mixprec__q8_encode16(_mm512_maskz_loadu_ps(in, x + i), inv16, &e, SIGNED)); \
   }
-  if (is_signed) MIXPREC__Q8_ENC_LOOP(1)
-  else MIXPREC__Q8_ENC_LOOP(0)
+  if (is_signed) {
+    MIXPREC__Q8_ENC_LOOP(1)
+  } else {
+    MIXPREC__Q8_ENC_LOOP(0)
+  }
 #undef MIXPREC__Q8_ENC_LOOP
   *scale = mx;
 }

@@ -234,7 +234,18 @@ typedef int64_t (*mixprec__sgd_body_fn)(const mixprec_opt_tensor *t, int64_t beg
                                         const mixprec__sgd_consts *k);
 /* The Q8 map's constants as the vector code indexes them, taken from
  * optim_math.h's scalar functions so both round identically: by top bit L
- * (decoding) and by decade d (encoding). */
+ * (decoding) and by decade d (encoding), and the AVX-512 encode's
+ * thresholds. [note: q8 thresholds] The scalar code of y >= 0 is a
+ * non-decreasing function of y (tests/c/optim/test_optim_lean.cc checks it
+ * over every float of [0, 2] on the CI's fuzz budget, and once over all
+ * floats), so it is the count of thresholds thr[r] <= y, thr[r] being the
+ * least float whose code ranks r or more (rank: the codes in the order of
+ * their values); thr is found from the scalar encode itself
+ * (mixprec__q8_tabs_init), so the vector search gives its codes bit for
+ * bit. The AVX-512 encode searches thr in NB = 7 (signed: ranks 0..127, and
+ * one more compare for +1.0) or 8 (unsigned) halving steps: thr_top, then
+ * three tables indexed by R = r >> (NB - 4), then tables of 16, 32, 64 and
+ * (unsigned) 128 entries indexed by the rank's leading bits. */
 typedef struct mixprec__q8_tabs {
   float dec_step[8], dec_first[8];                /* by L */
   float lower[8], inv_step[8], step[8], first[8]; /* by d */
@@ -242,35 +253,17 @@ typedef struct mixprec__q8_tabs {
   float jmax[8];                                  /* by d: 2^L - 1 */
   int32_t base[8];                                /* by d: 2^L */
   float search[8]; /* by k: 10^(k-7) for k = 1..6 (the decade search), [7] NaN (never reached) */
-  float dec[256];  /* by code: mixprec__q8_decode (the AVX-512 decode's lookup table) */
+  /* The AVX-512 decode, by the exponent field of (float)magnitude, mod 16
+   * (L = 0 at 15, L >= 1 at L - 1; unsigned L = 0 is code 1: step 0, first 1). */
+  float dz_step[16], dz_first[16];
+  float thr[256];  /* by rank r >= 1 (signed: 1..128, unsigned: 1..255); [0] 0 */
+  float bs_r[3][16], bs16[16], bs32[32], bs64[64], bs128[128]; /* the search's tables */
 } mixprec__q8_tabs;
 
-MIXPREC__FORCE_INLINE void mixprec__q8_tabs_init(mixprec__q8_tabs *t, int is_signed) {
-  for (int j = 0; j < 8; j++) {
-    t->dec_step[j] = t->dec_first[j] = t->lower[j] = t->inv_step[j] = 0.0f;
-    t->step[j] = t->first[j] = t->below[j] = t->jmax[j] = 0.0f;
-    t->base[j] = 1;
-    t->search[j] = j >= 1 && j <= 6 ? (float)mixprec__q8_lower(j) : 0.0f;
-  }
-  t->search[7] = mixprec__opt_from_bits(0x7fc00000u);
-  for (int c = 0; c < 256; c++) t->dec[c] = mixprec__q8_decode((uint8_t)c, is_signed);
-  for (int L = is_signed ? 0 : 1; L <= (is_signed ? 6 : 7); L++) {
-    const mixprec__q8_decade c = mixprec__q8_decade_of(is_signed ? L : L - 1, L);
-    t->dec_step[L] = c.step;
-    t->dec_first[L] = c.first;
-  }
-  for (int d = 0; d <= 6; d++) {
-    const int L = is_signed ? d : d + 1;
-    const mixprec__q8_decade c = mixprec__q8_decade_of(d, L);
-    t->lower[d] = c.lower;
-    t->inv_step[d] = c.inv_step;
-    t->step[d] = c.step;
-    t->first[d] = c.first;
-    t->jmax[d] = (float)((1 << L) - 1);
-    t->base[d] = 1 << L;
-    if (d > 0) t->below[d] = mixprec__q8_mag((uint32_t)(1 << L) - 1u, is_signed);
-  }
-}
+/* The tables of the signed (exp_avg, momentum) or unsigned (exp_avg_sq) map:
+ * computed on the first call (from optim_math.h's scalar functions), then
+ * the same shared copy; never NULL. Thread-safe. */
+const mixprec__q8_tabs *mixprec__q8_tabs_get(int is_signed);
 
 /* What a lean vector body needs besides the tensor: the Q8 block buffers of
  * the new moments (index i - b0, b0 the block's first element), the BF16
@@ -369,7 +362,7 @@ typedef struct mixprec__lean_kernels {
   mixprec__adamw_lean_fn adamw;
   mixprec__sgd_lean_fn sgd;
   mixprec__q8_store_fn store;
-  mixprec__q8_tabs tab_s, tab_u;
+  const mixprec__q8_tabs *tab_s, *tab_u;
 } mixprec__lean_kernels;
 
 MIXPREC__INLINE void mixprec__lean_kernels_init(mixprec__lean_kernels *lk, const mixprec_opt_tensor *list,
@@ -377,12 +370,13 @@ MIXPREC__INLINE void mixprec__lean_kernels_init(mixprec__lean_kernels *lk, const
   lk->adamw = NULL;
   lk->sgd = NULL;
   lk->store = mixprec__q8_store_block_scalar;
+  lk->tab_s = lk->tab_u = NULL;
   int q8 = 0;
   for (int64_t i = 0; i < n; i++)
     q8 |= list[i].exp_avg_dtype == MIXPREC_STATE_Q8 || (use_v && list[i].exp_avg_sq_dtype == MIXPREC_STATE_Q8);
   if (q8) {
-    mixprec__q8_tabs_init(&lk->tab_s, 1);
-    mixprec__q8_tabs_init(&lk->tab_u, 0);
+    lk->tab_s = mixprec__q8_tabs_get(1);
+    lk->tab_u = mixprec__q8_tabs_get(0);
   }
 #if defined(MIXPREC_X86)
   const mixprec_cpu_isa isa = mixprec__active_isa();
@@ -905,71 +899,99 @@ MIXPREC__FORCE_INLINE void mixprec__opt_rem_split16(void *param, int16_t *rem, i
   _mm256_storeu_si256((__m256i *)(rem + i), _mm512_cvtepi32_epi16(lo));
 }
 
-/* Codes [i, i + 16) decoded at scale (mixprec__q8_load): the code's value
- * looked up in tb->dec (mixprec__q8_decode of every code), 32 entries per
- * two-table permute, the permute of the code's top 3 bits kept. */
+/* Codes [i, i + 16) decoded at scale (mixprec__q8_load): the magnitude q's
+ * top bit L from the exponent of (float)q, j = q - 2^L exactly in float,
+ * fma(j, step[L], first[L]) (mixprec__q8_mag's one rounding; q = 0 masked
+ * to 0), the sign, and the signed map's +1.0 at 0x80. */
 MIXPREC__FORCE_INLINE __m512 mixprec__q8_load16(const uint8_t *codes, int64_t i, float scale,
-                                                const mixprec__q8_tabs *tb) {
+                                                const mixprec__q8_tabs *tb, const int is_signed) {
   const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + i)));
-  const __m512i top = _mm512_srli_epi32(c, 5);
-  __m512 v = _mm512_permutex2var_ps(_mm512_loadu_ps(tb->dec), c, _mm512_loadu_ps(tb->dec + 16));
-  for (int k = 1; k < 8; k++)
-    v = _mm512_mask_mov_ps(v, _mm512_cmpeq_epi32_mask(top, _mm512_set1_epi32(k)),
-                           _mm512_permutex2var_ps(_mm512_loadu_ps(tb->dec + 32 * k), c,
-                                                  _mm512_loadu_ps(tb->dec + 32 * k + 16)));
+  const __m512i q = is_signed ? _mm512_and_si512(c, _mm512_set1_epi32(0x7f)) : c;
+  const __m512 qf = _mm512_cvtepi32_ps(q);
+  const __m512i e = _mm512_srli_epi32(_mm512_castps_si512(qf), 23);
+  const __m512 j = _mm512_sub_ps(qf, _mm512_castsi512_ps(_mm512_slli_epi32(e, 23)));
+  __m512 v = _mm512_maskz_fmadd_ps(_mm512_test_epi32_mask(q, q), j,
+                                   _mm512_permutexvar_ps(e, _mm512_loadu_ps(tb->dz_step)),
+                                   _mm512_permutexvar_ps(e, _mm512_loadu_ps(tb->dz_first)));
+  if (is_signed) {
+    /* v ^ (c << 24 & sign bit): ternary-logic 0x78 is A ^ (B & C) */
+    v = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(v), _mm512_slli_epi32(c, 24),
+                                                      _mm512_set1_epi32((int)0x80000000u), 0x78));
+    v = _mm512_mask_mov_ps(v, _mm512_cmpeq_epi32_mask(c, _mm512_set1_epi32(0x80)), _mm512_set1_ps(1.0f));
+  }
   return _mm512_mul_ps(v, _mm512_set1_ps(scale));
 }
 
-/* mixprec__q8_encode8 for 16 lanes: the codes as bytes. */
-MIXPREC__FORCE_INLINE __m128i mixprec__q8_encode16(__m512 x, __m512 inv, const mixprec__q8_tabs *tb,
+/* The AVX-512 encode's tables in registers ([note: q8 thresholds]). */
+typedef struct mixprec__q8_enc16 {
+  __m512 top, one, r0, r1, r2, t16, t32[2], t64[4], t128[8];
+} mixprec__q8_enc16;
+
+MIXPREC__FORCE_INLINE mixprec__q8_enc16 mixprec__q8_enc16_load(const mixprec__q8_tabs *tb, const int is_signed) {
+  mixprec__q8_enc16 e;
+  e.top = _mm512_set1_ps(tb->thr[is_signed ? 64 : 128]);
+  e.one = _mm512_set1_ps(tb->thr[128]);
+  e.r0 = _mm512_loadu_ps(tb->bs_r[0]);
+  e.r1 = _mm512_loadu_ps(tb->bs_r[1]);
+  e.r2 = _mm512_loadu_ps(tb->bs_r[2]);
+  e.t16 = _mm512_loadu_ps(tb->bs16);
+  for (int k = 0; k < 2; k++) e.t32[k] = _mm512_loadu_ps(tb->bs32 + 16 * k);
+  for (int k = 0; k < 4; k++) e.t64[k] = _mm512_loadu_ps(tb->bs64 + 16 * k);
+  for (int k = 0; k < 8; k++) e.t128[k] = is_signed ? _mm512_setzero_ps() : _mm512_loadu_ps(tb->bs128 + 16 * k);
+  return e;
+}
+
+/* The codes of 16 values at inv (mixprec__q8_encode), as bytes: the rank r
+ * of y = |x| * inv is the count of thresholds <= y, found in NB = 7
+ * (signed) or 8 halving steps; R = r >> (NB - 4) indexes the first tables,
+ * then I, the rank's leading bits, the wider ones (a NaN y compares false
+ * everywhere: rank 0, code 0). */
+MIXPREC__FORCE_INLINE __m128i mixprec__q8_encode16(__m512 x, __m512 inv, const mixprec__q8_enc16 *t,
                                                    const int is_signed) {
-  const __mmask16 neg = is_signed ? _mm512_movepi32_mask(_mm512_castps_si512(x)) : (__mmask16)0;
+  const __m512i one_i = _mm512_set1_epi32(1);
   const __m512 y = _mm512_mul_ps(_mm512_abs_ps(x), inv);
-  const __mmask16 nan = _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
-  /* the decade d, as mixprec__q8_encode8 searches it */
-  const __m512 srch = _mm512_broadcast_f32x8(_mm256_loadu_ps(tb->search));
-  __m512i d = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(y, _mm512_set1_ps(tb->search[4]), _CMP_GE_OQ),
-                                     _mm512_set1_epi32(4));
-  d = _mm512_mask_add_epi32(
-      d, _mm512_cmp_ps_mask(y, _mm512_permutexvar_ps(_mm512_add_epi32(d, _mm512_set1_epi32(2)), srch), _CMP_GE_OQ),
-      d, _mm512_set1_epi32(2));
-  d = _mm512_mask_add_epi32(
-      d, _mm512_cmp_ps_mask(y, _mm512_permutexvar_ps(_mm512_add_epi32(d, _mm512_set1_epi32(1)), srch), _CMP_GE_OQ),
-      d, _mm512_set1_epi32(1));
-#define MIXPREC__TAB16(f) _mm512_permutexvar_ps(d, _mm512_broadcast_f32x8(_mm256_loadu_ps(tb->f)))
-  const __m512 jmax = MIXPREC__TAB16(jmax);
-  __m512 jf = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(y, MIXPREC__TAB16(lower)), MIXPREC__TAB16(inv_step)),
-                                   _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  jf = _mm512_max_ps(jf, _mm512_setzero_ps()); /* a NaN (second operand wins) or negative: 0 */
-  jf = _mm512_min_ps(jf, jmax);
-  const __m512i base = _mm512_permutexvar_epi32(d, _mm512_broadcast_i32x8(_mm256_loadu_si256((const __m256i *)tb->base)));
-  const __m512i q = _mm512_add_epi32(base, _mm512_cvttps_epi32(jf));
-  const __m512 vq = _mm512_fmadd_ps(jf, MIXPREC__TAB16(step), MIXPREC__TAB16(first));
-  const __mmask16 first = _mm512_cmp_ps_mask(jf, _mm512_setzero_ps(), _CMP_EQ_OQ);
-  const __mmask16 d0 = _mm512_cmpeq_epi32_mask(d, _mm512_setzero_si512());
-  const __m512 below = MIXPREC__TAB16(below);
-#undef MIXPREC__TAB16
-  const __mmask16 c_below = _mm512_mask_cmp_ps_mask((__mmask16)(first & ~d0), _mm512_sub_ps(y, below),
-                                                    _mm512_sub_ps(vq, y), _CMP_LT_OQ);
-  const __mmask16 c_zero = _mm512_mask_cmp_ps_mask((__mmask16)(first & d0), y,
-                                                   _mm512_mul_ps(vq, _mm512_set1_ps(0.5f)), _CMP_LT_OQ);
-  __mmask16 c_one = _mm512_mask_cmp_ps_mask(
-      _mm512_mask_cmp_ps_mask(_mm512_cmpeq_epi32_mask(d, _mm512_set1_epi32(6)), jf, jmax, _CMP_EQ_OQ),
-      _mm512_sub_ps(_mm512_set1_ps(1.0f), y), _mm512_sub_ps(y, vq), _CMP_LT_OQ);
-  if (is_signed) c_one = (__mmask16)(c_one & ~neg);
-  const __m512i sign = _mm512_maskz_mov_epi32(neg, _mm512_set1_epi32(0x80));
-  __m512i code = _mm512_or_si512(sign, q);
-  code = _mm512_mask_or_epi32(code, c_below, sign, _mm512_sub_epi32(q, _mm512_set1_epi32(1)));
-  code = _mm512_mask_mov_epi32(code, c_one, _mm512_set1_epi32(is_signed ? 0x80 : 1));
-  code = _mm512_maskz_mov_epi32((__mmask16)~(c_zero | nan), code);
+#define MIXPREC__GE(thr) _mm512_cmp_ps_mask(y, (thr), _CMP_GE_OQ)
+#define MIXPREC__NEXT(I, m) \
+  _mm512_mask_add_epi32(_mm512_add_epi32((I), (I)), (m), _mm512_add_epi32((I), (I)), one_i)
+  const __mmask16 m_top = MIXPREC__GE(t->top);
+  __m512i R = _mm512_maskz_mov_epi32(m_top, _mm512_set1_epi32(8));
+  const __mmask16 m_2nd = MIXPREC__GE(_mm512_permutexvar_ps(R, t->r0));
+  R = _mm512_mask_add_epi32(R, m_2nd, R, _mm512_set1_epi32(4));
+  R = _mm512_mask_add_epi32(R, MIXPREC__GE(_mm512_permutexvar_ps(R, t->r1)), R, _mm512_set1_epi32(2));
+  R = _mm512_mask_add_epi32(R, MIXPREC__GE(_mm512_permutexvar_ps(R, t->r2)), R, one_i);
+  __m512i I = MIXPREC__NEXT(R, MIXPREC__GE(_mm512_permutexvar_ps(R, t->t16)));
+  I = MIXPREC__NEXT(I, MIXPREC__GE(_mm512_permutex2var_ps(t->t32[0], I, t->t32[1])));
+  /* I's bit 5 is the rank's top bit (m_top) */
+  I = MIXPREC__NEXT(I, MIXPREC__GE(_mm512_mask_blend_ps(m_top, _mm512_permutex2var_ps(t->t64[0], I, t->t64[1]),
+                                                        _mm512_permutex2var_ps(t->t64[2], I, t->t64[3]))));
+  __m512i code;
+  if (is_signed) {
+    const __mmask16 neg = _mm512_movepi32_mask(_mm512_castps_si512(x));
+    const __mmask16 one = _mm512_mask_cmp_ps_mask((__mmask16)~neg, y, t->one, _CMP_GE_OQ);
+    code = _mm512_mask_or_epi32(I, (__mmask16)(neg & _mm512_test_epi32_mask(I, I)), I, _mm512_set1_epi32(0x80));
+    code = _mm512_mask_mov_epi32(code, one, _mm512_set1_epi32(0x80));
+  } else {
+    /* I's bits 5 and 6 are the rank's bits 6 (m_2nd) and 7 (m_top) */
+    const __m512 lo = _mm512_mask_blend_ps(m_2nd, _mm512_permutex2var_ps(t->t128[0], I, t->t128[1]),
+                                           _mm512_permutex2var_ps(t->t128[2], I, t->t128[3]));
+    const __m512 hi = _mm512_mask_blend_ps(m_2nd, _mm512_permutex2var_ps(t->t128[4], I, t->t128[5]),
+                                           _mm512_permutex2var_ps(t->t128[6], I, t->t128[7]));
+    const __m512i r = MIXPREC__NEXT(I, MIXPREC__GE(_mm512_mask_blend_ps(m_top, lo, hi)));
+    /* rank 0: code 0; 255: code 1 (+1.0); else rank + 1 */
+    code = _mm512_maskz_add_epi32(_mm512_test_epi32_mask(r, r), r, one_i);
+    code = _mm512_mask_mov_epi32(code, _mm512_cmpeq_epi32_mask(r, _mm512_set1_epi32(255)), one_i);
+  }
+#undef MIXPREC__GE
+#undef MIXPREC__NEXT
   return _mm512_cvtepi32_epi8(code);
 }
 
 /* mixprec__opt_state_load8 for 16 lanes. */
 MIXPREC__FORCE_INLINE __m512 mixprec__opt_state_load16(const void *buf, mixprec_state_dtype d, int64_t i,
-                                                       float scale, const mixprec__q8_tabs *tb) {
+                                                       float scale, const mixprec__q8_tabs *tb,
+                                                       const int is_signed) {
   if (d == MIXPREC_STATE_BF16) return mixprec__opt_load16(buf, MIXPREC_BF16, i);
-  if (d == MIXPREC_STATE_Q8) return mixprec__q8_load16((const uint8_t *)buf, i, scale, tb);
+  if (d == MIXPREC_STATE_Q8) return mixprec__q8_load16((const uint8_t *)buf, i, scale, tb, is_signed);
   return _mm512_loadu_ps((const float *)buf + i);
 }
 

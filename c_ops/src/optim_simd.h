@@ -37,7 +37,7 @@ typedef __m512 mixprec__vf;
     _mm512_mask_mov_ps(_mm512_max_ps(a, b), _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q), \
                        _mm512_castsi512_ps(_mm512_set1_epi32(-1)))
 #  define MPV_STATE_LOAD(buf, d, i, sc, tab, is_signed) \
-    mixprec__opt_state_load16(buf, d, i, sc, tab)
+    mixprec__opt_state_load16(buf, d, i, sc, tab, is_signed)
 /* a whole 8 left: the AVX2 kernel takes it, the rest is the scalar tail */
 #  define MPV_REST(i, end, avx2_call) ((end) - (i) >= 8 ? (avx2_call) : (i))
 #else

@@ -91,8 +91,8 @@ static void sgd_lean_range(const mixprec_opt_tensor *t, int64_t begin, int64_t e
   x.k0 = mixprec__sr_stream_key(sr_key, 1);
   x.k1 = 0;
   x.sc1 = 0.0f;
-  x.tab_s = &lk->tab_s;
-  x.tab_u = &lk->tab_u;
+  x.tab_s = lk->tab_s;
+  x.tab_u = lk->tab_u;
   const int q8 = k->h.momentum_on && db == MIXPREC_STATE_Q8;
   for (int64_t b0 = begin; b0 < end; b0 += MIXPREC__Q8_BLOCK) {
     const int64_t b1 = end - b0 < MIXPREC__Q8_BLOCK ? end : b0 + MIXPREC__Q8_BLOCK;
@@ -113,7 +113,7 @@ static void sgd_lean_range(const mixprec_opt_tensor *t, int64_t begin, int64_t e
     }
     if (q8)
       lk->store(qb, (int)(b1 - b0), (uint8_t *)t->exp_avg_data + b0,
-                &t->exp_avg_scale[b0 / MIXPREC__Q8_BLOCK], &lk->tab_s, 1);
+                &t->exp_avg_scale[b0 / MIXPREC__Q8_BLOCK], lk->tab_s, 1);
   }
 }
 

@@ -8,8 +8,11 @@
 //  - BF16 moments: each stored value is a BF16 neighbour of the exact new
 //    moment, unbiased, reproducible, independent of the ISA;
 //  - 8-bit moments: the map is the dynamic tree map (built here from its
-//    definition in double), encoding picks the nearest map value, a step is
-//    dequantise - the FP32 step - requantise at the block's absmax;
+//    definition in double), encoding picks the nearest map value, the code
+//    is a non-decreasing function of the value and the vector encoders'
+//    threshold search gives the scalar codes on every threshold and its
+//    neighbours, a step is dequantise - the FP32 step - requantise at the
+//    block's absmax;
 //  - bad lean arguments return their status and write nothing.
 #include <algorithm>
 #include <cmath>
@@ -18,6 +21,12 @@
 
 #include "optim_math.h"
 #include "optim_test_util.h"
+#if defined(__x86_64__) && !defined(MIXPREC_X86)
+#define MIXPREC_X86 1 /* as CMakeLists.txt sets it for the library: its vector kernels are in */
+#endif
+extern "C" {
+#include "optim_common.h"
+}
 #include "test_util.h"
 
 namespace {
@@ -378,6 +387,82 @@ TEST(OptimLean, Q8MapIsTheDynamicTreeMapAndEncodingIsNearest) {
   EXPECT_EQ(mixprec__q8_decode(mixprec__q8_encode(NAN, 1.0f, 1), 1), 0.0f);
   EXPECT_EQ(mixprec__q8_decode(mixprec__q8_encode(inf, 1.0f, 0), 0), 1.0f);
   EXPECT_LT(mixprec__q8_decode(mixprec__q8_encode(-inf, 1.0f, 1), 1), -0.99f);
+}
+
+// [note: q8 thresholds] (c_ops/src/optim_common.h): the scalar code of
+// y >= 0 never decreases as y grows (checked on a sweep of every float of
+// [0, 1.5] at a stride, and at each threshold and its neighbours); each
+// threshold is the least float of its rank; and each vector block store
+// gives the scalar store's codes and scale on blocks of those values (and
+// of negatives, NaN, inf and random values) at several scales.
+TEST(OptimLean, Q8CodesAreMonotoneAndVectorEncodersMatchTheScalarOne) {
+  for (int sg = 0; sg < 2; sg++) {
+    SCOPED_TRACE(sg ? "signed" : "unsigned");
+    const mixprec__q8_tabs *tb = mixprec__q8_tabs_get(sg);
+    auto rank = [&](float y) {
+      const int c = mixprec__q8_encode(y, 1.0f, sg);
+      return sg ? (c == 0x80 ? 128 : c) : (c == 0 ? 0 : c == 1 ? 255 : c - 1);
+    };
+    int64_t bad = 0;
+    int last = 0;
+    for (uint32_t u = 0; u <= f32_bits(1.5f); u += 257) {
+      const int r = rank(f32_from_bits(u));
+      if (r < last && bad++ < 5) ADD_FAILURE() << "rank drops at " << f32_from_bits(u);
+      last = r;
+    }
+    const int top = sg ? 128 : 255;
+    std::vector<float> xs;
+    for (int r = 1; r <= top; r++) {
+      const float t = tb->thr[r];
+      if (!(rank(t) >= r && rank(f32_from_bits(f32_bits(t) - 1)) < r) && bad++ < 5)
+        ADD_FAILURE() << "threshold " << r << " = " << t << " is not its rank's least float";
+      for (int d = -2; d <= 2; d++) xs.push_back(f32_from_bits(f32_bits(t) + uint32_t(d)));
+    }
+    EXPECT_EQ(bad, 0);
+    std::mt19937 rng(mpt::kSeed + 41 + sg);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (int k = 0; k < 3000; k++) xs.push_back(sg ? u(rng) : std::fabs(u(rng)));
+    xs.push_back(NAN);
+    xs.push_back(INFINITY);
+    xs.push_back(0.0f);
+    xs.push_back(-0.0f);
+    if (sg)
+      for (size_t k = 0, n = xs.size(); k < n; k += 3) xs.push_back(-xs[k]);
+    struct Isa {
+      mixprec_cpu_isa isa;
+      mixprec__q8_store_fn store;
+    };
+#if defined(MIXPREC_X86)
+    const Isa isas[] = {{MIXPREC_ISA_AVX2, mixprec__q8_store_block_avx2},
+                        {MIXPREC_ISA_AVX512, mixprec__q8_store_block_avx512}};
+#else
+    const Isa isas[] = {{MIXPREC_ISA_SCALAR, mixprec__q8_store_block_scalar}};
+#endif
+    for (const Isa &is : isas) {
+      if (!mixprec_cpu_isa_supported(is.isa)) continue;
+      SCOPED_TRACE(int(is.isa));
+      // Blocks of 256 (and one short block) whose absmax is the scale s:
+      // at s = 1 the encoded values are the thresholds themselves.
+      for (float s : {1.0f, 3.0f, 1e-4f}) {
+        for (size_t b0 = 0; b0 < xs.size(); b0 += 255) {
+          const int n = int(std::min<size_t>(256, xs.size() - b0 + 1));
+          std::vector<float> x(static_cast<size_t>(n));
+          x[0] = s;
+          for (int j = 1; j < n; j++) x[size_t(j)] = xs[b0 + size_t(j) - 1] * s;
+          std::vector<uint8_t> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+          float want_s = -1.0f, got_s = -2.0f;
+          mixprec__q8_store_block(x.data(), n, want.data(), &want_s, sg);
+          is.store(x.data(), n, got.data(), &got_s, tb, sg);
+          EXPECT_EQ(f32_bits(got_s), f32_bits(want_s));
+          for (int j = 0; j < n; j++)
+            if (got[size_t(j)] != want[size_t(j)] && bad++ < 5)
+              ADD_FAILURE() << "x " << x[size_t(j)] << " scale " << s << ": code " << int(got[size_t(j)])
+                            << ", scalar " << int(want[size_t(j)]);
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0);
+  }
 }
 
 // Dequantise - FP32 step - requantise: the params equal those of the FP32
