@@ -58,15 +58,29 @@ MIXPREC__FORCE_INLINE vf update_v(const mixprec_opt_tensor *t, int64_t i, const 
   return p;
 }
 
+/* The constants a loop runs with: k, or for a plain step (a constant: no
+ * grad scale, no maximize; the lean loops: no amsgrad either) k with those
+ * fields zero, so the compiler drops their tests from the loop. */
+MIXPREC__FORCE_INLINE mixprec__adamw_consts loop_consts(const mixprec__adamw_consts *k, const int plain) {
+  mixprec__adamw_consts c = *k;
+  if (plain) {
+    c.has_scale = 0;
+    c.unscale = 0;
+    c.h.maximize = 0;
+  }
+  return c;
+}
+
 /* One dtype combination (constants at each call). */
 MIXPREC__FORCE_INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin, int64_t end,
                                    const mixprec__adamw_scalars *s_in, const mixprec__adamw_consts *k_in,
                                    const mixprec_dtype pd, const mixprec_dtype gd, const int amsgrad,
-                                   const int sr, const int ema) {
+                                   const int sr, const int ema, const int plain) {
   /* Local copies, kept in registers (MIXPREC__OPT_LOCAL). */
   MIXPREC__OPT_LOCAL(mixprec_opt_tensor, t, t_in);
   MIXPREC__OPT_LOCAL(mixprec__adamw_scalars, s, s_in);
-  MIXPREC__OPT_LOCAL(mixprec__adamw_consts, k, k_in);
+  const mixprec__adamw_consts k_copy_ = loop_consts(k_in, plain);
+  const mixprec__adamw_consts *k = &k_copy_;
   float *P = pd != MIXPREC_F32 && !sr ? t->master : (float *)t->param;
   int64_t i = begin;
 #define UPDATE_V(j, r) update_v(t, j, P, s, k, gd, amsgrad, r, ema)
@@ -75,16 +89,20 @@ MIXPREC__FORCE_INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin
   return i;
 }
 
-/* The param dtype (BF16 master-free: sr), the grad dtype, amsgrad and EMA
- * on/off are constants of each instantiation: with EMA off the loop is
- * exactly the one without the feature. */
+/* The param dtype (BF16 master-free: sr), the grad dtype, amsgrad, EMA
+ * on/off and plain (loop_consts) are constants of each instantiation: with
+ * EMA off the loop is exactly the one without the feature. */
 int64_t MPV_ISA(mixprec__adamw_body)(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
                                      const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k) {
   int64_t i = begin;
+  const int plain = !k->has_scale && !k->h.maximize;
 #define MIXPREC__ADAMW_BODY(AMS, EMA)                                                             \
   MIXPREC__DISPATCH(t->param_dtype, PD, MIXPREC__DISPATCH(t->grad_dtype, GD, {                  \
-    if (PD == MIXPREC_BF16 && mixprec__opt_is_sr(t)) i = body(t, begin, end, s, k, PD, GD, AMS, 1, EMA); \
-    else i = body(t, begin, end, s, k, PD, GD, AMS, 0, EMA);                                    \
+    const int sr_ = PD == MIXPREC_BF16 && mixprec__opt_is_sr(t);                                \
+    if (sr_ && plain) i = body(t, begin, end, s, k, PD, GD, AMS, 1, EMA, 1);                    \
+    else if (sr_) i = body(t, begin, end, s, k, PD, GD, AMS, 1, EMA, 0);                        \
+    else if (plain) i = body(t, begin, end, s, k, PD, GD, AMS, 0, EMA, 1);                      \
+    else i = body(t, begin, end, s, k, PD, GD, AMS, 0, EMA, 0);                                 \
   }))
   if (s->ema) {
     if (k->h.amsgrad) MIXPREC__ADAMW_BODY(1, 1);
@@ -121,14 +139,24 @@ MIXPREC__FORCE_INLINE void lean_v(const mixprec_opt_tensor *t, int64_t i, float 
   MPV_N(mixprec__opt_lean_param_store)(t, P, i, pm, s->sr_key, p);
 }
 
+/* plain (a constant): the step has no grad scale, maximize, amsgrad or EMA,
+ * and those tests leave the loop (loop_consts); the other steps run the
+ * general loop. */
 MIXPREC__FORCE_INLINE int64_t lean_body(const mixprec_opt_tensor *t_in, int64_t begin, int64_t end,
                                         const mixprec__adamw_scalars *s_in, const mixprec__adamw_consts *k_in,
                                         const mixprec__lean_ctx *c_in, const mixprec_dtype gd, const int pm,
-                                        const mixprec_state_dtype dm, const mixprec_state_dtype dv) {
+                                        const mixprec_state_dtype dm, const mixprec_state_dtype dv,
+                                        const int plain) {
   /* Local copies, kept in registers (MIXPREC__OPT_LOCAL). */
   MIXPREC__OPT_LOCAL(mixprec_opt_tensor, t, t_in);
-  MIXPREC__OPT_LOCAL(mixprec__adamw_scalars, s, s_in);
-  MIXPREC__OPT_LOCAL(mixprec__adamw_consts, k, k_in);
+  mixprec__adamw_scalars s_copy_ = *s_in;
+  mixprec__adamw_consts k_copy_ = loop_consts(k_in, plain);
+  if (plain) {
+    s_copy_.ema = NULL;
+    k_copy_.h.amsgrad = 0;
+  }
+  const mixprec__adamw_scalars *s = &s_copy_;
+  const mixprec__adamw_consts *k = &k_copy_;
   MIXPREC__OPT_LOCAL(mixprec__lean_ctx, c, c_in);
   float *P = t->param_dtype != MIXPREC_F32 ? t->master : (float *)t->param;
   int64_t i = begin;
@@ -140,8 +168,11 @@ int64_t MPV_ISA(mixprec__adamw_lean)(const mixprec_opt_tensor *t, int64_t begin,
                                      const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k,
                                      const mixprec__lean_ctx *c) {
   int64_t i = begin;
+  const int plain = !k->has_scale && !k->h.maximize && !k->h.amsgrad && !s->ema;
   MIXPREC__PM_DISPATCH(t, PM, MIXPREC__STATE_DISPATCH(t->exp_avg_dtype, DM, MIXPREC__STATE_DISPATCH(
-      t->exp_avg_sq_dtype, DV, MIXPREC__DISPATCH(t->grad_dtype, GD,
-          i = lean_body(t, begin, end, s, k, c, GD, PM, DM, DV)))));
+      t->exp_avg_sq_dtype, DV, MIXPREC__DISPATCH(t->grad_dtype, GD, {
+        if (plain) i = lean_body(t, begin, end, s, k, c, GD, PM, DM, DV, 1);
+        else i = lean_body(t, begin, end, s, k, c, GD, PM, DM, DV, 0);
+      }))));
   return MPV_REST(i, end, mixprec__adamw_lean_avx2(t, i, end, s, k, c));
 }
