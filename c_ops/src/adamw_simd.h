@@ -58,19 +58,6 @@ MIXPREC__FORCE_INLINE vf update_v(const mixprec_opt_tensor *t, int64_t i, const 
   return p;
 }
 
-/* The constants a loop runs with: k, or for a plain step (a constant: no
- * grad scale, no maximize; the lean loops: no amsgrad either) k with those
- * fields zero, so the compiler drops their tests from the loop. */
-MIXPREC__FORCE_INLINE mixprec__adamw_consts loop_consts(const mixprec__adamw_consts *k, const int plain) {
-  mixprec__adamw_consts c = *k;
-  if (plain) {
-    c.has_scale = 0;
-    c.unscale = 0;
-    c.h.maximize = 0;
-  }
-  return c;
-}
-
 /* One dtype combination (constants at each call). */
 MIXPREC__FORCE_INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin, int64_t end,
                                    const mixprec__adamw_scalars *s_in, const mixprec__adamw_consts *k_in,
@@ -79,7 +66,8 @@ MIXPREC__FORCE_INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin
   /* Local copies, kept in registers (MIXPREC__OPT_LOCAL). */
   MIXPREC__OPT_LOCAL(mixprec_opt_tensor, t, t_in);
   MIXPREC__OPT_LOCAL(mixprec__adamw_scalars, s, s_in);
-  const mixprec__adamw_consts k_copy_ = loop_consts(k_in, plain);
+  mixprec__adamw_consts k_copy_ = *k_in;
+  MPV_PLAIN_CONSTS(k_copy_, plain);
   const mixprec__adamw_consts *k = &k_copy_;
   float *P = pd != MIXPREC_F32 && !sr ? t->master : (float *)t->param;
   int64_t i = begin;
@@ -90,7 +78,7 @@ MIXPREC__FORCE_INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin
 }
 
 /* The param dtype (BF16 master-free: sr), the grad dtype, amsgrad, EMA
- * on/off and plain (loop_consts) are constants of each instantiation: with
+ * on/off and plain (MPV_PLAIN_CONSTS) are constants of each instantiation: with
  * EMA off the loop is exactly the one without the feature. */
 int64_t MPV_ISA(mixprec__adamw_body)(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
                                      const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k) {
@@ -140,8 +128,8 @@ MIXPREC__FORCE_INLINE void lean_v(const mixprec_opt_tensor *t, int64_t i, float 
 }
 
 /* plain (a constant): the step has no grad scale, maximize, amsgrad or EMA,
- * and those tests leave the loop (loop_consts); the other steps run the
- * general loop. */
+ * and those tests leave the loop (MPV_PLAIN_CONSTS, and the EMA and
+ * amsgrad fields here); the other steps run the general loop. */
 MIXPREC__FORCE_INLINE int64_t lean_body(const mixprec_opt_tensor *t_in, int64_t begin, int64_t end,
                                         const mixprec__adamw_scalars *s_in, const mixprec__adamw_consts *k_in,
                                         const mixprec__lean_ctx *c_in, const mixprec_dtype gd, const int pm,
@@ -150,7 +138,8 @@ MIXPREC__FORCE_INLINE int64_t lean_body(const mixprec_opt_tensor *t_in, int64_t 
   /* Local copies, kept in registers (MIXPREC__OPT_LOCAL). */
   MIXPREC__OPT_LOCAL(mixprec_opt_tensor, t, t_in);
   mixprec__adamw_scalars s_copy_ = *s_in;
-  mixprec__adamw_consts k_copy_ = loop_consts(k_in, plain);
+  mixprec__adamw_consts k_copy_ = *k_in;
+  MPV_PLAIN_CONSTS(k_copy_, plain);
   if (plain) {
     s_copy_.ema = NULL;
     k_copy_.h.amsgrad = 0;

@@ -44,6 +44,19 @@ typedef __m512 mixprec__vf;
 #  error "define MIXPREC__VW as 8 or 16 before including optim_simd.h"
 #endif
 
+/* The constants a vector loop runs with (either optimizer's consts c, a
+ * local copy): for a plain step (a constant: no grad scale, no maximize)
+ * those fields are set to zero, so the compiler drops their tests from the
+ * loop; the other steps run the general loop. */
+#define MPV_PLAIN_CONSTS(c, plain) \
+  do {                              \
+    if (plain) {                    \
+      (c).has_scale = 0;            \
+      (c).unscale = 0;              \
+      (c).h.maximize = 0;           \
+    }                               \
+  } while (0)
+
 /* The gradient of one vector at i as the update sees it (unscaled, written
  * back with unscale_grads, negated for maximize): AdamW's and SGD's grad_v
  * with their consts' fields. */

@@ -52,10 +52,13 @@ MIXPREC__FORCE_INLINE vf update_v(const mixprec_opt_tensor *t, int64_t i, const 
 MIXPREC__FORCE_INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin, int64_t end, int first,
                                    uint32_t sr_key, const mixprec__ema_scalars *e_in,
                                    const mixprec__sgd_consts *k_in, const mixprec_dtype pd,
-                                   const mixprec_dtype gd, const int sr, const int ema) {
+                                   const mixprec_dtype gd, const int sr, const int ema,
+                                   const int plain) {
   /* Local copies, kept in registers (MIXPREC__OPT_LOCAL). */
   MIXPREC__OPT_LOCAL(mixprec_opt_tensor, t, t_in);
-  MIXPREC__OPT_LOCAL(mixprec__sgd_consts, k, k_in);
+  mixprec__sgd_consts k_copy_ = *k_in;
+  MPV_PLAIN_CONSTS(k_copy_, plain);
+  const mixprec__sgd_consts *k = &k_copy_;
   MIXPREC__OPT_LOCAL(mixprec__ema_scalars, e, e_in);
   float *P = pd != MIXPREC_F32 && !sr ? t->master : (float *)t->param;
   int64_t i = begin;
@@ -65,18 +68,20 @@ MIXPREC__FORCE_INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin
   return i;
 }
 
-/* The dtypes, sr and EMA on/off are constants of each instantiation (see
- * adamw_simd.h). */
+/* The dtypes, sr, EMA on/off and plain are constants of each instantiation
+ * (see adamw_simd.h). */
 int64_t MPV_ISA(mixprec__sgd_body)(const mixprec_opt_tensor *t, int64_t begin, int64_t end, int first,
                                    uint32_t sr_key, const mixprec__ema_scalars *e,
                                    const mixprec__sgd_consts *k) {
   int64_t i = begin;
+  const int plain = !k->has_scale && !k->h.maximize;
 #define MIXPREC__SGD_BODY(EMA)                                                                 \
   MIXPREC__DISPATCH(t->param_dtype, PD, MIXPREC__DISPATCH(t->grad_dtype, GD, {               \
-    if (PD == MIXPREC_BF16 && mixprec__opt_is_sr(t))                                         \
-      i = body(t, begin, end, first, sr_key, e, k, PD, GD, 1, EMA);                         \
-    else                                                                                     \
-      i = body(t, begin, end, first, sr_key, e, k, PD, GD, 0, EMA);                         \
+    const int sr_ = PD == MIXPREC_BF16 && mixprec__opt_is_sr(t);                             \
+    if (sr_ && plain) i = body(t, begin, end, first, sr_key, e, k, PD, GD, 1, EMA, 1);      \
+    else if (sr_) i = body(t, begin, end, first, sr_key, e, k, PD, GD, 1, EMA, 0);          \
+    else if (plain) i = body(t, begin, end, first, sr_key, e, k, PD, GD, 0, EMA, 1);        \
+    else i = body(t, begin, end, first, sr_key, e, k, PD, GD, 0, EMA, 0);                   \
   }))
   if (e->buf) MIXPREC__SGD_BODY(1);
   else MIXPREC__SGD_BODY(0);
@@ -88,11 +93,17 @@ int64_t MPV_ISA(mixprec__sgd_body)(const mixprec_opt_tensor *t, int64_t begin, i
 MIXPREC__FORCE_INLINE int64_t lean_body(const mixprec_opt_tensor *t_in, int64_t begin, int64_t end, int first,
                                         uint32_t sr_key, const mixprec__ema_scalars *e_in,
                                         const mixprec__sgd_consts *k_in, const mixprec__lean_ctx *c_in,
-                                        const mixprec_dtype gd, const int pm, const mixprec_state_dtype db) {
-  /* Local copies, kept in registers (MIXPREC__OPT_LOCAL). */
+                                        const mixprec_dtype gd, const int pm, const mixprec_state_dtype db,
+                                        const int plain) {
+  /* Local copies, kept in registers (MIXPREC__OPT_LOCAL); plain: no grad
+   * scale, maximize or EMA (MPV_PLAIN_CONSTS). */
   MIXPREC__OPT_LOCAL(mixprec_opt_tensor, t, t_in);
-  MIXPREC__OPT_LOCAL(mixprec__sgd_consts, k, k_in);
-  MIXPREC__OPT_LOCAL(mixprec__ema_scalars, e, e_in);
+  mixprec__sgd_consts k_copy_ = *k_in;
+  MPV_PLAIN_CONSTS(k_copy_, plain);
+  const mixprec__sgd_consts *k = &k_copy_;
+  mixprec__ema_scalars e_copy_ = *e_in;
+  if (plain) e_copy_.buf = NULL;
+  const mixprec__ema_scalars *e = &e_copy_;
   MIXPREC__OPT_LOCAL(mixprec__lean_ctx, c, c_in);
   float *P = t->param_dtype != MIXPREC_F32 ? t->master : (float *)t->param;
   int64_t i = begin;
@@ -113,7 +124,11 @@ int64_t MPV_ISA(mixprec__sgd_lean)(const mixprec_opt_tensor *t, int64_t begin, i
                                    uint32_t sr_key, const mixprec__ema_scalars *e,
                                    const mixprec__sgd_consts *k, const mixprec__lean_ctx *c) {
   int64_t i = begin;
+  const int plain = !k->has_scale && !k->h.maximize && !e->buf;
   MIXPREC__PM_DISPATCH(t, PM, MIXPREC__STATE_DISPATCH(t->exp_avg_dtype, DB, MIXPREC__DISPATCH(
-      t->grad_dtype, GD, i = lean_body(t, begin, end, first, sr_key, e, k, c, GD, PM, DB))));
+      t->grad_dtype, GD, {
+        if (plain) i = lean_body(t, begin, end, first, sr_key, e, k, c, GD, PM, DB, 1);
+        else i = lean_body(t, begin, end, first, sr_key, e, k, c, GD, PM, DB, 0);
+      })));
   return MPV_REST(i, end, mixprec__sgd_lean_avx2(t, i, end, first, sr_key, e, k, c));
 }
