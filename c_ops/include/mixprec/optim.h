@@ -396,8 +396,9 @@ MIXPREC_API mixprec_status mixprec_sgd_step(const mixprec_opt_tensor *list,
  *  and p->lr_tensor, p->grad_scale and p->found_inf are device pointers on
  *  the current device. Enqueued on `stream` (a cudaStream_t) with no host
  *  synchronisation: a skipped step is decided on the device, so it is
- *  capturable in a CUDA graph. Results must equal the CPU's bit for bit
- *  (sqrt and division correctly rounded, the lerp with fmaf). */
+ *  capturable in a CUDA graph. CUDA: written to match the CPU bit for bit
+ *  (sqrt and division correctly rounded, the lerp with fmaf, the element
+ *  rules of optim_math.h shared with the CPU); not yet run on a GPU. */
 MIXPREC_API mixprec_status mixprec_cuda_adamw_step(
     const mixprec_opt_tensor *list, int64_t n, const mixprec_adamw_params *p,
     void *stream);
