@@ -2,6 +2,7 @@
 parity tests (and bench/bench_guard.py builds the same shapes larger)."""
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -73,3 +74,26 @@ def setup():
     """For ``python -m mixprec.parity _models:setup`` (the CLI test)."""
     data = batches(4)
     return {"make_model": vit, "batches": data}
+
+
+def amp_steps(forward, opt, scaler, data, autocast=torch.float16, device="cpu", hook=None):
+    """The guard tests' training loop: for each (x, y) of data, hook(i) if
+    given, the cross-entropy of forward(x) (under autocast to that dtype;
+    None: without autocast), then scaler.scale(loss).backward(),
+    scaler.step(opt), scaler.update(), opt.zero_grad(). Returns (losses,
+    skipped): skipped[i] says step i was skipped (its scale was backed off,
+    which any GradScaler does on a skip and never otherwise)."""
+    losses, skipped = [], []
+    for i, (x, y) in enumerate(data):
+        if hook is not None:
+            hook(i)
+        before = scaler.get_scale()
+        with torch.autocast(device, dtype=autocast or torch.float16, enabled=autocast is not None):
+            loss = F.cross_entropy(forward(x).float(), y)
+        losses.append(loss.item())
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        skipped.append(scaler.get_scale() < before)
+    return losses, skipped

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import mixprec
 from mixprec.guard import ForwardGuard
 
-from _models import batches, blow_up_attention, vit
+from _models import amp_steps, batches, blow_up_attention, vit
 
 STEPS = 10
 
@@ -37,19 +37,7 @@ def _train_amp(model, data, guard=None, lr=1e-3, scaler=None, opt=None, hook=Non
     scaler = scaler or mixprec.amp.GradScaler("cpu", diagnostics=True)
     if guard is not None:
         guard.attach(scaler)
-    losses, skipped = [], []
-    for i, (x, y) in enumerate(data):
-        if hook:
-            hook(i)
-        before = scaler.get_scale()
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = F.cross_entropy(model(x).float(), y)
-        losses.append(loss.item())
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        skipped.append(scaler.get_scale() < before)
-        opt.zero_grad()
+    losses, skipped = amp_steps(model, opt, scaler, data, hook=hook)
     return losses, skipped, scaler
 
 
@@ -57,15 +45,7 @@ def _train_half(model, opt, guard, data):
     """A .half() model (no autocast) with the guard attached to a scaler."""
     scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
     guard.attach(scaler)
-    losses = []
-    for x, y in data:
-        loss = F.cross_entropy(model(x.half()).float(), y)
-        losses.append(loss.item())
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad()
-    return losses
+    return amp_steps(lambda x: model(x.half()), opt, scaler, data, autocast=None)[0]
 
 
 def test_plain_torch_amp_skips_every_step_and_the_scale_collapses():
@@ -75,14 +55,8 @@ def test_plain_torch_amp_skips_every_step_and_the_scale_collapses():
     start = copy.deepcopy(model.state_dict())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu")
-    for x, y in data:
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = F.cross_entropy(model(x).float(), y)
-        assert not math.isfinite(loss.item())
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad()
+    losses, skipped = amp_steps(model, opt, scaler, data)
+    assert not any(math.isfinite(v) for v in losses) and all(skipped)
     assert scaler.get_scale() == 65536.0 * 0.5**STEPS
     for k, v in model.state_dict().items():
         assert torch.equal(v, start[k]), k  # not one step was taken
@@ -322,16 +296,7 @@ def test_torch_compile_with_hooks():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
     guard.attach(scaler)
-    skipped = []
-    for x, y in data:
-        before = scaler.get_scale()
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = F.cross_entropy(compiled(x).float(), y)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad()
-        skipped.append(scaler.get_scale() < before)
+    _, skipped = amp_steps(compiled, opt, scaler, data)
     assert skipped == [True, False, False]
     assert guard.reports()[0].module == "blocks.1.attn"
     assert guard.fallback_set == {"blocks.1.attn": torch.float32}

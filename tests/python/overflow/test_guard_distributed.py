@@ -13,12 +13,11 @@ import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 import mixprec
 from mixprec.guard import ForwardGuard
 
-from _models import batches, vit
+from _models import amp_steps, batches, vit
 from _reference import free_port, spawn
 
 WORLD = 2
@@ -50,18 +49,9 @@ def _worker(rank, port, result_dir):
         scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
         guard = ForwardGuard(model, fallback=True).attach(scaler)
         g = torch.Generator().manual_seed(rank)
-        skipped = []
-        for step in range(4):
-            x = torch.randn(8, 16, generator=g) * (5000.0 if rank == 0 else 1.0)
-            y = torch.randint(0, 5, (8,), generator=g)
-            before = scaler.get_skipped_steps()
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = F.cross_entropy(ddp(x).float(), y)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad()
-            skipped.append(scaler.get_skipped_steps() > before)
+        data = [(torch.randn(8, 16, generator=g) * (5000.0 if rank == 0 else 1.0),
+                 torch.randint(0, 5, (8,), generator=g)) for _ in range(4)]
+        _, skipped = amp_steps(ddp, opt, scaler, data)
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         every = [torch.empty_like(flat) for _ in range(WORLD)]
         dist.all_gather(every, flat)
@@ -99,17 +89,7 @@ def _fsdp_train(model, guard_model, batches):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
     guard = ForwardGuard(guard_model, fallback=True).attach(scaler)
-    skipped = []
-    for x, y in batches:
-        before = scaler.get_skipped_steps()
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = F.cross_entropy(model(x).float(), y)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad()
-        skipped.append(scaler.get_skipped_steps() > before)
-    return skipped, guard
+    return amp_steps(model, opt, scaler, batches)[1], guard
 
 
 def _fsdp_worker(rank, port, result_dir):
@@ -167,21 +147,6 @@ def test_fsdp2_ranks_agree_on_the_fallback():
     assert not torch.equal(r0["params"]["0.weight"], _fsdp_net()[0].weight)  # it trained
 
 
-def _steps(forward, opt, scaler, data):
-    """Training steps without autocast: (skipped flags, losses)."""
-    skipped, losses = [], []
-    for x, y in data:
-        before = scaler.get_skipped_steps()
-        loss = F.cross_entropy(forward(x).float(), y)
-        losses.append(loss.item())
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad()
-        skipped.append(scaler.get_skipped_steps() > before)
-    return skipped, losses
-
-
 def _half_ddp_worker(rank, port, result_dir):
     _init(rank, port)
     try:
@@ -190,7 +155,7 @@ def _half_ddp_worker(rank, port, result_dir):
         opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)
         scaler = mixprec.amp.GradScaler("cpu", diagnostics=True)
         guard = ForwardGuard(model, fallback=True, optimizer=opt).attach(scaler)
-        skipped, losses = _steps(lambda x: ddp(x.half()), opt, scaler, batches(5, seed=10 + rank))
+        losses, skipped = amp_steps(lambda x: ddp(x.half()), opt, scaler, batches(5, seed=10 + rank), autocast=None)
         flat = torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
         masters = torch.cat([opt.state[p]["master"].reshape(-1) for p in model.parameters()])
         both = torch.cat([flat, masters])
@@ -253,7 +218,7 @@ def _fsdp_fp16_policy_worker(rank, port, result_dir):
             out_dtypes.append(str(out.dtype))
             return out
 
-        skipped, losses = _steps(forward, opt, scaler, batches(4, seed=10 + rank))
+        losses, skipped = amp_steps(forward, opt, scaler, batches(4, seed=10 + rank), autocast=None)
         rep = guard.reports()[0] if guard.reports() else None
         torch.save(
             {"skipped": skipped, "losses": losses, "out_dtypes": out_dtypes, "fallback": sorted(guard.fallback_set),

@@ -5,13 +5,12 @@ a GPU; run by scripts/gpu_check.sh on the lent GPU machine."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import mixprec
 from mixprec import _overflow as ov
 from mixprec.guard import ForwardGuard
 
-from _models import batches, vit
+from _models import amp_steps, batches, vit
 from _reference import requires_cuda
 
 pytestmark = [pytest.mark.cuda, requires_cuda]
@@ -38,12 +37,6 @@ def test_guard_names_and_falls_back_on_cuda():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scaler = mixprec.amp.GradScaler("cuda", diagnostics=True)
     guard = ForwardGuard(model, fallback=True).attach(scaler)
-    for x, y in batches(3):
-        with torch.autocast("cuda", dtype=torch.float16):
-            loss = F.cross_entropy(model(x.cuda()).float(), y.cuda())
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad()
+    amp_steps(model, opt, scaler, [(x.cuda(), y.cuda()) for x, y in batches(3)], device="cuda")
     assert guard.reports()[0].module == "blocks.1.attn" and len(guard.reports()) == 1
     assert guard.fallback_set == {"blocks.1.attn": torch.float32}
