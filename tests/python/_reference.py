@@ -92,6 +92,15 @@ def norm64(tensors):
 # ---- multi-process tests ------------------------------------------------------------
 
 
+def train_plain(model, opt, batches):
+    """Steps without a scaler: the cross-entropy of model(x) in FP32 for each
+    (x, y), backward, opt.step(), opt.zero_grad()."""
+    for x, y in batches:
+        torch.nn.functional.cross_entropy(model(x).float(), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+
 def free_port() -> int:
     import socket
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 import mixprec
 
-from _reference import free_port, spawn
+from _reference import free_port, spawn, train_plain
 
 WORLD = 2
 STEPS = 3
@@ -255,17 +255,10 @@ def _save_on_one_rank(ckpt_dir):
 
     model = _net().to(torch.bfloat16)
     opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
-    _train_plain(model, opt, _batches(0, torch.bfloat16))
+    train_plain(model, opt, _batches(0, torch.bfloat16))
     msd, osd = get_state_dict(model, opt)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=ckpt_dir)
     return {n: (opt.state[p]["master"].clone(), opt.state[p]["exp_avg"].clone()) for n, p in model.named_parameters()}
-
-
-def _train_plain(model, opt, batches):
-    for x, y in batches:
-        torch.nn.functional.cross_entropy(model(x).float(), y).backward()
-        opt.step()
-        opt.zero_grad()
 
 
 def _scenario_direct_ops(out):

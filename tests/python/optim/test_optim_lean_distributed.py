@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 import mixprec
 
-from _reference import free_port, spawn
+from _reference import free_port, spawn, train_plain
 
 WORLD = 2
 U8, BF16 = torch.uint8, torch.bfloat16
@@ -55,13 +55,6 @@ ROW_FORM = "4.weight"  # the param whose 8-bit moments are saved as codes + row 
 def _batches(rank, n=3):
     g = torch.Generator().manual_seed(100 + rank)
     return [(torch.randn(8, 20, generator=g).bfloat16(), torch.randint(0, 7, (8,), generator=g)) for _ in range(n)]
-
-
-def _train(model, opt, batches):
-    for x, y in batches:
-        torch.nn.functional.cross_entropy(model(x).float(), y).backward()
-        opt.step()
-        opt.zero_grad()
 
 
 def _full(t):
@@ -98,7 +91,7 @@ def _scenario_ddp(out):
         # then rank 0's is shared at the first step.
         torch.manual_seed(1000 + dist.get_rank())
         opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2, **kw)
-        _train(model, opt, _batches(dist.get_rank()))
+        train_plain(model, opt, _batches(dist.get_rank()))
         res[name] = {
             "params": [p.detach().clone() for p in model.parameters()],
             "state": [{k: v.clone() for k, v in opt.state[p].items()} for p in model.parameters()],
@@ -145,7 +138,7 @@ def _scenario_dcp_save(out, ckpt_dir):
     for name in ("rem+bf16", "rem+8bit"):
         model = _shard(_net(row_form=True))
         opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2, seed=4, **MODES[name])
-        _train(model, opt, _batches(dist.get_rank()))
+        train_plain(model, opt, _batches(dist.get_rank()))
         msd, osd = get_state_dict(model, opt)
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(ckpt_dir, name))
         res[name] = _fp32_by_name(model, opt)
@@ -190,7 +183,7 @@ def _scenario_dcp_load(out, ckpt_dir):
     for name in ("rem+bf16", "rem+8bit"):
         model, opt = _loaded(_shard(_net(seed=3, row_form=True)), name, os.path.join(ckpt_dir, name))
         loaded = _fp32_by_name(model, opt)
-        _train(model, opt, _batches(dist.get_rank(), 1))
+        train_plain(model, opt, _batches(dist.get_rank(), 1))
         after = _fp32_by_name(model, opt)
         res[name] = {"loaded": loaded, "finite_after": all(torch.isfinite(t).all() for v in after.values() for t in v),
                      "moved": any(not torch.equal(after[k][0], loaded[k][0]) for k in after)}
@@ -219,7 +212,7 @@ def _scenario_full_state_dict(out, result_dir):
     for name, kw in FULL_SD_MODES.items():
         model = _shard(_net(row_form=True))
         opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2, seed=4, **kw)
-        _train(model, opt, _batches(dist.get_rank()))
+        train_plain(model, opt, _batches(dist.get_rank()))
         msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if dist.get_rank() == 0:
             torch.save({"model": msd, "optim": osd}, os.path.join(result_dir, f"full-{name}.pt"))
@@ -254,7 +247,7 @@ def _one_process_save(ckpt_dir):
     for name in ("rem+bf16", "rem+8bit"):
         model = _net(row_form=True)
         opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2, seed=4, **MODES[name])
-        _train(model, opt, _batches(0))
+        train_plain(model, opt, _batches(0))
         msd, osd = get_state_dict(model, opt)
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(ckpt_dir, name))
         res[name] = _fp32_by_name(model, opt)
@@ -267,7 +260,7 @@ def _one_process_load(ckpt_dir):
     for name in ("rem+bf16", "rem+8bit"):
         model, opt = _loaded(_net(seed=3, row_form=True), name, os.path.join(ckpt_dir, name))
         loaded = _fp32_by_name(model, opt)
-        _train(model, opt, _batches(0, 1))
+        train_plain(model, opt, _batches(0, 1))
         res[name] = {"loaded": loaded, "state": {n: dict(opt.state[p]) for n, p in model.named_parameters()},
                      "finite_after": all(torch.isfinite(opt.fp32_state(p)["master"]).all() for p in model.parameters())}
     return res
