@@ -42,6 +42,15 @@ struct Hyper {
   float lr_value = 3e-3f, scale_value = 65536.0f;
 };
 
+/* Points p's scalars at scalars[0..2] ([lr, grad_scale, found_inf], host or
+ * device): lr_tensor and grad_scale only where h asks for them. */
+template <class P>
+void PointScalars(P &p, const Hyper &h, float *scalars) {
+  p.lr_tensor = h.lr_tensor ? &scalars[0] : nullptr;
+  p.grad_scale = h.grad_scale ? &scalars[1] : nullptr;
+  p.found_inf = &scalars[2];
+}
+
 /* Host and device copies of every buffer of a list. The device scalars are
  * [lr, grad_scale, found_inf]. */
 class World {
@@ -163,27 +172,18 @@ class World {
     ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
     auto hl = List(false), dl = List(true);
     mixprec_status cs, gs;
-    if (h.adamw) {
-      mixprec_adamw_params hp = h.a, dp = h.a;
-      hp.lr_tensor = h.lr_tensor ? &host[0] : nullptr;
-      hp.grad_scale = h.grad_scale ? &host[1] : nullptr;
-      hp.found_inf = &host[2];
-      dp.lr_tensor = h.lr_tensor ? d_scalars_ : nullptr;
-      dp.grad_scale = h.grad_scale ? d_scalars_ + 1 : nullptr;
-      dp.found_inf = d_scalars_ + 2;
-      cs = mixprec_adamw_step(hl.data(), (int64_t)hl.size(), &hp);
-      gs = mixprec_cuda_adamw_step(dl.data(), (int64_t)dl.size(), &dp, stream);
-    } else {
-      mixprec_sgd_params hp = h.s, dp = h.s;
-      hp.lr_tensor = h.lr_tensor ? &host[0] : nullptr;
-      hp.grad_scale = h.grad_scale ? &host[1] : nullptr;
-      hp.found_inf = &host[2];
-      dp.lr_tensor = h.lr_tensor ? d_scalars_ : nullptr;
-      dp.grad_scale = h.grad_scale ? d_scalars_ + 1 : nullptr;
-      dp.found_inf = d_scalars_ + 2;
-      cs = mixprec_sgd_step(hl.data(), (int64_t)hl.size(), &hp);
-      gs = mixprec_cuda_sgd_step(dl.data(), (int64_t)dl.size(), &dp, stream);
-    }
+    /* The CPU step with the host scalars, the CUDA step with the device's. */
+    auto both = [&](auto params, auto cpu_step, auto cuda_step) {
+      auto hp = params, dp = params;
+      PointScalars(hp, h, host);
+      PointScalars(dp, h, d_scalars_);
+      cs = cpu_step(hl.data(), (int64_t)hl.size(), &hp);
+      gs = cuda_step(dl.data(), (int64_t)dl.size(), &dp, stream);
+    };
+    if (h.adamw)
+      both(h.a, mixprec_adamw_step, mixprec_cuda_adamw_step);
+    else
+      both(h.s, mixprec_sgd_step, mixprec_cuda_sgd_step);
     if (check_status) {
       EXPECT_EQ(MIXPREC_OK, cs);
       EXPECT_EQ(MIXPREC_OK, gs);
