@@ -108,6 +108,18 @@ static void same_remainders(int i, const tensor *t, const result *a, const resul
   }
 }
 
+/* Sets on p (a mixprec_sgd_params or a mixprec_adamw_params) the call c's
+ * lr_tensor, grad_scale and found_inf (the addresses lr, scale and found;
+ * NULL where c has none), unscale_grads and the EMA. */
+#define SET_STEP_EXTRAS(p, c, lr, scale, found, unscale, ema_params) \
+  do {                                                                \
+    (p).lr_tensor = (c)->has_lr_t ? (lr) : NULL;                      \
+    (p).grad_scale = (c)->has_scale_t ? (scale) : NULL;               \
+    (p).found_inf = (c)->has_found_t ? (found) : NULL;                \
+    (p).unscale_grads = (unscale);                                    \
+    (p).ema = (ema_params);                                           \
+  } while (0)
+
 static mixprec_status run(const call *c, int unscale_grads, int with_ema, result *r) {
   mixprec_opt_tensor list[MAX_T];
   float *ema_bufs[MAX_T] = {NULL};
@@ -135,19 +147,11 @@ static mixprec_status run(const call *c, int unscale_grads, int with_ema, result
   mixprec_status st;
   if (c->sgd) {
     mixprec_sgd_params p = c->s;
-    p.lr_tensor = c->has_lr_t ? &lr_t : NULL;
-    p.grad_scale = c->has_scale_t ? &scale_t : NULL;
-    p.found_inf = c->has_found_t ? &found_t : NULL;
-    p.unscale_grads = unscale_grads;
-    p.ema = ema;
+    SET_STEP_EXTRAS(p, c, &lr_t, &scale_t, &found_t, unscale_grads, ema);
     st = mixprec_sgd_step(c->list_null ? NULL : list, c->n, c->p_null ? NULL : &p);
   } else {
     mixprec_adamw_params p = c->a;
-    p.lr_tensor = c->has_lr_t ? &lr_t : NULL;
-    p.grad_scale = c->has_scale_t ? &scale_t : NULL;
-    p.found_inf = c->has_found_t ? &found_t : NULL;
-    p.unscale_grads = unscale_grads;
-    p.ema = ema;
+    SET_STEP_EXTRAS(p, c, &lr_t, &scale_t, &found_t, unscale_grads, ema);
     st = mixprec_adamw_step(c->list_null ? NULL : list, c->n, c->p_null ? NULL : &p);
   }
   FZ_CHECK(fz_bits(lr_t) == fz_bits(c->lr_t) && fz_bits(scale_t) == fz_bits(c->scale_t) &&
