@@ -93,24 +93,48 @@ MIXPREC__INLINE float *mixprec__ema_buf(const mixprec_ema_params *e, int64_t i) 
 
 /* The argument checks of mixprec_adamw_step / mixprec_sgd_step, shared with
  * their CUDA twins (kernels/optim.cuh) so both return the same status. */
-MIXPREC__INLINE mixprec_status mixprec__adamw_check(const mixprec_opt_tensor *list, int64_t n,
-                                                     const mixprec_adamw_params *p) {
+/* What both steps check first, in this order: the params pointer p, the
+ * list's size and pointer, then the learning rate (a NULL-params caller
+ * never reaches the lr, read through p after the first check). */
+MIXPREC__INLINE mixprec_status mixprec__opt_check_list(const void *p, const mixprec_opt_tensor *list,
+                                                        int64_t n) {
   if (!p) return MIXPREC_ERR_NULL_POINTER;
   if (n < 0) return MIXPREC_ERR_BAD_SIZE;
   if (n > 0 && !list) return MIXPREC_ERR_NULL_POINTER;
+  return MIXPREC_OK;
+}
+
+/* A learning rate read from lr_tensor is not checked here; else lr >= 0 and
+ * finite, as torch.optim checks it. */
+MIXPREC__INLINE int mixprec__opt_lr_ok(const float *lr_tensor, double lr) {
+  return lr_tensor || mixprec__opt_finite_ge(lr, 0.0);
+}
+
+/* One descriptor's checks shared by both steps: the tensor itself, then
+ * (need_step) its step counter, then its lean state (use_v as in
+ * mixprec__opt_check_lean). */
+MIXPREC__INLINE mixprec_status mixprec__opt_check_entry(const mixprec_opt_tensor *t, int use_v,
+                                                         int need_step) {
+  mixprec_status st = mixprec__opt_check_tensor(t);
+  if (st != MIXPREC_OK) return st;
+  if (need_step && !t->step) return MIXPREC_ERR_NULL_POINTER;
+  return mixprec__opt_check_lean(t, use_v);
+}
+
+MIXPREC__INLINE mixprec_status mixprec__adamw_check(const mixprec_opt_tensor *list, int64_t n,
+                                                     const mixprec_adamw_params *p) {
+  mixprec_status st = mixprec__opt_check_list(p, list, n);
+  if (st != MIXPREC_OK) return st;
   /* torch.optim.AdamW's checks (0 <= lr, 0 <= eps, 0 <= beta < 1,
    * 0 <= weight_decay), plus finiteness. */
-  if (!p->lr_tensor && !mixprec__opt_finite_ge(p->lr, 0.0)) return MIXPREC_ERR_BAD_ARGUMENT;
+  if (!mixprec__opt_lr_ok(p->lr_tensor, p->lr)) return MIXPREC_ERR_BAD_ARGUMENT;
   if (!mixprec__opt_finite_ge(p->eps, 0.0) || !mixprec__opt_finite_ge(p->weight_decay, 0.0) ||
       !(p->beta1 >= 0.0 && p->beta1 < 1.0) || !(p->beta2 >= 0.0 && p->beta2 < 1.0))
     return MIXPREC_ERR_BAD_ARGUMENT;
   if (mixprec__ema_check(&p->ema) != MIXPREC_OK) return MIXPREC_ERR_BAD_ARGUMENT;
   for (int64_t i = 0; i < n; i++) {
     const mixprec_opt_tensor *t = &list[i];
-    mixprec_status st = mixprec__opt_check_tensor(t);
-    if (st != MIXPREC_OK) return st;
-    if (!t->step) return MIXPREC_ERR_NULL_POINTER;
-    st = mixprec__opt_check_lean(t, 1);
+    st = mixprec__opt_check_entry(t, 1, 1);
     if (st != MIXPREC_OK) return st;
     if (t->numel > 0 &&
         (!t->exp_avg || !t->exp_avg_sq || (p->amsgrad && !t->max_exp_avg_sq)))
@@ -121,12 +145,11 @@ MIXPREC__INLINE mixprec_status mixprec__adamw_check(const mixprec_opt_tensor *li
 
 MIXPREC__INLINE mixprec_status mixprec__sgd_check(const mixprec_opt_tensor *list, int64_t n,
                                                    const mixprec_sgd_params *p) {
-  if (!p) return MIXPREC_ERR_NULL_POINTER;
-  if (n < 0) return MIXPREC_ERR_BAD_SIZE;
-  if (n > 0 && !list) return MIXPREC_ERR_NULL_POINTER;
+  mixprec_status st = mixprec__opt_check_list(p, list, n);
+  if (st != MIXPREC_OK) return st;
   /* torch.optim.SGD's checks (0 <= lr, 0 <= momentum, 0 <= weight_decay,
    * nesterov needs momentum > 0 and dampening == 0), plus finiteness. */
-  if (!p->lr_tensor && !mixprec__opt_finite_ge(p->lr, 0.0)) return MIXPREC_ERR_BAD_ARGUMENT;
+  if (!mixprec__opt_lr_ok(p->lr_tensor, p->lr)) return MIXPREC_ERR_BAD_ARGUMENT;
   if (!mixprec__opt_finite_ge(p->momentum, 0.0) ||
       !mixprec__opt_finite_ge(p->weight_decay, 0.0) || !isfinite(p->dampening))
     return MIXPREC_ERR_BAD_ARGUMENT;
@@ -135,9 +158,7 @@ MIXPREC__INLINE mixprec_status mixprec__sgd_check(const mixprec_opt_tensor *list
   if (mixprec__ema_check(&p->ema) != MIXPREC_OK) return MIXPREC_ERR_BAD_ARGUMENT;
   for (int64_t i = 0; i < n; i++) {
     const mixprec_opt_tensor *t = &list[i];
-    mixprec_status st = mixprec__opt_check_tensor(t);
-    if (st != MIXPREC_OK) return st;
-    st = mixprec__opt_check_lean(t, 0);
+    st = mixprec__opt_check_entry(t, 0, 0);
     if (st != MIXPREC_OK) return st;
     if (t->numel > 0 && p->momentum != 0.0 && !t->momentum_buffer) return MIXPREC_ERR_NULL_POINTER;
     if (t->numel > 0 && mixprec__opt_is_sr(t) && !t->step) return MIXPREC_ERR_NULL_POINTER;
