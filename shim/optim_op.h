@@ -338,17 +338,43 @@ struct EmaArgs {
   int64_t update_after_step, update_every;
 };
 
-// Either op once its own checks passed and its descriptors are built: the
-// device check, the EMA, p's own hyper-parameters (set(p)), the shared
-// fields, then the step on backend B; a bad status raises.
-template <class B, class P, class Set>
-void finish_step(const char* op, const OptArgs& a, P p, const EmaArgs& e, int64_t sr_seed,
-                 bool unscale_grads, Set set) {
+// The arguments both schemas take beside their own state lists and
+// hyper-parameters, as they come (checked by opt_args and ema_params).
+struct StepArgs {
+  const std::vector<Tensor>& params;
+  const std::vector<Tensor>& grads;
+  const std::vector<Tensor>& masters;
+  const std::vector<Tensor>& steps;
+  double lr, weight_decay;
+  bool maximize;
+  const std::optional<Tensor>& lr_tensor;
+  const std::optional<Tensor>& grad_scale;
+  const std::optional<Tensor>& found_inf;
+  int64_t sr_seed;
+  bool unscale_grads;
+  const std::optional<std::vector<Tensor>>& emas;
+  EmaArgs ema;
+};
+
+// Either op once its own checks passed, p holding its own hyper-parameters:
+// the descriptors (opt_args over s, the op's state lists and its lean
+// lists), the device check, the EMA, the fields both params share, then the
+// step on backend B; a bad status raises.
+template <class B, class P>
+void finish_step(const char* op, const StepArgs& s, const std::vector<Tensor>* states[],
+                 const char* const names[], int n_states, const LeanLists& lean,
+                 int n_lean_states, P p) {
+  OptArgs a = opt_args(op, s.params, s.grads, s.masters, states, names, n_states, s.steps,
+                       s.lr_tensor, s.grad_scale, s.found_inf,
+                       s.emas ? *s.emas : std::vector<Tensor>{}, lean, n_lean_states);
   B::check_device(op, a.device);
+  const EmaArgs& e = s.ema;
   p.ema = ema_params(op, a, e.decay, e.min_decay, e.use_warmup, e.warmup_gamma, e.warmup_power,
                      e.update_after_step, e.update_every);
-  set(p);
-  set_shared(p, a, sr_seed, unscale_grads);
+  p.lr = s.lr;
+  p.weight_decay = s.weight_decay;
+  p.maximize = s.maximize;
+  set_shared(p, a, s.sr_seed, s.unscale_grads);
   check_status(B::step(op, a, p), op);
 }
 
@@ -371,29 +397,26 @@ void adamw_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
                   ": exp_avgs and exp_avg_sqs are required");
   MIXPREC_CHECK(amsgrad == !max_exp_avg_sqs.empty(), "mixprec::", op,
                   ": max_exp_avg_sqs must be given exactly when amsgrad is true");
+  // AdamW's own hyper-parameters, checked below.
+  mixprec_adamw_params p = mixprec_adamw_params_default();
+  p.beta1 = beta1;
+  p.beta2 = beta2;
+  p.eps = eps;
+  p.amsgrad = amsgrad;
   if (!lr_tensor.has_value()) check_hyper(op, "lr", lr, finite_ge0(lr), "finite and >= 0");
   check_hyper(op, "beta1", beta1, beta1 >= 0.0 && beta1 < 1.0, "in [0, 1)");
   check_hyper(op, "beta2", beta2, beta2 >= 0.0 && beta2 < 1.0, "in [0, 1)");
   check_hyper(op, "weight_decay", weight_decay, finite_ge0(weight_decay), "finite and >= 0");
   check_hyper(op, "eps", eps, finite_ge0(eps), "finite and >= 0");
+  const StepArgs s = {params, grads, masters, steps, lr, weight_decay, maximize, lr_tensor,
+                      grad_scale, found_inf, sr_seed, unscale_grads, emas,
+                      {ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma,
+                       ema_warmup_power, ema_update_after_step, ema_update_every}};
   const std::vector<Tensor>* states[3] = {&exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs};
   const char* const names[3] = {"exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"};
   const LeanLists lean = lean_lists(remainders, exp_avg_scales, exp_avg_sq_scales,
                                     "exp_avg_scales", "exp_avg_sq_scales");
-  OptArgs a = opt_args(op, params, grads, masters, states, names, 3, steps, lr_tensor,
-                       grad_scale, found_inf, emas ? *emas : std::vector<Tensor>{}, lean, 2);
-  const EmaArgs e = {ema_decay,        ema_min_decay,         ema_use_warmup,  ema_warmup_gamma,
-                     ema_warmup_power, ema_update_after_step, ema_update_every};
-  finish_step<B>(op, a, mixprec_adamw_params_default(), e, sr_seed, unscale_grads,
-                 [&](mixprec_adamw_params& p) {
-                   p.lr = lr;
-                   p.beta1 = beta1;
-                   p.beta2 = beta2;
-                   p.weight_decay = weight_decay;
-                   p.eps = eps;
-                   p.amsgrad = amsgrad;
-                   p.maximize = maximize;
-                 });
+  finish_step<B>(op, s, states, names, 3, lean, 2, p);
 }
 
 template <class B>
@@ -411,6 +434,11 @@ void sgd_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
   const char* op = "sgd_step_";
   MIXPREC_CHECK((momentum != 0) == !momentum_buffers.empty(), "mixprec::", op,
                   ": momentum_buffers must be given exactly when momentum is not 0");
+  // SGD's own hyper-parameters, checked below.
+  mixprec_sgd_params p = mixprec_sgd_params_default();
+  p.momentum = momentum;
+  p.dampening = dampening;
+  p.nesterov = nesterov;
   if (!lr_tensor.has_value()) check_hyper(op, "lr", lr, finite_ge0(lr), "finite and >= 0");
   check_hyper(op, "momentum", momentum, finite_ge0(momentum), "finite and >= 0");
   check_hyper(op, "weight_decay", weight_decay, finite_ge0(weight_decay), "finite and >= 0");
@@ -418,22 +446,14 @@ void sgd_step_op(std::vector<Tensor> params, std::vector<Tensor> grads,
   MIXPREC_CHECK(!nesterov || (momentum > 0.0 && dampening == 0.0), "mixprec::", op,
                 ": nesterov needs momentum > 0 and dampening == 0, got momentum ", momentum,
                 " and dampening ", dampening);
+  const StepArgs s = {params, grads, masters, steps, lr, weight_decay, maximize, lr_tensor,
+                      grad_scale, found_inf, sr_seed, unscale_grads, emas,
+                      {ema_decay, ema_min_decay, ema_use_warmup, ema_warmup_gamma,
+                       ema_warmup_power, ema_update_after_step, ema_update_every}};
   const std::vector<Tensor>* states[1] = {&momentum_buffers};
   const char* const names[1] = {"momentum_buffers"};
   const LeanLists lean = lean_lists(remainders, buf_scales, std::nullopt, "buf_scales", "unused");
-  OptArgs a = opt_args(op, params, grads, masters, states, names, 1, steps, lr_tensor,
-                       grad_scale, found_inf, emas ? *emas : std::vector<Tensor>{}, lean, 1);
-  const EmaArgs e = {ema_decay,        ema_min_decay,         ema_use_warmup,  ema_warmup_gamma,
-                     ema_warmup_power, ema_update_after_step, ema_update_every};
-  finish_step<B>(op, a, mixprec_sgd_params_default(), e, sr_seed, unscale_grads,
-                 [&](mixprec_sgd_params& p) {
-                   p.lr = lr;
-                   p.momentum = momentum;
-                   p.dampening = dampening;
-                   p.weight_decay = weight_decay;
-                   p.nesterov = nesterov;
-                   p.maximize = maximize;
-                 });
+  finish_step<B>(op, s, states, names, 1, lean, 1, p);
 }
 
 }  // namespace optim
