@@ -10,6 +10,19 @@ namespace mixprec_shim {
 namespace cross_entropy {
 namespace {
 
+// The forward kernels' scratch, sized by the C API (bytes, which it takes
+// too), from torch's caching allocator on the current stream; one byte when
+// it needs none.
+struct Workspace {
+  Tensor buf;
+  int64_t bytes;
+};
+Workspace workspace(const char* op, const CeArgs& a, const Tensor& like) {
+  const int64_t bytes = mixprec_cuda_cross_entropy_workspace_size(&a.p);
+  MIXPREC_CHECK(bytes >= 0, "mixprec::", op, ": invalid sizes");
+  return {torch::stable::new_empty(like, {bytes > 0 ? bytes : 1}, ScalarType::Byte), bytes};
+}
+
 struct CudaBackend {
   static void check_device(const char* op, const Where& w) { check_cuda_device(op, w); }
   // Out-of-range targets are not detected here (that would need a sync):
@@ -18,14 +31,11 @@ struct CudaBackend {
   static mixprec_status cross_entropy(const CeArgs& a, float* loss, float* stats, float* wsum,
                                       const Tensor& like) {
     torch::stable::accelerator::DeviceGuard guard(a.device.index);
-    const int64_t bytes = mixprec_cuda_cross_entropy_workspace_size(&a.p);
-    MIXPREC_CHECK(bytes >= 0, "mixprec::cross_entropy: invalid sizes");
-    // Scratch from torch's caching allocator on the current stream.
-    Tensor ws = torch::stable::new_empty(like, {bytes > 0 ? bytes : 1}, ScalarType::Byte);
+    Workspace ws = workspace("cross_entropy", a, like);
     return mixprec_cuda_cross_entropy(
         a.positions ? a.logits.data_ptr() : nullptr, a.dtype,
         a.positions ? static_cast<const int64_t*>(a.target.data_ptr()) : nullptr, &a.p, loss, stats,
-        wsum, ws.data_ptr(), bytes, current_cuda_stream("cross_entropy", a.device.index));
+        wsum, ws.buf.data_ptr(), ws.bytes, current_cuda_stream("cross_entropy", a.device.index));
   }
   static mixprec_status cross_entropy_backward(const CeArgs& a, const float* grad_loss,
                                                const float* stats, const float* wsum, void* dx) {
@@ -37,13 +47,11 @@ struct CudaBackend {
   static mixprec_status cross_entropy_soft(const CeArgs& a, float* loss, float* stats,
                                            const Tensor& like) {
     torch::stable::accelerator::DeviceGuard guard(a.device.index);
-    const int64_t bytes = mixprec_cuda_cross_entropy_workspace_size(&a.p);
-    MIXPREC_CHECK(bytes >= 0, "mixprec::cross_entropy_soft: invalid sizes");
-    Tensor ws = torch::stable::new_empty(like, {bytes > 0 ? bytes : 1}, ScalarType::Byte);
+    Workspace ws = workspace("cross_entropy_soft", a, like);
     return mixprec_cuda_cross_entropy_soft(
         a.positions ? a.logits.data_ptr() : nullptr, a.dtype,
         a.positions ? a.target.data_ptr() : nullptr, a.target_dtype, &a.p, loss, stats,
-        ws.data_ptr(), bytes, current_cuda_stream("cross_entropy_soft", a.device.index));
+        ws.buf.data_ptr(), ws.bytes, current_cuda_stream("cross_entropy_soft", a.device.index));
   }
   static mixprec_status cross_entropy_soft_backward(const CeArgs& a, const float* grad_loss,
                                                     const float* stats, void* dx, void* dt) {
