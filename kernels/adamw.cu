@@ -24,6 +24,18 @@ struct mixprec__adamw_k : mixprec__opt_kc {
   mixprec__adamw_hyper h;
 };
 
+/* The per-call constants of a checked call. */
+static mixprec__adamw_k mixprec__adamw_k_of(const mixprec_adamw_params *p) {
+  mixprec__adamw_k k;
+  k.set_common(p);
+  k.beta1 = p->beta1;
+  k.beta2 = p->beta2;
+  k.weight_decay = p->weight_decay;
+  k.lr = p->lr;
+  k.h = mixprec__adamw_hyper_of(p);
+  return k;
+}
+
 /* One element: mixprec__adamw_math (optim_math.h), as adamw_range in
  * c_ops/src/adamw.c calls it. s0 is exp_avg, s1 exp_avg_sq, s2
  * max_exp_avg_sq. */
@@ -83,19 +95,9 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_adamw_step(const mixprec_opt_
                                                               int64_t n,
                                                               const mixprec_adamw_params *p,
                                                               void *stream) {
-  mixprec_status st = mixprec__adamw_check(list, n, p);
-  if (st != MIXPREC_OK) return st;
-  st = mixprec__opt_check_alignment(list, n, 1, 1, p->amsgrad != 0, &p->ema);
-  if (st != MIXPREC_OK) return st;
-
-  mixprec__adamw_k k;
-  k.beta1 = p->beta1;
-  k.beta2 = p->beta2;
-  k.weight_decay = p->weight_decay;
-  k.lr = p->lr;
-  k.set_common(p);
-  k.h = mixprec__adamw_hyper_of(p);
-
-  return mixprec__opt_cuda_step(list, n, k, 1, 1, k.h.amsgrad, &p->ema, p->found_inf, stream,
+  if (const mixprec_status st = mixprec__adamw_check(list, n, p); st != MIXPREC_OK) return st;
+  /* State slots: exp_avg, exp_avg_sq, max_exp_avg_sq with amsgrad. */
+  return mixprec__opt_cuda_step(list, n, mixprec__adamw_k_of(p), 1, 1, p->amsgrad != 0, &p->ema,
+                                p->found_inf, stream,
                                 [](auto cap) { return &mixprec__adamw_kernel<decltype(cap)::value>; });
 }

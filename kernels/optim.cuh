@@ -360,8 +360,8 @@ MIXPREC__DEVICE mixprec__opt_span_ptrs mixprec__opt_span_at(const mixprec__opt_a
 
 /* An unscaled grad of four elements (unscale_grads): F32 as is, F16/BF16
  * rounded to nearest even as the param is. The grad pointer is const for the
- * read-only default (mixprec/optim.h); this and the scalar store in
- * mixprec__opt_span are the only writes through it. */
+ * read-only default (mixprec/optim.h); this and mixprec__opt_st1g are the
+ * only writes through it. */
 template <int D>
 MIXPREC__DEVICE void mixprec__opt_st4g(const void *grad, int64_t i, const float *v) {
   void *base = (void *)(uintptr_t)grad;
@@ -369,6 +369,17 @@ MIXPREC__DEVICE void mixprec__opt_st4g(const void *grad, int64_t i, const float 
     mixprec__opt_st4f((float *)base, i, v);
   else
     mixprec__opt_st4h<D>(base, i, v);
+}
+
+/* One unscaled grad element, stored as mixprec__opt_st4g stores four (the
+ * scalar loops of mixprec__opt_span and mixprec__opt_span_lean). */
+template <int D>
+MIXPREC__DEVICE void mixprec__opt_st1g(const void *grad, int64_t i, float v) {
+  void *base = (void *)(uintptr_t)grad;
+  if constexpr (D == MIXPREC_F32)
+    ((float *)base)[i] = v;
+  else
+    ((uint16_t *)base)[i] = (uint16_t)mixprec__opt_narrow<D>(v);
 }
 
 /* The n elements of one chunk, by the whole block (SR: a master-free BF16
@@ -433,13 +444,7 @@ MIXPREC__DEVICE void mixprec__opt_span(const mixprec__opt_span_ptrs &s, int n, i
     float a1 = s.s1 ? s.s1[i] : 0.0f;
     float a2 = s.s2 ? s.s2[i] : 0.0f;
     op(g, p, a0, a1, a2, i >= tail_from);
-    if (write_g) {
-      void *gb = (void *)(uintptr_t)s.grad;
-      if constexpr (GD == MIXPREC_F32)
-        ((float *)gb)[i] = g;
-      else
-        ((uint16_t *)gb)[i] = (uint16_t)mixprec__opt_narrow<GD>(g);
-    }
+    if (write_g) mixprec__opt_st1g<GD>(s.grad, i, g);
     if (s.s0) s.s0[i] = a0;
     if (s.s1) s.s1[i] = a1;
     if (s.s2) s.s2[i] = a2;
@@ -536,13 +541,7 @@ MIXPREC__DEVICE void mixprec__opt_span_lean(const mixprec__opt_span_ptrs &s,
       if (l.s1) a1 = mixprec__opt_dev_state_get(l.s1, l.f1, l.sc1, i, 0);
       float a2 = s.s2 ? s.s2[i] : 0.0f;
       op(g, p, a0, a1, a2, i >= tail_from);
-      if (write_g) {
-        void *gb = (void *)(uintptr_t)s.grad;
-        if constexpr (GD == MIXPREC_F32)
-          ((float *)gb)[i] = g;
-        else
-          ((uint16_t *)gb)[i] = (uint16_t)mixprec__opt_narrow<GD>(g);
-      }
+      if (write_g) mixprec__opt_st1g<GD>(s.grad, i, g);
       if (l.s0) mixprec__opt_dev_state_put(l.s0, l.f0, i, a0, k0, begin + i);
       if (l.s1) mixprec__opt_dev_state_put(l.s1, l.f1, i, a1, k1, begin + i);
       if (s.s2) s.s2[i] = a2;
@@ -729,22 +728,27 @@ struct mixprec__opt_kc {
 };
 
 /* The one host driver of the CUDA steps (adamw.cu, sgd.cu), called once the
- * step's checks passed: nothing for n == 0; else, on `stream`, kernel_of(cap)
+ * step's checks (optim_check.h) passed: first the device's alignment check
+ * of the state slots s0, s1, s2 it will use (mixprec__opt_check_alignment);
+ * then nothing for n == 0; else, on `stream`, kernel_of(cap)
  * (the optimizer's kernel at that group capacity) over each group of the list
  * packed with the state slots s0, s1, s2 (mixprec__opt_pack), with the
  * per-call constants k, then the advance of the distinct step counts. No host
  * synchronisation: a skip (found_inf) is decided on the device.
- * @return : MIXPREC_OK, OUT_OF_MEMORY, or the first launch's error. */
+ * @return : MIXPREC_OK, BAD_ARGUMENT (alignment), OUT_OF_MEMORY, or the
+ *   first launch's error. */
 template <class K, class KernelOf>
 static mixprec_status mixprec__opt_cuda_step(const mixprec_opt_tensor *list, int64_t n,
                                              const K &k, int s0, int s1, int s2,
                                              const mixprec_ema_params *ema,
                                              const float *found_inf, void *stream,
                                              const KernelOf &kernel_of) {
+  mixprec_status st = mixprec__opt_check_alignment(list, n, s0, s1, s2, ema);
+  if (st != MIXPREC_OK) return st;
   if (n == 0) return MIXPREC_OK;
   float **steps;
   int64_t n_steps;
-  mixprec_status st = mixprec__opt_distinct_steps(list, n, &steps, &n_steps);
+  st = mixprec__opt_distinct_steps(list, n, &steps, &n_steps);
   if (st != MIXPREC_OK) return st;
   cudaStream_t s = (cudaStream_t)stream;
   st = mixprec__opt_for_groups(n, [&](auto cap, int64_t first, int count) {

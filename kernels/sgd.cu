@@ -16,6 +16,15 @@ struct mixprec__sgd_k : mixprec__opt_kc {
   int first_step;
 };
 
+/* The per-call constants of a checked call. */
+static mixprec__sgd_k mixprec__sgd_k_of(const mixprec_sgd_params *p) {
+  mixprec__sgd_k k;
+  k.set_common(p);
+  k.h = mixprec__sgd_hyper_of(p, p->lr);
+  k.first_step = p->first_step != 0;
+  return k;
+}
+
 /* One element: mixprec__sgd_math (optim_math.h), as sgd_range in
  * c_ops/src/sgd.c calls it. s0 is the momentum buffer; s1 and s2 are unused
  * (NULL, never touched). */
@@ -59,16 +68,9 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_sgd_step(const mixprec_opt_te
                                                             int64_t n,
                                                             const mixprec_sgd_params *p,
                                                             void *stream) {
-  mixprec_status st = mixprec__sgd_check(list, n, p);
-  if (st != MIXPREC_OK) return st;
-  st = mixprec__opt_check_alignment(list, n, p->momentum != 0.0, 0, 0, &p->ema);
-  if (st != MIXPREC_OK) return st;
-
-  mixprec__sgd_k k;
-  k.set_common(p);
-  k.h = mixprec__sgd_hyper_of(p, p->lr);
-  k.first_step = p->first_step != 0;
-
-  return mixprec__opt_cuda_step(list, n, k, k.h.momentum_on, 0, 0, &p->ema, p->found_inf, stream,
+  if (const mixprec_status st = mixprec__sgd_check(list, n, p); st != MIXPREC_OK) return st;
+  /* State slot: the momentum buffer, when momentum is on. */
+  return mixprec__opt_cuda_step(list, n, mixprec__sgd_k_of(p), p->momentum != 0.0, 0, 0, &p->ema,
+                                p->found_inf, stream,
                                 [](auto cap) { return &mixprec__sgd_kernel<decltype(cap)::value>; });
 }
