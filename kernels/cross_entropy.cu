@@ -57,13 +57,53 @@ __device__ __forceinline__ void block_partials(double l, double w, double *part,
   }
 }
 
+/* A row kernel's row and the calling thread's place on it (tid of nt): a
+ * warp per row (WARP) or a block per row ([note: slice launch]). */
+struct RowAt {
+  int64_t row;
+  int tid, nt;
+};
+template <bool WARP>
+__device__ __forceinline__ RowAt row_at() {
+  RowAt r;
+  r.row = WARP ? (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
+  r.tid = WARP ? threadIdx.x % 32 : threadIdx.x;
+  r.nt = WARP ? 32 : blockDim.x;
+  return r;
+}
+
+/* A column kernel's sizes and the calling thread's column col of slice o
+ * (o0 + blockIdx.y): its position pos and the offset base of its class 0
+ * (meaningful for col < inner). */
+struct ColAt {
+  int64_t C, inner, col, o, pos, base;
+};
+template <class A>
+__device__ __forceinline__ ColAt col_at(const A &a, int64_t o0) {
+  ColAt q;
+  q.C = a.classes;
+  q.inner = a.inner;
+  q.col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  q.o = o0 + blockIdx.y;
+  q.pos = q.o * q.inner + q.col;
+  q.base = q.o * q.C * q.inner + q.col;
+  return q;
+}
+
+/* A position's loss (reduction NONE: a.loss, else NULL) and its stats (max,
+ * log-sum-exp), as both forwards store them. */
+template <class A>
+__device__ __forceinline__ void put_position(const A &a, int64_t pos, double l, float m, float lg) {
+  if (a.loss) a.loss[pos] = (float)l;
+  a.stats[pos] = m;
+  a.stats[a.positions + pos] = lg;
+}
+
 template <int D, bool WARP>
 __global__ void ce_rows(const void *logits, CeArgs a) {
   __shared__ float scratch[64];
-  const int64_t row = WARP ? (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
+  const auto [row, tid, nt] = row_at<WARP>();
   if (WARP && row >= a.outer) return;
-  const int tid = WARP ? threadIdx.x % 32 : threadIdx.x;
-  const int nt = WARP ? 32 : blockDim.x;
   const int64_t C = a.classes;
   const int64_t t = a.target[row];
   const bool ignored = t == a.ignore_index;
@@ -89,9 +129,7 @@ __global__ void ce_rows(const void *logits, CeArgs a) {
     m = lg = NAN;
   }
   if (tid == 0) {
-    if (a.loss) a.loss[row] = (float)l;
-    a.stats[row] = m;
-    a.stats[a.positions + row] = lg;
+    put_position(a, row, l, m, lg);
     a.part[2 * row] = l;
     a.part[2 * row + 1] = wt;
   }
@@ -100,12 +138,9 @@ __global__ void ce_rows(const void *logits, CeArgs a) {
 template <int D>
 __global__ void ce_cols(const void *logits, CeArgs a, int64_t o0) {
   __shared__ double scratch[2 * 32];
-  const int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  const int64_t o = o0 + blockIdx.y;
-  const int64_t C = a.classes, inner = a.inner;
+  const auto [C, inner, col, o, pos, base] = col_at(a, o0);
   double l = 0.0, wt = 0.0;
   if (col < inner) {
-    const int64_t pos = o * inner + col, base = o * C * inner + col;
     const int64_t t = a.target[pos];
     const bool ignored = t == a.ignore_index;
     const bool bad = !ignored && (t < 0 || t >= C);
@@ -129,9 +164,7 @@ __global__ void ce_cols(const void *logits, CeArgs a, int64_t o0) {
       l = NAN;
       m = lg = NAN;
     }
-    if (a.loss) a.loss[pos] = (float)l;
-    a.stats[pos] = m;
-    a.stats[a.positions + pos] = lg;
+    put_position(a, pos, l, m, lg);
   }
   block_partials(l, wt, a.part, o, scratch);
 }
@@ -176,10 +209,8 @@ __device__ __forceinline__ float grad_of(const CeBwdArgs &a, int64_t pos) {
 template <int D, bool WARP>
 __global__ void ce_rows_bwd(const void *logits, void *dx, CeBwdArgs a) {
   __shared__ float scratch[64];
-  const int64_t row = WARP ? (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
+  const auto [row, tid, nt] = row_at<WARP>();
   if (WARP && row >= a.outer) return;
-  const int tid = WARP ? threadIdx.x % 32 : threadIdx.x;
-  const int nt = WARP ? 32 : blockDim.x;
   const int64_t C = a.classes, off = row * C;
   const int64_t t = a.target[row];
   const float W = a.eps > 0.0f ? class_weight_sum<WARP>(a.weight, C, tid, nt, scratch) : 0.0f;
@@ -203,11 +234,8 @@ __global__ void ce_rows_bwd(const void *logits, void *dx, CeBwdArgs a) {
 
 template <int D>
 __global__ void ce_cols_bwd(const void *logits, void *dx, CeBwdArgs a, int64_t o0) {
-  const int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  const int64_t o = o0 + blockIdx.y;
-  const int64_t C = a.classes, inner = a.inner;
+  const auto [C, inner, col, o, pos, base] = col_at(a, o0);
   if (col >= inner) return;
-  const int64_t pos = o * inner + col, base = o * C * inner + col;
   const int64_t t = a.target[pos];
   if (t == a.ignore_index || t < 0 || t >= C) {
     const float v = t == a.ignore_index ? 0.0f : NAN;
@@ -253,10 +281,8 @@ __device__ __forceinline__ float soft_t(const A &a, int64_t i, int64_t c) {
 template <int D, int TD, bool WARP>
 __global__ void ces_rows(const void *logits, SoftArgs a) {
   __shared__ float scratch[64];
-  const int64_t row = WARP ? (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
+  const auto [row, tid, nt] = row_at<WARP>();
   if (WARP && row >= a.outer) return;
-  const int tid = WARP ? threadIdx.x % 32 : threadIdx.x;
-  const int nt = WARP ? 32 : blockDim.x;
   const int64_t C = a.classes, off = row * C;
   const char *xr = static_cast<const char *>(logits) + off * (D == MIXPREC_F32 ? 4 : 2);
   const MaxSum acc = row_max_sum<D, WARP>(xr, C, tid, nt, scratch);
@@ -272,9 +298,7 @@ __global__ void ces_rows(const void *logits, SoftArgs a) {
   twx = WARP ? warp_sum(twx) : block_sum(twx, scratch);
   if (tid == 0) {
     const double l = mixprec__ce_soft_loss(tw, lg, twx);
-    if (a.loss) a.loss[row] = (float)l;
-    a.stats[row] = m;
-    a.stats[a.positions + row] = lg;
+    put_position(a, row, l, m, lg);
     a.stats[2 * a.positions + row] = tw;
     a.part[2 * row] = l;
     a.part[2 * row + 1] = 1.0;
@@ -284,12 +308,9 @@ __global__ void ces_rows(const void *logits, SoftArgs a) {
 template <int D, int TD>
 __global__ void ces_cols(const void *logits, SoftArgs a, int64_t o0) {
   __shared__ double scratch[2 * 32];
-  const int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  const int64_t o = o0 + blockIdx.y;
-  const int64_t C = a.classes, inner = a.inner;
+  const auto [C, inner, col, o, pos, base] = col_at(a, o0);
   double l = 0.0, cnt = 0.0;
   if (col < inner) {
-    const int64_t pos = o * inner + col, base = o * C * inner + col;
     const MaxSum acc = col_max_sum<D>(logits, base, C, inner);
     const float m = acc.m, lg = logf(acc.s);
     float tw = 0.0f, twx = 0.0f;
@@ -300,9 +321,7 @@ __global__ void ces_cols(const void *logits, SoftArgs a, int64_t o0) {
     }
     l = mixprec__ce_soft_loss(tw, lg, twx);
     cnt = 1.0;
-    if (a.loss) a.loss[pos] = (float)l;
-    a.stats[pos] = m;
-    a.stats[a.positions + pos] = lg;
+    put_position(a, pos, l, m, lg);
     a.stats[2 * a.positions + pos] = tw;
   }
   block_partials(l, cnt, a.part, o, scratch);
@@ -338,10 +357,8 @@ __device__ __forceinline__ void soft_grad_at(const void *logits, void *dx, void 
 
 template <int D, int TD, bool WARP>
 __global__ void ces_rows_bwd(const void *logits, void *dx, void *dt, SoftBwdArgs a) {
-  const int64_t row = WARP ? (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
+  const auto [row, tid, nt] = row_at<WARP>();
   if (row >= a.outer) return;
-  const int tid = WARP ? threadIdx.x % 32 : threadIdx.x;
-  const int nt = WARP ? 32 : blockDim.x;
   const int64_t C = a.classes, off = row * C;
   const float g = soft_grad_of(a, row);
   const float m = a.stats[row], lg = a.stats[a.positions + row];
@@ -351,11 +368,8 @@ __global__ void ces_rows_bwd(const void *logits, void *dx, void *dt, SoftBwdArgs
 
 template <int D, int TD>
 __global__ void ces_cols_bwd(const void *logits, void *dx, void *dt, SoftBwdArgs a, int64_t o0) {
-  const int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  const int64_t o = o0 + blockIdx.y;
-  const int64_t C = a.classes, inner = a.inner;
+  const auto [C, inner, col, o, pos, base] = col_at(a, o0);
   if (col >= inner) return;
-  const int64_t pos = o * inner + col, base = o * C * inner + col;
   const float g = soft_grad_of(a, pos);
   const float m = a.stats[pos], lg = a.stats[a.positions + pos];
   const mixprec__ce_soft_coefs k = mixprec__ce_soft_grad_coefs(g, a.stats[2 * a.positions + pos], a.keep_d);
@@ -437,11 +451,13 @@ void forward_args(A &a, const mixprec_cross_entropy_params *p, int64_t positions
 
 /* What both forward entry points do around their kernels: the loss and
  * workspace checks, the empty case (SUM 0, MEAN 0/0 = NaN, weight sum 0,
- * written by the reduce kernel from zero units), then launch(part) and the
- * fixed-order reduce of the units' partial sums. weight_sum may be null. */
-template <class Launch>
-mixprec_status forward_reduced(const mixprec_cross_entropy_params *p, int64_t positions, float *loss,
-                               const float *stats, float *weight_sum, void *workspace,
+ * written by the reduce kernel from zero units), then launch(a) with the
+ * forward struct a (CeArgs or SoftArgs) holding the shared fields
+ * (forward_args; launch sets its own and launches) and the fixed-order
+ * reduce of the units' partial sums. weight_sum may be null. */
+template <class A, class T, class Launch>
+mixprec_status forward_reduced(const mixprec_cross_entropy_params *p, int64_t positions, T target,
+                               float *loss, float *stats, float *weight_sum, void *workspace,
                                int64_t workspace_bytes, cudaStream_t s, const Launch &launch) {
   if (!loss && (positions > 0 || p->reduction != MIXPREC_REDUCTION_NONE)) return MIXPREC_ERR_NULL_POINTER;
   const int64_t need = mixprec_cuda_cross_entropy_workspace_size(p);
@@ -453,7 +469,9 @@ mixprec_status forward_reduced(const mixprec_cross_entropy_params *p, int64_t po
   if (!stats || !workspace) return MIXPREC_ERR_NULL_POINTER;
   if (workspace_bytes < need) return MIXPREC_ERR_BAD_SIZE;
   double *part = static_cast<double *>(workspace);
-  const mixprec_status st = launch(part);
+  A a;
+  forward_args(a, p, positions, target, loss, stats, part);
+  const mixprec_status st = launch(a);
   if (st != MIXPREC_OK) return st;
   ce_reduce<<<1, 1024, 0, s>>>(part, units_of(p), p->reduction,
                                p->reduction == MIXPREC_REDUCTION_NONE ? nullptr : loss, weight_sum);
@@ -469,16 +487,14 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy(
   const mixprec_status status = check(logits, dtype, target, p, &positions);
   if (status != MIXPREC_OK) return status;
   cudaStream_t s = (cudaStream_t)stream;
-  return forward_reduced(p, positions, loss, stats, weight_sum, workspace, workspace_bytes, s,
-                         [&](double *part) {
-                           CeArgs a;
-                           forward_args(a, p, positions, target, loss, stats, part);
-                           a.ignore_index = p->ignore_index;
-                           a.eps = (float)p->label_smoothing;
-                           mixprec_status st;
-                           MIXPREC__DISPATCH(dtype, D, st = launch_fwd<D>(logits, a, s));
-                           return st;
-                         });
+  return forward_reduced<CeArgs>(p, positions, target, loss, stats, weight_sum, workspace,
+                                 workspace_bytes, s, [&](CeArgs &a) {
+                                   a.ignore_index = p->ignore_index;
+                                   a.eps = (float)p->label_smoothing;
+                                   mixprec_status st;
+                                   MIXPREC__DISPATCH(dtype, D, st = launch_fwd<D>(logits, a, s));
+                                   return st;
+                                 });
 }
 
 extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_backward(
@@ -555,18 +571,17 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_soft(
   const mixprec_status status = soft_check(logits, dtype, target, target_dtype, p, &positions);
   if (status != MIXPREC_OK) return status;
   cudaStream_t s = (cudaStream_t)stream;
-  return forward_reduced(p, positions, loss, stats, nullptr, workspace, workspace_bytes, s,
-                         [&](double *part) {
-                           SoftArgs a;
-                           forward_args(a, p, positions, target, loss, stats, part);
-                           a.keep = (float)(1.0 - p->label_smoothing);
-                           a.add = (float)(p->label_smoothing / (double)p->classes);
-                           mixprec_status st;
-                           MIXPREC__DISPATCH(dtype, D,
-                                             MIXPREC__DISPATCH(target_dtype, TD,
-                                                               st = launch_soft_fwd<D, TD>(logits, a, s)));
-                           return st;
-                         });
+  return forward_reduced<SoftArgs>(p, positions, target, loss, stats, nullptr, workspace,
+                                   workspace_bytes, s, [&](SoftArgs &a) {
+                                     a.keep = (float)(1.0 - p->label_smoothing);
+                                     a.add = (float)(p->label_smoothing / (double)p->classes);
+                                     mixprec_status st;
+                                     MIXPREC__DISPATCH(
+                                         dtype, D,
+                                         MIXPREC__DISPATCH(target_dtype, TD,
+                                                           st = launch_soft_fwd<D, TD>(logits, a, s)));
+                                     return st;
+                                   });
 }
 
 extern "C" MIXPREC_API mixprec_status mixprec_cuda_cross_entropy_soft_backward(
