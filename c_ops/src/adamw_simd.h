@@ -66,9 +66,7 @@ MIXPREC__FORCE_INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin
   /* Local copies, kept in registers (MIXPREC__OPT_LOCAL). */
   MIXPREC__OPT_LOCAL(mixprec_opt_tensor, t, t_in);
   MIXPREC__OPT_LOCAL(mixprec__adamw_scalars, s, s_in);
-  mixprec__adamw_consts k_copy_ = *k_in;
-  MPV_PLAIN_CONSTS(k_copy_, plain);
-  const mixprec__adamw_consts *k = &k_copy_;
+  MPV_PLAIN_LOCAL(mixprec__adamw_consts, k, k_in, plain);
   float *P = pd != MIXPREC_F32 && !sr ? t->master : (float *)t->param;
   int64_t i = begin;
 #define UPDATE_V(j, r) update_v(t, j, P, s, k, gd, amsgrad, r, ema)
@@ -78,7 +76,7 @@ MIXPREC__FORCE_INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin
 }
 
 /* The param dtype (BF16 master-free: sr), the grad dtype, amsgrad, EMA
- * on/off and plain (MPV_PLAIN_CONSTS) are constants of each instantiation: with
+ * on/off and plain (MPV_PLAIN_LOCAL) are constants of each instantiation: with
  * EMA off the loop is exactly the one without the feature. */
 int64_t MPV_ISA(mixprec__adamw_body)(const mixprec_opt_tensor *t, int64_t begin, int64_t end,
                                      const mixprec__adamw_scalars *s, const mixprec__adamw_consts *k) {
@@ -128,7 +126,7 @@ MIXPREC__FORCE_INLINE void lean_v(const mixprec_opt_tensor *t, int64_t i, float 
 }
 
 /* plain (a constant): the step has no grad scale, maximize, amsgrad or EMA,
- * and those tests leave the loop (MPV_PLAIN_CONSTS, and the EMA and
+ * and those tests leave the loop (MPV_PLAIN_LOCAL, and the EMA and
  * amsgrad fields here); the other steps run the general loop. */
 MIXPREC__FORCE_INLINE int64_t lean_body(const mixprec_opt_tensor *t_in, int64_t begin, int64_t end,
                                         const mixprec__adamw_scalars *s_in, const mixprec__adamw_consts *k_in,
@@ -138,14 +136,12 @@ MIXPREC__FORCE_INLINE int64_t lean_body(const mixprec_opt_tensor *t_in, int64_t 
   /* Local copies, kept in registers (MIXPREC__OPT_LOCAL). */
   MIXPREC__OPT_LOCAL(mixprec_opt_tensor, t, t_in);
   mixprec__adamw_scalars s_copy_ = *s_in;
-  mixprec__adamw_consts k_copy_ = *k_in;
-  MPV_PLAIN_CONSTS(k_copy_, plain);
+  MPV_PLAIN_LOCAL(mixprec__adamw_consts, k, k_in, plain);
   if (plain) {
     s_copy_.ema = NULL;
     k_copy_.h.amsgrad = 0;
   }
   const mixprec__adamw_scalars *s = &s_copy_;
-  const mixprec__adamw_consts *k = &k_copy_;
   MIXPREC__OPT_LOCAL(mixprec__lean_ctx, c, c_in);
   float *P = t->param_dtype != MIXPREC_F32 ? t->master : (float *)t->param;
   int64_t i = begin;

@@ -44,18 +44,20 @@ typedef __m512 mixprec__vf;
 #  error "define MIXPREC__VW as 8 or 16 before including optim_simd.h"
 #endif
 
-/* The constants a vector loop runs with (either optimizer's consts c, a
- * local copy): for a plain step (a constant: no grad scale, no maximize)
- * those fields are set to zero, so the compiler drops their tests from the
- * loop; the other steps run the general loop. */
-#define MPV_PLAIN_CONSTS(c, plain) \
-  do {                              \
-    if (plain) {                    \
-      (c).has_scale = 0;            \
-      (c).unscale = 0;              \
-      (c).h.maximize = 0;           \
-    }                               \
-  } while (0)
+/* Declares `name`, a pointer to a local copy of either optimizer's
+ * constants *src (type T), kept in registers as MIXPREC__OPT_LOCAL does; for
+ * a plain step (a constant: no grad scale, no maximize) the copy's fields
+ * for those are zero, so the compiler drops their tests from the loop (the
+ * other steps run the general loop). The copy stays writable as
+ * name##_copy_ for a caller's further plain fields. */
+#define MPV_PLAIN_LOCAL(T, name, src, plain) \
+  T name##_copy_ = *(src);                    \
+  if (plain) {                                \
+    name##_copy_.has_scale = 0;               \
+    name##_copy_.unscale = 0;                 \
+    name##_copy_.h.maximize = 0;              \
+  }                                           \
+  const T *name = &name##_copy_
 
 /* The gradient of one vector at i as the update sees it (unscaled, written
  * back with unscale_grads, negated for maximize): AdamW's and SGD's grad_v

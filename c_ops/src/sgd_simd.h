@@ -56,9 +56,7 @@ MIXPREC__FORCE_INLINE int64_t body(const mixprec_opt_tensor *t_in, int64_t begin
                                    const int plain) {
   /* Local copies, kept in registers (MIXPREC__OPT_LOCAL). */
   MIXPREC__OPT_LOCAL(mixprec_opt_tensor, t, t_in);
-  mixprec__sgd_consts k_copy_ = *k_in;
-  MPV_PLAIN_CONSTS(k_copy_, plain);
-  const mixprec__sgd_consts *k = &k_copy_;
+  MPV_PLAIN_LOCAL(mixprec__sgd_consts, k, k_in, plain);
   MIXPREC__OPT_LOCAL(mixprec__ema_scalars, e, e_in);
   float *P = pd != MIXPREC_F32 && !sr ? t->master : (float *)t->param;
   int64_t i = begin;
@@ -96,11 +94,9 @@ MIXPREC__FORCE_INLINE int64_t lean_body(const mixprec_opt_tensor *t_in, int64_t 
                                         const mixprec_dtype gd, const int pm, const mixprec_state_dtype db,
                                         const int plain) {
   /* Local copies, kept in registers (MIXPREC__OPT_LOCAL); plain: no grad
-   * scale, maximize or EMA (MPV_PLAIN_CONSTS). */
+   * scale, maximize or EMA (MPV_PLAIN_LOCAL). */
   MIXPREC__OPT_LOCAL(mixprec_opt_tensor, t, t_in);
-  mixprec__sgd_consts k_copy_ = *k_in;
-  MPV_PLAIN_CONSTS(k_copy_, plain);
-  const mixprec__sgd_consts *k = &k_copy_;
+  MPV_PLAIN_LOCAL(mixprec__sgd_consts, k, k_in, plain);
   mixprec__ema_scalars e_copy_ = *e_in;
   if (plain) e_copy_.buf = NULL;
   const mixprec__ema_scalars *e = &e_copy_;
