@@ -80,7 +80,9 @@ MIXPREC__INLINE mixprec_detect_layout mixprec__efficient_nms_contiguous(int64_t 
   l.box_strides[3] = 1;
   l.box_strides[2] = class_boxes ? 4 : 0;
   l.box_strides[1] = (int64_t)(class_boxes ? 4u * uc : 4u);
-  l.box_strides[0] = (int64_t)(un * (uint64_t)l.box_strides[1]);
+  /* No classes: no candidate, and n may be any size (up to INT64_MAX, whose
+   * image stride would wrap negative and be refused): the image stride is 0. */
+  l.box_strides[0] = classes == 0 ? 0 : (int64_t)(un * (uint64_t)l.box_strides[1]);
   l.score_strides[2] = 1;
   l.score_strides[1] = classes;
   l.score_strides[0] = (int64_t)(un * uc);
