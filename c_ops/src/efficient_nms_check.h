@@ -74,15 +74,18 @@ MIXPREC__HD int64_t mixprec__efficient_nms_score_at(const mixprec_detect_layout 
 MIXPREC__INLINE mixprec_detect_layout mixprec__efficient_nms_contiguous(int64_t n, int64_t classes,
                                                                        int class_boxes) {
   /* Unsigned products: sizes too large for any buffer wrap instead of
-   * overflowing (the entry points refuse them before using a layout). */
-  const uint64_t un = (uint64_t)n, uc = (uint64_t)classes;
+   * overflowing (the entry points refuse them before using a layout). With
+   * no candidate (n or classes 0) the other size may be anything up to
+   * INT64_MAX, and a product with it could wrap negative and be refused:
+   * such a layout's products are taken of zero sizes (its strides are
+   * never used). */
+  const int none = n == 0 || classes == 0;
+  const uint64_t un = none ? 0u : (uint64_t)n, uc = none ? 0u : (uint64_t)classes;
   mixprec_detect_layout l;
   l.box_strides[3] = 1;
   l.box_strides[2] = class_boxes ? 4 : 0;
   l.box_strides[1] = (int64_t)(class_boxes ? 4u * uc : 4u);
-  /* No classes: no candidate, and n may be any size (up to INT64_MAX, whose
-   * image stride would wrap negative and be refused): the image stride is 0. */
-  l.box_strides[0] = classes == 0 ? 0 : (int64_t)(un * (uint64_t)l.box_strides[1]);
+  l.box_strides[0] = (int64_t)(un * (uint64_t)l.box_strides[1]);
   l.score_strides[2] = 1;
   l.score_strides[1] = classes;
   l.score_strides[0] = (int64_t)(un * uc);

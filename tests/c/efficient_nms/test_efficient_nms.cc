@@ -346,23 +346,25 @@ TEST(EfficientNmsArgs, ErrorsWriteNothing) {
             MIXPREC_OK);  // an empty batch needs no pointers
 }
 
-// No classes: no candidate whatever n is, even n = INT64_MAX (found by
-// fuzz_efficient_nms: the contiguous layout's image stride n * 4 wrapped
-// negative and the call was refused with BAD_ARGUMENT); every image gets a
-// count of 0, with or without per-class boxes, on an empty batch too.
-TEST(EfficientNmsArgs, NoClassesIsNoCandidateForAnyN) {
+// No candidate (no classes, or no n) whatever the other size is, even
+// INT64_MAX (found by fuzz_efficient_nms: the contiguous layout's products,
+// n * 4 or 4 * classes, wrapped negative and the call was refused with
+// BAD_ARGUMENT); every image gets a count of 0, with or without per-class
+// boxes, on an empty batch too.
+TEST(EfficientNmsArgs, NoCandidateForAnyOtherSize) {
   mixprec_detect_params p = mixprec_detect_params_default();
   p.max_detections = 3;
-  for (int64_t n : {int64_t(0), int64_t(5), INT64_MAX}) {
+  const int64_t sizes[][2] = {{0, 0}, {5, 0}, {INT64_MAX, 0}, {0, 7}, {0, INT64_MAX}};
+  for (const auto &nc : sizes) {
     for (int class_boxes = 0; class_boxes < 2; class_boxes++) {
       for (int64_t B : {int64_t(0), int64_t(2)}) {
-        SCOPED_TRACE("n " + std::to_string(n) + " class_boxes " + std::to_string(class_boxes) + " B " +
-                     std::to_string(B));
+        SCOPED_TRACE("n " + std::to_string(nc[0]) + " classes " + std::to_string(nc[1]) + " class_boxes " +
+                     std::to_string(class_boxes) + " B " + std::to_string(B));
         std::vector<float> ob(2 * 3 * 4, 5.0f), os(2 * 3, 5.0f);
         std::vector<int64_t> oc(2 * 3, 5), oi(2 * 3, 5), cnt(2, 5);
         float dummy = 0.0f;
-        EXPECT_EQ(mixprec_efficient_nms(&dummy, MIXPREC_F32, class_boxes, &dummy, MIXPREC_F32, B, n, 0, &p,
-                                        ob.data(), os.data(), oc.data(), oi.data(), cnt.data()),
+        EXPECT_EQ(mixprec_efficient_nms(&dummy, MIXPREC_F32, class_boxes, &dummy, MIXPREC_F32, B, nc[0], nc[1],
+                                        &p, ob.data(), os.data(), oc.data(), oi.data(), cnt.data()),
                   MIXPREC_OK);
         for (int64_t b = 0; b < 2; b++) EXPECT_EQ(cnt[size_t(b)], b < B ? 0 : 5);
       }
