@@ -241,7 +241,7 @@ typedef int64_t (*mixprec__sgd_body_fn)(const mixprec_opt_tensor *t, int64_t beg
  * floats), so it is the count of thresholds thr[r] <= y, thr[r] being the
  * least float whose code ranks r or more (rank: the codes in the order of
  * their values); thr is found from the scalar encode itself
- * (mixprec__q8_tabs_init), so the vector search gives its codes bit for
+ * (q8_tabs_init in optim_q8.c), so the vector search gives its codes bit for
  * bit. The AVX-512 encode searches thr in NB = 7 (signed: ranks 0..127, and
  * one more compare for +1.0) or 8 (unsigned) halving steps: thr_top, then
  * three tables indexed by R = r >> (NB - 4), then tables of 16, 32, 64 and
@@ -356,8 +356,9 @@ MIXPREC__FORCE_INLINE int mixprec__opt_param_mode(const mixprec_opt_tensor *t) {
     }                                                                                             \
   } while (0)
 
-/* The lean kernels of the active ISA (NULL body: scalar only) and the map
- * tables, set up once per step. */
+/* The lean kernels of the active ISA (NULL body: scalar only), chosen once
+ * per step, and the map tables (mixprec__q8_tabs_get: computed once per
+ * process, shared). */
 typedef struct mixprec__lean_kernels {
   mixprec__adamw_lean_fn adamw;
   mixprec__sgd_lean_fn sgd;
