@@ -46,6 +46,10 @@ MIXPREC__DEVICE uint16_t mixprec__f32_to_bf16(float f) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 
+/* mixprec__load_f32 / mixprec__store_f32 and the other element accesses by
+ * dtype, on the converters above (the CPU's too, on its own). */
+#include "element.h"
+
 /* A device load of an element that is not aligned to its size faults and
  * ruins the CUDA context, so such a pointer is refused up front rather than
  * trusted (the C API requires element alignment; the CPU never faults). */

@@ -73,7 +73,7 @@ __global__ void efficient_nms_keys(const void *scores, mixprec_dtype dt, mixprec
   const int nc = n * classes, b = t / nc, r = t % nc;
   const int q = cfirst ? r % n : r / classes, c = cfirst ? r / n : r % classes;
   const int i = b * nc + q * classes + c;
-  const float s = mixprec__nms_load_any(scores, dt, mixprec__efficient_nms_score_at(&L, b, q, c));
+  const float s = mixprec__load_f32(scores, dt, mixprec__efficient_nms_score_at(&L, b, q, c));
   const bool ok = s == s && (!use_thr || s > thr);
   keys[i] = ok ? mixprec__nms_score_key(s) : 0u;
   vals[i] = i;
@@ -107,7 +107,7 @@ __global__ void efficient_nms_gather(const void *boxes, mixprec_dtype dt, mixpre
   const int64_t first = mixprec__efficient_nms_box_at(&L, b, j / classes, j % classes);
   float v[4], corner[4];
   for (int e = 0; e < 4; e++)
-    v[e] = mixprec__nms_load_any(boxes, dt, first + e * L.box_strides[3]);
+    v[e] = mixprec__load_f32(boxes, dt, first + e * L.box_strides[3]);
   mixprec__box_corners(L.box_coding == MIXPREC_BOX_CENTER, v, corner);
   const float4 q = make_float4(corner[0], corner[1], corner[2], corner[3]);
   const int64_t at = b * cap + p;
@@ -132,14 +132,6 @@ __device__ __forceinline__ void copy_value(const void *from, int64_t fi, void *t
     ((uint32_t *)to)[ti] = ((const uint32_t *)from)[fi];
   else
     ((uint16_t *)to)[ti] = ((const uint16_t *)from)[fi];
-}
-
-__device__ __forceinline__ void store_value(void *to, int64_t ti, mixprec_dtype dt, float v) {
-  switch (dt) {
-    case MIXPREC_F16: ((uint16_t *)to)[ti] = mixprec__f32_to_f16(v); break;
-    case MIXPREC_BF16: ((uint16_t *)to)[ti] = mixprec__f32_to_bf16(v); break;
-    default: ((float *)to)[ti] = v; break;
-  }
 }
 
 /* All-zero bits: +0 in float32, float16 and bfloat16. */
@@ -168,10 +160,10 @@ __global__ void __launch_bounds__(MIXPREC__EFFICIENT_NMS_REDUCE_THREADS)
         if (L.box_coding == MIXPREC_BOX_CENTER) {
           /* The decoded corners the NMS used, rounded to the boxes' dtype. */
           const float4 q = sboxes[b * cap + p];
-          store_value(out_boxes, 4 * o + 0, boxes_dtype, q.x);
-          store_value(out_boxes, 4 * o + 1, boxes_dtype, q.y);
-          store_value(out_boxes, 4 * o + 2, boxes_dtype, q.z);
-          store_value(out_boxes, 4 * o + 3, boxes_dtype, q.w);
+          mixprec__store_f32(out_boxes, boxes_dtype, 4 * o + 0, q.x);
+          mixprec__store_f32(out_boxes, boxes_dtype, 4 * o + 1, q.y);
+          mixprec__store_f32(out_boxes, boxes_dtype, 4 * o + 2, q.z);
+          mixprec__store_f32(out_boxes, boxes_dtype, 4 * o + 3, q.w);
         } else {
           const int64_t first = mixprec__efficient_nms_box_at(&L, b, nn, c);
           for (int e = 0; e < 4; e++)

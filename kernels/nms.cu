@@ -58,7 +58,7 @@ __global__ void nms_keys(const void *scores, mixprec_dtype dt, int n, int use_th
                          uint32_t *keys, int32_t *vals, int *valid) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float s = mixprec__nms_load_any(scores, dt, i);
+  const float s = mixprec__load_f32(scores, dt, i);
   const bool ok = !use_thr || s > thr;
   keys[i] = ok ? mixprec__nms_score_key(s) : 0u; /* every real key is >= 0x007fffff */
   vals[i] = i;
@@ -72,10 +72,10 @@ __global__ void nms_gather(const void *boxes, mixprec_dtype dt, const void *clas
   if (p >= n) return;
   const int64_t i = order[p];
   float4 b;
-  b.x = mixprec__nms_load_any(boxes, dt, 4 * i + 0);
-  b.y = mixprec__nms_load_any(boxes, dt, 4 * i + 1);
-  b.z = mixprec__nms_load_any(boxes, dt, 4 * i + 2);
-  b.w = mixprec__nms_load_any(boxes, dt, 4 * i + 3);
+  b.x = mixprec__load_f32(boxes, dt, 4 * i + 0);
+  b.y = mixprec__load_f32(boxes, dt, 4 * i + 1);
+  b.z = mixprec__load_f32(boxes, dt, 4 * i + 2);
+  b.w = mixprec__load_f32(boxes, dt, 4 * i + 3);
   sboxes[p] = b;
   sarea[p] = mixprec__nms_area(b.x, b.y, b.z, b.w);
   if (classes)

@@ -15,24 +15,6 @@
  * nms.cu). */
 float mixprec__cuda_nms_float_floor(double t);
 
-template <int D>
-static __device__ __forceinline__ float mixprec__nms_load(const void *data, int64_t i) {
-  if constexpr (D == MIXPREC_F32)
-    return ((const float *)data)[i];
-  else if constexpr (D == MIXPREC_F16)
-    return mixprec__f16_to_f32(((const uint16_t *)data)[i]);
-  else
-    return mixprec__bf16_to_f32(((const uint16_t *)data)[i]);
-}
-
-MIXPREC__DEVICE float mixprec__nms_load_any(const void *data, mixprec_dtype dt, int64_t i) {
-  switch (dt) {
-    case MIXPREC_F16: return mixprec__nms_load<MIXPREC_F16>(data, i);
-    case MIXPREC_BF16: return mixprec__nms_load<MIXPREC_BF16>(data, i);
-    default: return mixprec__nms_load<MIXPREC_F32>(data, i);
-  }
-}
-
 /* nms_rules.h's test on float4 boxes (x1, y1, x2, y2): kept box a, candidate b. */
 MIXPREC__DEVICE bool mixprec__nms_suppresses4(float4 a, float area_a, float4 b, float area_b,
                                               float thr) {

@@ -289,10 +289,8 @@ MIXPREC__DEVICE void mixprec__opt_ld4(const void *base, int64_t i, float *out) {
     const uint32_t w[2] = {r.x, r.y};
 #pragma unroll
     for (int k = 0; k < 2; k++) {
-      out[2 * k] = D == MIXPREC_F16 ? mixprec__f16_to_f32((uint16_t)(w[k] & 0xffffu))
-                                    : mixprec__bf16_to_f32((uint16_t)(w[k] & 0xffffu));
-      out[2 * k + 1] = D == MIXPREC_F16 ? mixprec__f16_to_f32((uint16_t)(w[k] >> 16))
-                                        : mixprec__bf16_to_f32((uint16_t)(w[k] >> 16));
+      out[2 * k] = mixprec__half_to_f32((mixprec_dtype)D, (uint16_t)(w[k] & 0xffffu));
+      out[2 * k + 1] = mixprec__half_to_f32((mixprec_dtype)D, (uint16_t)(w[k] >> 16));
     }
   }
 }
@@ -303,10 +301,7 @@ MIXPREC__DEVICE void mixprec__opt_st4f(float *base, int64_t i, const float *v) {
 
 template <int D>
 MIXPREC__DEVICE uint32_t mixprec__opt_narrow(float v) {
-  if constexpr (D == MIXPREC_F16)
-    return mixprec__f32_to_f16(v);
-  else
-    return mixprec__f32_to_bf16(v);
+  return mixprec__f32_to_half((mixprec_dtype)D, v);
 }
 
 /* A master-free BF16 param of four elements, rounded stochastically with the

@@ -75,10 +75,7 @@ static __global__ void __launch_bounds__(MIXPREC__OVERFLOW_THREADS)
         m = warp_max[w] > m ? warp_max[w] : m;
       if (t < a.n_outputs) {
         float v = 0.0f;
-        MIXPREC__DISPATCH(dt, D,
-                          v = D == MIXPREC_F32   ? __uint_as_float(m)
-                              : D == MIXPREC_F16 ? mixprec__f16_to_f32((uint16_t)m)
-                                                 : mixprec__bf16_to_f32((uint16_t)m));
+        MIXPREC__DISPATCH(dt, D, v = mixprec__value_of_bits(D, m));
         /* Non-negative floats order as their bits. */
         if (v > 0.0f) atomicMax((unsigned int *)&slot[MIXPREC_OVERFLOW_AMAX], __float_as_uint(v));
         if (bad) slot[MIXPREC__OVERFLOW_OUT_BAD] = 1.0f; /* racy; same value */

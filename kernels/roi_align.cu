@@ -20,14 +20,6 @@
 
 namespace {
 
-__device__ __forceinline__ void roi_store(void *data, mixprec_dtype dt, int64_t i, float v) {
-  switch (dt) {
-    case MIXPREC_F16: ((uint16_t *)data)[i] = mixprec__f32_to_f16(v); break;
-    case MIXPREC_BF16: ((uint16_t *)data)[i] = mixprec__f32_to_bf16(v); break;
-    default: ((float *)data)[i] = v; break;
-  }
-}
-
 __global__ void __launch_bounds__(ROI_THREADS)
     roi_forward(const void *input, mixprec_dtype dt, int64_t batch, int64_t C, int64_t H,
                 int64_t W, const void *rois, mixprec_dtype rd, mixprec_roi_align_params p,
@@ -38,7 +30,7 @@ __global__ void __launch_bounds__(ROI_THREADS)
     const int64_t pw = i % PW, ph = (i / PW) % PH, c = (i / (PW * PH)) % C, k = i / (PW * PH * C);
     const mixprec__roi r = mixprec__roi_make(rois, rd, k, batch, &p, scale);
     if (!r.finite || r.batch < 0) {
-      roi_store(out, od, i, __int_as_float(0x7fc00000));
+      mixprec__store_f32(out, od, i, __int_as_float(0x7fc00000));
       continue;
     }
     const int64_t base = (r.batch * C + c) * H * W;
@@ -53,7 +45,7 @@ __global__ void __launch_bounds__(ROI_THREADS)
         val = __fadd_rn(val, mixprec__roi_sample(&e, input, dt, base));
       }
     }
-    roi_store(out, od, i, __fdiv_rn(val, r.count));
+    mixprec__store_f32(out, od, i, __fdiv_rn(val, r.count));
   }
 }
 
@@ -123,7 +115,7 @@ __global__ void __launch_bounds__(ROI_THREADS)
         }
         if (mine)
           for (int cc = 0; cc < nc; cc++)
-            roi_store(gi, gid, ((b * C + c0 + cc) * H + py) * W + px, acc[cc]);
+            mixprec__store_f32(gi, gid, ((b * C + c0 + cc) * H + py) * W + px, acc[cc]);
       }
 }
 

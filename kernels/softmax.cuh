@@ -21,24 +21,15 @@ namespace {
 
 /* ---- elements ------------------------------------------------------------ */
 
+/* element.h's accesses with the dtype a template argument. */
 template <int D>
 __device__ __forceinline__ float ld(const void *p, int64_t i) {
-  if constexpr (D == MIXPREC_F32)
-    return static_cast<const float *>(p)[i];
-  else if constexpr (D == MIXPREC_F16)
-    return mixprec__f16_to_f32(static_cast<const uint16_t *>(p)[i]);
-  else
-    return mixprec__bf16_to_f32(static_cast<const uint16_t *>(p)[i]);
+  return mixprec__load_f32(p, (mixprec_dtype)D, i);
 }
 
 template <int D>
 __device__ __forceinline__ void st(void *p, int64_t i, float v) {
-  if constexpr (D == MIXPREC_F32)
-    static_cast<float *>(p)[i] = v;
-  else if constexpr (D == MIXPREC_F16)
-    static_cast<uint16_t *>(p)[i] = mixprec__f32_to_f16(v);
-  else
-    static_cast<uint16_t *>(p)[i] = mixprec__f32_to_bf16(v);
+  mixprec__store_f32(p, (mixprec_dtype)D, i, v);
 }
 
 /* Elements per 16-byte vector. */
@@ -58,8 +49,8 @@ __device__ __forceinline__ void ld_vec(const void *p, int64_t i, float *out) {
   } else {
     for (int k = 0; k < 4; k++) {
       const uint16_t lo = (uint16_t)(w[k] & 0xffffu), hi = (uint16_t)(w[k] >> 16);
-      out[2 * k] = D == MIXPREC_F16 ? mixprec__f16_to_f32(lo) : mixprec__bf16_to_f32(lo);
-      out[2 * k + 1] = D == MIXPREC_F16 ? mixprec__f16_to_f32(hi) : mixprec__bf16_to_f32(hi);
+      out[2 * k] = mixprec__half_to_f32((mixprec_dtype)D, lo);
+      out[2 * k + 1] = mixprec__half_to_f32((mixprec_dtype)D, hi);
     }
   }
 }
@@ -71,9 +62,8 @@ __device__ __forceinline__ void st_vec(void *p, int64_t i, const float *v) {
     for (int k = 0; k < 4; k++) w[k] = __float_as_uint(v[k]);
   } else {
     for (int k = 0; k < 4; k++) {
-      const uint32_t lo = D == MIXPREC_F16 ? mixprec__f32_to_f16(v[2 * k]) : mixprec__f32_to_bf16(v[2 * k]);
-      const uint32_t hi =
-          D == MIXPREC_F16 ? mixprec__f32_to_f16(v[2 * k + 1]) : mixprec__f32_to_bf16(v[2 * k + 1]);
+      const uint32_t lo = mixprec__f32_to_half((mixprec_dtype)D, v[2 * k]);
+      const uint32_t hi = mixprec__f32_to_half((mixprec_dtype)D, v[2 * k + 1]);
       w[k] = lo | (hi << 16);
     }
   }

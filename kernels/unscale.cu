@@ -50,27 +50,13 @@ static_assert(sizeof(mixprec__unscale_args<MIXPREC__UNSCALE_CAP_LARGE>) +
 template <int D, bool NORM>
 static __device__ __forceinline__ uint32_t mixprec__unscale_bits(
     uint32_t in, float inv_scale, int *nonfinite, double *sq) {
-  float v;
-  if constexpr (D == MIXPREC_F32)
-    v = __uint_as_float(in);
-  else if constexpr (D == MIXPREC_F16)
-    v = mixprec__f16_to_f32((uint16_t)in);
-  else
-    v = mixprec__bf16_to_f32((uint16_t)in);
-  const float o = mixprec__unscale_elem(v, inv_scale, nonfinite);
-  uint32_t out;
-  float stored;
-  if constexpr (D == MIXPREC_F32) {
-    out = __float_as_uint(o);
-    stored = o;
-  } else if constexpr (D == MIXPREC_F16) {
-    out = mixprec__f32_to_f16(o);
-    if constexpr (NORM) stored = mixprec__f16_to_f32((uint16_t)out);
-  } else {
-    out = mixprec__f32_to_bf16(o);
-    if constexpr (NORM) stored = mixprec__bf16_to_f32((uint16_t)out);
+  const float o =
+      mixprec__unscale_elem(mixprec__value_of_bits((mixprec_dtype)D, in), inv_scale, nonfinite);
+  const uint32_t out = mixprec__bits_of_value((mixprec_dtype)D, o);
+  if constexpr (NORM) {
+    const float stored = mixprec__value_of_bits((mixprec_dtype)D, out);
+    *sq += (double)stored * (double)stored;
   }
-  if constexpr (NORM) *sq += (double)stored * (double)stored;
   return out;
 }
 

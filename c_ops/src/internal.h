@@ -91,23 +91,9 @@ MIXPREC__FORCE_INLINE uint16_t mixprec__f32_to_f16(float f) {
   return (uint16_t)(sign | (u >> 13));
 }
 
-/* Element i of a float32 / float16 / bfloat16 buffer, widened to float. */
-MIXPREC__FORCE_INLINE float mixprec__load_f32(const void *data, mixprec_dtype dtype, int64_t i) {
-  switch (dtype) {
-    case MIXPREC_F16: return mixprec__f16_to_f32(((const uint16_t *)data)[i]);
-    case MIXPREC_BF16: return mixprec__bf16_to_f32(((const uint16_t *)data)[i]);
-    default: return ((const float *)data)[i];
-  }
-}
-
-/* Stores v as element i of such a buffer, rounded to nearest even. */
-MIXPREC__FORCE_INLINE void mixprec__store_f32(void *data, mixprec_dtype dtype, int64_t i, float v) {
-  switch (dtype) {
-    case MIXPREC_F16: ((uint16_t *)data)[i] = mixprec__f32_to_f16(v); break;
-    case MIXPREC_BF16: ((uint16_t *)data)[i] = mixprec__f32_to_bf16(v); break;
-    default: ((float *)data)[i] = v; break;
-  }
-}
+/* mixprec__load_f32 / mixprec__store_f32 and the other element accesses by
+ * dtype, on the converters above. */
+#include "element.h"
 
 /* ---- CPU kernels: one chunk of one tensor ---------------------------- */
 

@@ -32,31 +32,15 @@
   LIST(NMS__BUF_TAKE)                                                   \
   (void)at
 
-/* Sweep of candidates [begin, end) by the kept box b: sets dead[j] = -1 for
- * every live j with IoU(b, j) > thr; returns how many it newly killed. */
+/* A sweep (mixprec__nms_sweep_scalar's contract, nms_internal.h). */
 typedef int64_t (*sweep_fn)(const float *x1, const float *y1, const float *x2,
                             const float *y2, const float *area, int32_t *dead,
                             int64_t begin, int64_t end, const float b[5], float thr);
 
-#if defined(MIXPREC_X86)
-int64_t mixprec__nms_sweep_avx2(const float *x1, const float *y1, const float *x2,
-                                const float *y2, const float *area, int32_t *dead,
-                                int64_t begin, int64_t end, const float b[5], float thr);
-#endif
-
 static int64_t sweep_scalar(const float *x1, const float *y1, const float *x2,
                             const float *y2, const float *area, int32_t *dead,
                             int64_t begin, int64_t end, const float b[5], float thr) {
-  int64_t killed = 0;
-  for (int64_t j = begin; j < end; j++) {
-    if (dead[j]) continue;
-    if (mixprec__nms_suppresses(b[0], b[1], b[2], b[3], b[4], x1[j], y1[j], x2[j], y2[j],
-                                area[j], thr)) {
-      dead[j] = -1;
-      killed++;
-    }
-  }
-  return killed;
+  return mixprec__nms_sweep_scalar(x1, y1, x2, y2, area, dead, begin, end, b, thr);
 }
 
 static sweep_fn choose_sweep(void) {

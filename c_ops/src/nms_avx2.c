@@ -8,12 +8,7 @@
  * _mm256_min_ps(c, k). */
 #include <immintrin.h>
 
-#include "internal.h"
-#include "nms_rules.h"
-
-int64_t mixprec__nms_sweep_avx2(const float *x1, const float *y1, const float *x2,
-                                const float *y2, const float *area, int32_t *dead,
-                                int64_t begin, int64_t end, const float b[5], float thr);
+#include "nms_internal.h"
 
 int64_t mixprec__nms_sweep_avx2(const float *x1, const float *y1, const float *x2,
                                 const float *y2, const float *area, int32_t *dead,
@@ -47,13 +42,5 @@ int64_t mixprec__nms_sweep_avx2(const float *x1, const float *y1, const float *x
       killed += __builtin_popcount((unsigned)hm);
     }
   }
-  for (; j < end; j++) {
-    if (dead[j]) continue;
-    if (mixprec__nms_suppresses(b[0], b[1], b[2], b[3], b[4], x1[j], y1[j], x2[j], y2[j],
-                                area[j], thr)) {
-      dead[j] = -1;
-      killed++;
-    }
-  }
-  return killed;
+  return killed + mixprec__nms_sweep_scalar(x1, y1, x2, y2, area, dead, j, end, b, thr);
 }

@@ -31,4 +31,31 @@ mixprec_status mixprec__nms_sorted(const void *boxes, mixprec_dtype boxes_dtype,
                                    float iou_thr, int64_t max_keep, int max_threads,
                                    uint8_t *flags);
 
+/* Sweep of candidates [begin, end) by the kept box b (x1, y1, x2, y2, area):
+ * sets dead[j] = -1 for every live j with IoU(b, j) > thr; returns how many
+ * it newly killed. The scalar sweep, which the AVX2 one (nms_avx2.c) runs on
+ * its last < 8 candidates and matches bit for bit on the others. */
+MIXPREC__FORCE_INLINE int64_t mixprec__nms_sweep_scalar(const float *x1, const float *y1,
+                                                        const float *x2, const float *y2,
+                                                        const float *area, int32_t *dead,
+                                                        int64_t begin, int64_t end,
+                                                        const float b[5], float thr) {
+  int64_t killed = 0;
+  for (int64_t j = begin; j < end; j++) {
+    if (dead[j]) continue;
+    if (mixprec__nms_suppresses(b[0], b[1], b[2], b[3], b[4], x1[j], y1[j], x2[j], y2[j],
+                                area[j], thr)) {
+      dead[j] = -1;
+      killed++;
+    }
+  }
+  return killed;
+}
+
+#if defined(MIXPREC_X86)
+int64_t mixprec__nms_sweep_avx2(const float *x1, const float *y1, const float *x2,
+                                const float *y2, const float *area, int32_t *dead,
+                                int64_t begin, int64_t end, const float b[5], float thr);
+#endif
+
 #endif /* MIXPREC_NMS_INTERNAL_H */

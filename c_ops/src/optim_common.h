@@ -35,16 +35,10 @@ MIXPREC__FORCE_INLINE int64_t mixprec__opt_tail_start(int64_t numel) {
   return numel - numel % MIXPREC__OPT_TORCH_VEC;
 }
 
-
-
-
 /* Stores a low-precision param element, rounded to nearest even. */
 MIXPREC__FORCE_INLINE void mixprec__opt_store_half(void *data, mixprec_dtype dtype, int64_t i,
                                              float v) {
-  if (dtype == MIXPREC_F16)
-    ((uint16_t *)data)[i] = mixprec__f32_to_f16(v);
-  else
-    ((uint16_t *)data)[i] = mixprec__f32_to_bf16(v);
+  ((uint16_t *)data)[i] = mixprec__f32_to_half(dtype, v);
 }
 
 /* Stores an unscaled grad element (unscale_grads), rounded to nearest even
@@ -53,10 +47,7 @@ MIXPREC__FORCE_INLINE void mixprec__opt_store_half(void *data, mixprec_dtype dty
  * scalar path writes through it, and only with unscale_grads. */
 MIXPREC__FORCE_INLINE void mixprec__opt_store_grad(const void *grad, mixprec_dtype dtype, int64_t i,
                                              float v) {
-  if (dtype == MIXPREC_F32)
-    ((float *)(void *)(uintptr_t)grad)[i] = v;
-  else
-    mixprec__opt_store_half((void *)(uintptr_t)grad, dtype, i, v);
+  mixprec__store_f32((void *)(uintptr_t)grad, dtype, i, v);
 }
 
 /* Stores a master-free BF16 param element, stochastically rounded. */

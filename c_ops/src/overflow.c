@@ -34,17 +34,6 @@ void mixprec__overflow_scan_scalar(const void *data, mixprec_dtype dtype, int64_
 /* Below this many elements a parallel region costs more than the scan. */
 #define PARALLEL_MIN ((int64_t)1 << 18)
 
-/* The float whose magnitude bits a scan found (exact widening). Widened
- * from the bits themselves: through mixprec__load_f32(&h, ...) the compiler
- * could not see that its 4-byte FP32 load never runs for a 2-byte h (the
- * dtypes were checked first) and warned -Warray-bounds. */
-static float bits_value(mixprec_dtype dtype, uint32_t bits) {
-  const uint16_t h = (uint16_t)bits;
-  return dtype == MIXPREC_F16    ? mixprec__f16_to_f32(h)
-         : dtype == MIXPREC_BF16 ? mixprec__bf16_to_f32(h)
-                                 : mixprec__f32_from_bits(bits);
-}
-
 typedef void (*scan_fn)(const void *, mixprec_dtype, int64_t, uint32_t *, int *);
 
 static scan_fn scan_kernel(void) {
@@ -70,7 +59,7 @@ static void scan_list(const mixprec_tensor *t, int64_t n, float *amax, int *nonf
     for (int64_t i = 0; i < n; i++) {
       uint32_t bits = 0;
       if (t[i].numel > 0) scan(t[i].data, t[i].dtype, t[i].numel, &bits, &bad);
-      const float v = bits_value(t[i].dtype, bits);
+      const float v = mixprec__value_of_bits(t[i].dtype, bits);
       if (v > best) best = v;
     }
   } else {
@@ -89,7 +78,7 @@ static void scan_list(const mixprec_tensor *t, int64_t n, float *amax, int *nonf
       int chunk_bad = 0;
       scan((const char *)t[i].data + begin * mixprec_dtype_size(t[i].dtype), t[i].dtype, len,
            &bits, &chunk_bad);
-      const float v = bits_value(t[i].dtype, bits);
+      const float v = mixprec__value_of_bits(t[i].dtype, bits);
       if (v > best) best = v;
       bad |= chunk_bad;
     }

@@ -247,7 +247,7 @@ MIXPREC__FORCE_INLINE void bwd_roi(const void *grad, mixprec_dtype gd, const int
     const mixprec__roi_pc *e = pc;
     for (int64_t ph = 0; ph < PH; ph++) {
       for (int64_t pw = 0; pw < PW; pw++) {
-        const float g = mixprec__roi_load(grad, gd, goff + ph * gs[2] + pw * gs[3]);
+        const float g = mixprec__load_f32(grad, gd, goff + ph * gs[2] + pw * gs[3]);
         for (int64_t s = 0; s < samples; s++, e++) {
           if (e->w1 == 0.0f && e->w2 == 0.0f && e->w3 == 0.0f && e->w4 == 0.0f) continue;
           dst[e->p1] += mixprec__roi_grad_share(g, e->w1, count);

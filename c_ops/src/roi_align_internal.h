@@ -4,8 +4,8 @@
  * torchvision's float operations and order. Compiled as device code under
  * nvcc (every float operation through a _rn intrinsic, so nothing is
  * contracted into an FMA) and as plain C elsewhere (c_ops builds with
- * -ffp-contract=off). The includer provides mixprec__f16_to_f32 and
- * mixprec__bf16_to_f32 (internal.h on the CPU, common.cuh on the GPU).
+ * -ffp-contract=off). The includer provides mixprec__load_f32 (element.h,
+ * through internal.h on the CPU and common.cuh on the GPU).
  * Internal; every name starts with mixprec__. */
 #ifndef MIXPREC_ROI_ALIGN_INTERNAL_H
 #define MIXPREC_ROI_ALIGN_INTERNAL_H
@@ -28,14 +28,6 @@
 #  define MIXPREC__RM(a, b) ((a) * (b))
 #  define MIXPREC__RD(a, b) ((a) / (b))
 #endif
-
-MIXPREC__ROI_FN float mixprec__roi_load(const void *data, mixprec_dtype dt, int64_t i) {
-  switch (dt) {
-    case MIXPREC_F16: return mixprec__f16_to_f32(((const uint16_t *)data)[i]);
-    case MIXPREC_BF16: return mixprec__bf16_to_f32(((const uint16_t *)data)[i]);
-    default: return ((const float *)data)[i];
-  }
-}
 
 /* NaN and inf fail (x - x is NaN for both). */
 MIXPREC__ROI_FN int mixprec__roi_finite(float x) { return MIXPREC__RS(x, x) == 0.0f; }
@@ -69,12 +61,12 @@ MIXPREC__ROI_FN mixprec__roi mixprec__roi_make(const void *rois, mixprec_dtype r
                                                int64_t batch, const mixprec_roi_align_params *p,
                                                float scale) {
   mixprec__roi r;
-  const float b = mixprec__roi_load(rois, rd, k * 5);
+  const float b = mixprec__load_f32(rois, rd, k * 5);
   r.batch = (b > -1.0f && (double)b < (double)batch) ? (int64_t)b : -1;
-  const float x1 = mixprec__roi_load(rois, rd, k * 5 + 1);
-  const float y1 = mixprec__roi_load(rois, rd, k * 5 + 2);
-  const float x2 = mixprec__roi_load(rois, rd, k * 5 + 3);
-  const float y2 = mixprec__roi_load(rois, rd, k * 5 + 4);
+  const float x1 = mixprec__load_f32(rois, rd, k * 5 + 1);
+  const float y1 = mixprec__load_f32(rois, rd, k * 5 + 2);
+  const float x2 = mixprec__load_f32(rois, rd, k * 5 + 3);
+  const float y2 = mixprec__load_f32(rois, rd, k * 5 + 4);
   r.finite = mixprec__roi_finite(x1) && mixprec__roi_finite(y1) && mixprec__roi_finite(x2) &&
              mixprec__roi_finite(y2);
   const float offset = p->aligned ? 0.5f : 0.0f;
@@ -168,10 +160,10 @@ MIXPREC__ROI_FN mixprec__roi_pc mixprec__roi_pc_at(mixprec__roi_axis ay, mixprec
  * w1 * v1 + w2 * v2 + w3 * v3 + w4 * v4, left to right, as torchvision. */
 MIXPREC__ROI_FN float mixprec__roi_sample(const mixprec__roi_pc *e, const void *in,
                                           mixprec_dtype dt, int64_t base) {
-  float s = MIXPREC__RM(e->w1, mixprec__roi_load(in, dt, base + e->p1));
-  s = MIXPREC__RA(s, MIXPREC__RM(e->w2, mixprec__roi_load(in, dt, base + e->p2)));
-  s = MIXPREC__RA(s, MIXPREC__RM(e->w3, mixprec__roi_load(in, dt, base + e->p3)));
-  return MIXPREC__RA(s, MIXPREC__RM(e->w4, mixprec__roi_load(in, dt, base + e->p4)));
+  float s = MIXPREC__RM(e->w1, mixprec__load_f32(in, dt, base + e->p1));
+  s = MIXPREC__RA(s, MIXPREC__RM(e->w2, mixprec__load_f32(in, dt, base + e->p2)));
+  s = MIXPREC__RA(s, MIXPREC__RM(e->w3, mixprec__load_f32(in, dt, base + e->p3)));
+  return MIXPREC__RA(s, MIXPREC__RM(e->w4, mixprec__load_f32(in, dt, base + e->p4)));
 }
 
 /* One corner's share of a bin's gradient g: g * w / count, as torchvision's
@@ -252,7 +244,7 @@ MIXPREC__ROI_FN void mixprec__roi_gather(const mixprec__roi *r, const void *grad
           if (!ax.ok || (ax.lo != px && ax.hi != px)) continue;
           if (!loaded) {
             for (int cc = 0; cc < MIXPREC__ROI_GATHER_C; cc++)
-              g[cc] = cc < nc ? mixprec__roi_load(grad, gd, goff + cc * sc + ph * sh + pw * sw)
+              g[cc] = cc < nc ? mixprec__load_f32(grad, gd, goff + cc * sc + ph * sh + pw * sw)
                               : 0.0f;
             loaded = 1;
           }

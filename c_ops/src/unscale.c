@@ -14,35 +14,9 @@
 #define PARALLEL_MIN ((int64_t)1 << 17)
 
 /* Stores v rounded to dtype and returns the stored value widened back. */
-MIXPREC__FORCE_INLINE float store_f32(void *data, mixprec_dtype dtype, int64_t i,
-                                float v) {
-  switch (dtype) {
-    case MIXPREC_F16: {
-      uint16_t h = mixprec__f32_to_f16(v);
-      ((uint16_t *)data)[i] = h;
-      return mixprec__f16_to_f32(h);
-    }
-    case MIXPREC_BF16: {
-      uint16_t h = mixprec__f32_to_bf16(v);
-      ((uint16_t *)data)[i] = h;
-      return mixprec__bf16_to_f32(h);
-    }
-    default:
-      ((float *)data)[i] = v;
-      return v;
-  }
-}
-
-/* v rounded to dtype and widened back: what store_f32 would return. */
-MIXPREC__FORCE_INLINE float round_f32(mixprec_dtype dtype, float v) {
-  switch (dtype) {
-    case MIXPREC_F16:
-      return mixprec__f16_to_f32(mixprec__f32_to_f16(v));
-    case MIXPREC_BF16:
-      return mixprec__bf16_to_f32(mixprec__f32_to_bf16(v));
-    default:
-      return v;
-  }
+MIXPREC__FORCE_INLINE float store_f32(void *data, mixprec_dtype dtype, int64_t i, float v) {
+  mixprec__store_f32(data, dtype, i, v);
+  return mixprec__round_to(dtype, v);
 }
 
 void mixprec__norm_flush(mixprec__norm_acc *acc, const void *data,
@@ -74,7 +48,7 @@ void mixprec__norm_flush_scaled(mixprec__norm_acc *acc, const void *data,
       int seen = 0; /* the pass itself has set the flag already */
       for (int64_t i = begin + l; i < end; i += MIXPREC__NORM_LANES) {
         const float u = mixprec__unscale_elem(mixprec__load_f32(data, dtype, i), inv_scale, &seen);
-        double v = (double)round_f32(dtype, u);
+        double v = (double)mixprec__round_to(dtype, u);
         d += v * v;
       }
       acc->d[l] += d;
@@ -89,7 +63,7 @@ void mixprec__norm_tail(const void *data, mixprec_dtype dtype, int64_t begin,
                         int64_t n, float inv_scale, int *nonfinite,
                         mixprec__norm_acc *acc) {
   for (int64_t i = begin; i < n; i++) {
-    float v = round_f32(dtype,
+    float v = mixprec__round_to(dtype,
                         mixprec__unscale_elem(mixprec__load_f32(data, dtype, i), inv_scale, nonfinite));
     float sq = v * v;
     acc->f[i % MIXPREC__NORM_LANES] += sq;
