@@ -138,12 +138,10 @@ mixprec_status mixprec_cuda_roi_align(const void *input, mixprec_dtype input_dty
                                       const mixprec_roi_align_params *p, void *output,
                                       mixprec_dtype output_dtype, void *stream) {
   int64_t in_numel, out_numel;
-  mixprec_status st = mixprec__roi_align_check(input_dtype, batch, channels, height, width,
-                                               rois_dtype, n_rois, p, output_dtype, &in_numel,
-                                               &out_numel);
-  if (st != MIXPREC_OK) return st;
-  if (out_numel == 0) return MIXPREC_OK;
-  if (!input || !rois || !output) return MIXPREC_ERR_NULL_POINTER;
+  mixprec_status st = mixprec__roi_align_forward_check(input, input_dtype, batch, channels, height,
+                                                       width, rois, rois_dtype, n_rois, p, output,
+                                                       output_dtype, &in_numel, &out_numel);
+  if (st != MIXPREC_OK || out_numel == 0) return st;
   if (!aligned_to(input, input_dtype) || !aligned_to(rois, rois_dtype) ||
       !aligned_to(output, output_dtype))
     return MIXPREC_ERR_BAD_ARGUMENT;

@@ -31,10 +31,10 @@
  *   p = p - (c(step_size) * m) / (sqrt(v or vmax) / c(sqrt(bc2)) + c(eps))
  *   ema = lerp(ema, p, c(1 - decay))   (EMA of the weights, mixprec_ema_params)
  * with step_size = lr / (1 - beta1^t), bc2 = 1 - beta2^t in double, t the
- * float step count. The other capabilities of torch (AVX-512: width 16 with
- * the same formulas; DEFAULT, NEON/SVE: built without contraction) are not
- * matched bit for bit; MIXPREC__OPT_TORCH_VEC=16 would match an AVX-512 torch
- * if its build contracts the same way (not verified). */
+ * float step count. torch's AVX512 capability gives the same bits
+ * (tests/python/optim/test_optim_capi.py passes under AVX2 and AVX512,
+ * checked on an AVX-512 EPYC, 2026-12-02); DEFAULT and NEON/SVE builds,
+ * compiled without contraction, are not matched bit for bit. */
 #include "optim_driver.h"
 
 typedef mixprec__adamw_scalars adamw_scalars;

@@ -141,12 +141,10 @@ mixprec_status mixprec_roi_align(const void *input, mixprec_dtype input_dtype, i
                                  const mixprec_roi_align_params *p, void *output,
                                  mixprec_dtype output_dtype) {
   int64_t in_numel, out_numel;
-  mixprec_status st = mixprec__roi_align_check(input_dtype, batch, channels, height, width,
-                                               rois_dtype, n_rois, p, output_dtype, &in_numel,
-                                               &out_numel);
-  if (st != MIXPREC_OK) return st;
-  if (out_numel == 0) return MIXPREC_OK;
-  if (!input || !rois || !output) return MIXPREC_ERR_NULL_POINTER;
+  mixprec_status st = mixprec__roi_align_forward_check(input, input_dtype, batch, channels, height,
+                                                       width, rois, rois_dtype, n_rois, p, output,
+                                                       output_dtype, &in_numel, &out_numel);
+  if (st != MIXPREC_OK || out_numel == 0) return st;
   int64_t bad;
   st = mixprec_roi_align_first_bad_roi(rois, rois_dtype, n_rois, batch, &bad);
   if (st != MIXPREC_OK) return st;

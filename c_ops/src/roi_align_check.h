@@ -52,6 +52,22 @@ MIXPREC__INLINE mixprec_status mixprec__roi_align_check(
   return MIXPREC_OK;
 }
 
+/* The checks of both forward entry points (CPU and CUDA): the shapes and
+ * dtypes (mixprec__roi_align_check), then, for a non-empty output, the
+ * pointers. MIXPREC_OK with *out_numel == 0: nothing to do. */
+MIXPREC__INLINE mixprec_status mixprec__roi_align_forward_check(
+    const void *input, mixprec_dtype input_dtype, int64_t batch, int64_t channels, int64_t height,
+    int64_t width, const void *rois, mixprec_dtype rois_dtype, int64_t n_rois,
+    const mixprec_roi_align_params *p, const void *output, mixprec_dtype output_dtype,
+    int64_t *in_numel, int64_t *out_numel) {
+  const mixprec_status st = mixprec__roi_align_check(input_dtype, batch, channels, height, width,
+                                                     rois_dtype, n_rois, p, output_dtype, in_numel,
+                                                     out_numel);
+  if (st != MIXPREC_OK || *out_numel == 0) return st;
+  if (!input || !rois || !output) return MIXPREC_ERR_NULL_POINTER;
+  return MIXPREC_OK;
+}
+
 /* The checks of both backward entry points (CPU and CUDA): the shapes and
  * dtypes (mixprec__roi_align_check), the strides, then, for a non-empty
  * grad_input, its pointer and, when there is any output gradient, those of

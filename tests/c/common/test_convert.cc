@@ -8,6 +8,10 @@
 
 #include "test_util.h"
 
+extern "C" {
+#include "internal.h"
+}
+
 namespace {
 
 using mpt::f32_bits;
@@ -317,6 +321,69 @@ TEST(ConvertBF16, NaNStaysQuietNaNWithSign) {
 }
 
 // ------------------------------------------------------- status / dtype ----
+
+// ------------------------------------------------- element.h accesses ----
+
+// element.h's accesses by dtype (what every CPU kernel and, on CUDA's
+// converters, every CUDA kernel loads and stores through) agree with the
+// converters above on all 2^16 patterns of each 16-bit dtype and on FP32
+// values incl. NaN payloads, and a store keeps what round_to says.
+TEST(Element, SixteenBitAccessesAreTheConverters) {
+  for (mixprec_dtype dt : {MIXPREC_F16, MIXPREC_BF16}) {
+    float (*widen)(uint16_t) = dt == MIXPREC_F16 ? lib_f16_to_f32 : lib_bf16_to_f32;
+    uint16_t (*narrow)(float) = dt == MIXPREC_F16 ? lib_f32_to_f16 : lib_f32_to_bf16;
+    int64_t bad = 0;
+    for (uint32_t h = 0; h <= 0xffffu; h++) {
+      const uint16_t buf[3] = {0x1234u, (uint16_t)h, 0x4321u};
+      const float w = widen((uint16_t)h);
+      bad += f32_bits(mixprec__value_of_bits(dt, h)) != f32_bits(w);
+      bad += f32_bits(mixprec__half_to_f32(dt, (uint16_t)h)) != f32_bits(w);
+      bad += f32_bits(mixprec__load_f32(buf, dt, 1)) != f32_bits(w);
+      // A value goes back to its pattern (a NaN to the converter's NaN).
+      bad += mixprec__bits_of_value(dt, w) != narrow(w);
+      bad += mixprec__f32_to_half(dt, w) != narrow(w);
+      uint16_t out[3] = {0xaaaau, 0xaaaau, 0xaaaau};
+      mixprec__store_f32(out, dt, 1, w);
+      bad += out[0] != 0xaaaau || out[1] != narrow(w) || out[2] != 0xaaaau;
+      if (!std::isnan(w)) bad += narrow(w) != h;
+    }
+    EXPECT_EQ(bad, 0) << "dtype " << dt;
+  }
+}
+
+TEST(Element, StoresRoundToNearestEvenAndRoundToSaysWhatIsKept) {
+  std::mt19937 rng(mpt::kSeed + 7);
+  std::uniform_int_distribution<uint32_t> bits;
+  std::uniform_int_distribution<uint32_t> band(127 - 27, 127 + 16);  // where FP16 rounds
+  std::vector<float> vals;
+  for (int i = 0; i < 100000; i++) {
+    vals.push_back(f32_from_bits(bits(rng)));
+    vals.push_back(f32_from_bits((bits(rng) & 0x807fffffu) | (band(rng) << 23)));
+  }
+  for (float v : {0.0f, -0.0f, 65504.0f, 65520.0f, 1e-8f, -3e38f, INFINITY, -INFINITY, NAN,
+                  f32_from_bits(0x7f800001u), f32_from_bits(0x3f808000u), f32_from_bits(0x3f818000u)})
+    vals.push_back(v);
+  int64_t bad = 0;
+  for (float v : vals) {
+    for (mixprec_dtype dt : {MIXPREC_F16, MIXPREC_BF16}) {
+      float (*widen)(uint16_t) = dt == MIXPREC_F16 ? lib_f16_to_f32 : lib_bf16_to_f32;
+      uint16_t (*narrow)(float) = dt == MIXPREC_F16 ? lib_f32_to_f16 : lib_f32_to_bf16;
+      uint16_t out[1];
+      mixprec__store_f32(out, dt, 0, v);
+      bad += out[0] != narrow(v);
+      bad += f32_bits(mixprec__round_to(dt, v)) != f32_bits(widen(out[0]));
+    }
+    // FP32 (and any dtype that is not FP16/BF16) keeps the bits, payloads included.
+    float f[2] = {1.0f, 2.0f};
+    mixprec__store_f32(f, MIXPREC_F32, 1, v);
+    bad += f32_bits(f[1]) != f32_bits(v) || f32_bits(f[0]) != f32_bits(1.0f);
+    bad += f32_bits(mixprec__load_f32(f, MIXPREC_F32, 1)) != f32_bits(v);
+    bad += f32_bits(mixprec__round_to(MIXPREC_F32, v)) != f32_bits(v);
+    bad += mixprec__bits_of_value(MIXPREC_F32, v) != f32_bits(v);
+    bad += f32_bits(mixprec__value_of_bits(MIXPREC_F32, f32_bits(v))) != f32_bits(v);
+  }
+  EXPECT_EQ(bad, 0);
+}
 
 TEST(Status, StringsNonNullAndDistinct) {
   std::set<std::string> seen;
