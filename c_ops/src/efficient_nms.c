@@ -226,6 +226,36 @@ MIXPREC__FORCE_INLINE void gather_boxes(const uint8_t *boxes, const mixprec_dtyp
   }
 }
 
+/* Whether the layout holds each corner box as a row of 4 coordinates
+ * ([note: boxes in place]): element strides (s1, s2, 1) with s1 and s2
+ * multiples of 4 put box (q, c) at row q * r1 + c * r2, r1 = s1 / 4 and
+ * r2 = s2 / 4 (the contiguous layouts: one box per anchor, s2 = 0, or per
+ * anchor and class). 0 for centre coding, other strides, or a row past
+ * int32. */
+static int box_rows_of(const mixprec_detect_layout *L, int64_t n, int64_t classes, int64_t *r1,
+                       int64_t *r2) {
+  const int64_t *bs = L->box_strides;
+  if (L->box_coding != MIXPREC_BOX_CORNER || bs[3] != 1 || bs[1] % 4 != 0 || bs[2] % 4 != 0)
+    return 0;
+  *r1 = bs[1] / 4, *r2 = bs[2] / 4;
+  if (*r1 < 0 || *r2 < 0 || n < 1 || classes < 1) return 0;
+  if (*r2 > 0 && classes - 1 > INT32_MAX / *r2) return 0;
+  if (*r1 > 0 && n - 1 > (INT32_MAX - (classes - 1) * *r2) / *r1) return 0;
+  return 1;
+}
+
+/* Each candidate's box row and class (box_rows_of's r1, r2), as
+ * gather_boxes gives them. */
+static void box_rows(int64_t classes, int64_t r1, int64_t r2, const int32_t *idx, int64_t m,
+                     int32_t *rows, int64_t *cls) {
+  const uint32_t nclass = (uint32_t)classes;
+  for (int64_t r = 0; r < m; r++) {
+    const uint32_t j = (uint32_t)idx[r], q = j / nclass, c = j - q * nclass;
+    rows[r] = (int32_t)((int64_t)q * r1 + (int64_t)c * r2);
+    cls[r] = c;
+  }
+}
+
 static mixprec_status efficient_nms_image(const efficient_nms_args *a, int64_t b, int threads) {
   const mixprec_detect_layout *L = a->layout;
   const int64_t nc = a->n * a->classes, k = a->k;
@@ -238,8 +268,8 @@ static mixprec_status efficient_nms_image(const efficient_nms_args *a, int64_t b
     /* Two allocations: keys and idx for every score (under glibc's 32 MiB
      * mmap ceiling up to 4M scores, so repeated calls reuse heap pages
      * instead of faulting fresh ones in), then the rest for the m
-     * candidates only: fb (4 f32); cls (i64); tk (u32); tv, rows (i32);
-     * flags (u8). */
+     * candidates only: cls (i64); tk (u32); tv, rows (i32); fb (4 f32, only
+     * when the boxes are gathered: [note: boxes in place]); flags (u8). */
     const size_t nn = (size_t)nc + 8;
     uint8_t *mem = (uint8_t *)malloc(nn * (4 + 4) + 64);
     if (!mem) return MIXPREC_ERR_OUT_OF_MEMORY;
@@ -255,31 +285,46 @@ static mixprec_status efficient_nms_image(const efficient_nms_args *a, int64_t b
       free(mem);
       return MIXPREC_ERR_OUT_OF_MEMORY;
     }
+    int64_t r1 = 0, r2 = 0;
+    const int in_rows = box_rows_of(L, a->n, a->classes, &r1, &r2);
     const size_t mm = (size_t)m + 8;
-    uint8_t *mem2 = (uint8_t *)malloc(mm * (16 + 8 + 4 + 4 * 2 + 1) + 64);
+    uint8_t *mem2 = (uint8_t *)malloc(mm * ((in_rows ? 0 : 16) + 8 + 4 + 4 * 2 + 1) + 64);
     if (!mem2) {
       free(mem);
       return MIXPREC_ERR_OUT_OF_MEMORY;
     }
-    float *fb = (float *)mem2;
-    int64_t *cls = (int64_t *)(fb + 4 * mm);
+    int64_t *cls = (int64_t *)mem2;
     uint32_t *tk = (uint32_t *)(cls + mm);
     int32_t *tv = (int32_t *)(tk + mm), *rows = tv + mm;
-    uint8_t *flags = (uint8_t *)(rows + mm);
+    float *fb = (float *)(rows + mm);
+    uint8_t *flags = (uint8_t *)(fb + (in_rows ? 0 : 4 * mm));
     if (a->p->pre_nms_top_k > 0 && m > a->p->pre_nms_top_k)
       m = select_top(keys, idx, m, a->p->pre_nms_top_k, hist, tk, tv);
     mixprec__nms_radix_sort(keys, idx, tk, tv, m);
-    /* Each candidate's box, read in place and decoded in float32: the NMS
-     * then runs on contiguous float32 corners. */
+    /* [note: boxes in place] Boxes stored as rows of 4 corners go to the NMS
+     * in place, by row: it reads them once, widened to float32 exactly. Any
+     * other layout (and centre coding) is read here, decoded in float32,
+     * into contiguous corners fb: one more pass over the candidates and 16
+     * more bytes each, which the contiguous case (the common one) does not
+     * pay (allocations past glibc's mmap threshold fault their pages in on
+     * every call). Same float32 corners either way, so the same results. */
     const uint8_t *boxes = a->boxes + (size_t)(b * L->box_strides[0]) * a->box_es;
-    if (center)
-      MIXPREC__DISPATCH(a->boxes_dtype, D,
-                        gather_boxes(boxes, D, 1, a->classes, L->box_strides, idx, m, fb, rows, cls));
-    else
-      MIXPREC__DISPATCH(a->boxes_dtype, D,
-                        gather_boxes(boxes, D, 0, a->classes, L->box_strides, idx, m, fb, rows, cls));
+    const void *nms_boxes = boxes;
+    mixprec_dtype nms_dtype = a->boxes_dtype;
+    if (in_rows) {
+      box_rows(a->classes, r1, r2, idx, m, rows, cls);
+    } else {
+      if (center)
+        MIXPREC__DISPATCH(a->boxes_dtype, D,
+                          gather_boxes(boxes, D, 1, a->classes, L->box_strides, idx, m, fb, rows, cls));
+      else
+        MIXPREC__DISPATCH(a->boxes_dtype, D,
+                          gather_boxes(boxes, D, 0, a->classes, L->box_strides, idx, m, fb, rows, cls));
+      nms_boxes = fb;
+      nms_dtype = MIXPREC_F32;
+    }
     const mixprec_status st =
-        mixprec__nms_sorted(fb, MIXPREC_F32, rows, a->p->class_agnostic ? NULL : cls, m,
+        mixprec__nms_sorted(nms_boxes, nms_dtype, rows, a->p->class_agnostic ? NULL : cls, m,
                             a->iou_thr, k, threads, flags);
     if (st != MIXPREC_OK) {
       free(mem2);
