@@ -249,8 +249,12 @@ def main():
     ap.add_argument("--peers", action=argparse.BooleanOptionalAction, default=None,
                     help="the torchao / bitsandbytes rows (default: with them, without under --quick)")
     ap.add_argument("--rows", nargs="+", default=list(ROWS), help="row names (default all)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch.set_num_threads (default: torch's, the core count); mixprec's OpenMP follows it")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     if args.reps is None:
         args.reps = 3 if args.quick else 7
     if args.peer_reps is None:

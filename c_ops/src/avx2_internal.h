@@ -32,6 +32,13 @@ MIXPREC__FORCE_INLINE __m256 mixprec__avx2_load_part(const void *p, mixprec_dtyp
   return _mm256_loadu_ps(t);
 }
 
+/* Elements [i, i + 8) at p when k >= 8, else the first k of them with the
+ * other lanes `fill` (a row's last, partial vector). */
+MIXPREC__FORCE_INLINE __m256 mixprec__avx2_load_upto(const void *p, mixprec_dtype d, int64_t i, int64_t k,
+                                                     float fill) {
+  return k >= 8 ? mixprec__avx2_load8(p, d, i) : mixprec__avx2_load_part(p, d, i, k, fill);
+}
+
 /* Round to nearest even to BF16 (NaN quieted), in the low halves of 32-bit
  * lanes, then packed to 8 uint16. */
 MIXPREC__FORCE_INLINE __m128i mixprec__avx2_to_bf16(__m256 v) {

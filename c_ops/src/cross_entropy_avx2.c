@@ -35,9 +35,9 @@ MIXPREC__FORCE_INLINE void row_ce_stats(const void *x, const mixprec_dtype xd, i
     const int64_t k = n - i;
     /* Padding lanes: -inf for the sum (exp gives 0), m for the weighted sum
      * (difference 0, weight 0). */
-    const __m256 d = _mm256_sub_ps(k >= 8 ? mixprec__avx2_load8(x, xd, i) : mixprec__avx2_load_part(x, xd, i, k, -INFINITY), vm);
+    const __m256 d = _mm256_sub_ps(mixprec__avx2_load_upto(x, xd, i, k, -INFINITY), vm);
     const __m256 dz = k >= 8 ? d : _mm256_sub_ps(mixprec__avx2_load_part(x, xd, i, k, m), vm);
-    const __m256 w = weight ? (k >= 8 ? _mm256_loadu_ps(weight + i) : mixprec__avx2_load_part(weight, MIXPREC_F32, i, k, 0.0f))
+    const __m256 w = weight ? mixprec__avx2_load_upto(weight, MIXPREC_F32, i, k, 0.0f)
                             : _mm256_set1_ps(1.0f);
     s0 = _mm256_add_ps(s0, exp8(d));
     w0 = _mm256_fmadd_ps(w, dz, w0);
@@ -53,8 +53,8 @@ MIXPREC__FORCE_INLINE void row_ce_grad(const void *x, const mixprec_dtype xd, vo
                vb = _mm256_set1_ps(b);
   for (int64_t i = 0; i < n; i += 8) {
     const int64_t k = n - i;
-    const __m256 v = k >= 8 ? mixprec__avx2_load8(x, xd, i) : mixprec__avx2_load_part(x, xd, i, k, 0.0f);
-    const __m256 w = weight ? (k >= 8 ? _mm256_loadu_ps(weight + i) : mixprec__avx2_load_part(weight, MIXPREC_F32, i, k, 0.0f))
+    const __m256 v = mixprec__avx2_load_upto(x, xd, i, k, 0.0f);
+    const __m256 w = weight ? mixprec__avx2_load_upto(weight, MIXPREC_F32, i, k, 0.0f)
                             : _mm256_set1_ps(1.0f);
     const __m256 e = exp8(_mm256_sub_ps(_mm256_sub_ps(v, vm), vl));
     __m256 r = _mm256_fnmadd_ps(vb, w, _mm256_mul_ps(va, e));
@@ -179,10 +179,10 @@ MIXPREC__FORCE_INLINE void row_soft_stats(const void *x, const mixprec_dtype xd,
     const int64_t k = n - i;
     /* Padding lanes: -inf for the sum (exp gives 0); for the target sums a
      * zero weighted target times a zero difference. */
-    const __m256 d = _mm256_sub_ps(k >= 8 ? mixprec__avx2_load8(x, xd, i) : mixprec__avx2_load_part(x, xd, i, k, -INFINITY), vm);
+    const __m256 d = _mm256_sub_ps(mixprec__avx2_load_upto(x, xd, i, k, -INFINITY), vm);
     const __m256 dz = k >= 8 ? d : _mm256_sub_ps(mixprec__avx2_load_part(x, xd, i, k, m), vm);
-    __m256 p = _mm256_fmadd_ps(k >= 8 ? mixprec__avx2_load8(t, td, i) : mixprec__avx2_load_part(t, td, i, k, 0.0f), vk, va);
-    if (weight) p = _mm256_mul_ps(k >= 8 ? _mm256_loadu_ps(weight + i) : mixprec__avx2_load_part(weight, MIXPREC_F32, i, k, 0.0f), p);
+    __m256 p = _mm256_fmadd_ps(mixprec__avx2_load_upto(t, td, i, k, 0.0f), vk, va);
+    if (weight) p = _mm256_mul_ps(mixprec__avx2_load_upto(weight, MIXPREC_F32, i, k, 0.0f), p);
     if (k < 8) p = _mm256_and_ps(p, lanes_below(k));
     s0 = _mm256_add_ps(s0, exp8(d));
     a0 = _mm256_add_ps(a0, p);
@@ -202,12 +202,12 @@ MIXPREC__FORCE_INLINE void row_soft_grad(const void *x, const mixprec_dtype xd, 
                vad = _mm256_set1_ps(add);
   for (int64_t i = 0; i < n; i += 8) {
     const int64_t k = n - i;
-    const __m256 v = k >= 8 ? mixprec__avx2_load8(x, xd, i) : mixprec__avx2_load_part(x, xd, i, k, 0.0f);
-    const __m256 w = weight ? (k >= 8 ? _mm256_loadu_ps(weight + i) : mixprec__avx2_load_part(weight, MIXPREC_F32, i, k, 0.0f))
+    const __m256 v = mixprec__avx2_load_upto(x, xd, i, k, 0.0f);
+    const __m256 w = weight ? mixprec__avx2_load_upto(weight, MIXPREC_F32, i, k, 0.0f)
                             : _mm256_set1_ps(1.0f);
     const __m256 lp = _mm256_sub_ps(_mm256_sub_ps(v, vm), vl);
     if (dx) {
-      const __m256 p = _mm256_fmadd_ps(k >= 8 ? mixprec__avx2_load8(t, td, i) : mixprec__avx2_load_part(t, td, i, k, 0.0f), vk, vad);
+      const __m256 p = _mm256_fmadd_ps(mixprec__avx2_load_upto(t, td, i, k, 0.0f), vk, vad);
       const __m256 r = _mm256_fnmadd_ps(vg, _mm256_mul_ps(w, p), _mm256_mul_ps(va, exp8(lp)));
       if (k >= 8)
         mixprec__avx2_store8(dx, xd, i, r);

@@ -80,8 +80,8 @@ MIXPREC__FORCE_INLINE void row_bwd(const void *dy, const void *y, const mixprec_
   const __m256 s = _mm256_set1_ps(hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3))));
   for (i = 0; i < n; i += 8) {
     const int64_t k = n - i;
-    const __m256 g = k >= 8 ? mixprec__avx2_load8(dy, yd, i) : mixprec__avx2_load_part(dy, yd, i, k, 0.0f);
-    const __m256 o = k >= 8 ? mixprec__avx2_load8(y, yd, i) : mixprec__avx2_load_part(y, yd, i, k, 0.0f);
+    const __m256 g = mixprec__avx2_load_upto(dy, yd, i, k, 0.0f);
+    const __m256 o = mixprec__avx2_load_upto(y, yd, i, k, 0.0f);
     const __m256 r = log ? _mm256_fnmadd_ps(exp8(o), s, g) : _mm256_mul_ps(o, _mm256_sub_ps(g, s));
     if (k >= 8)
       mixprec__avx2_store8(dx, dxd, i, r);

@@ -64,7 +64,7 @@ MIXPREC__FORCE_INLINE __m256 vmax(__m256 acc, __m256 v) { return _mm256_max_ps(v
 /* The group of 8 per-column floats starting at column j of a slice whose
  * last group may be short (k < 8 left: the other lanes 0). */
 MIXPREC__FORCE_INLINE __m256 load_group(const float *p, int64_t j, int64_t k) {
-  return k >= 8 ? _mm256_loadu_ps(p + j) : mixprec__avx2_load_part(p, MIXPREC_F32, j, k, 0.0f);
+  return mixprec__avx2_load_upto(p, MIXPREC_F32, j, k, 0.0f);
 }
 
 /* load_group of every group of a slice `width` (<= 32) columns wide. */
