@@ -12,6 +12,8 @@ Rows (AdamW, lr 1e-3, the same random params and gradients in each):
   mixprec rem+8bit      + torch.uint8 (8-bit blockwise) moments
   mixprec SR+bf16       master_weights=False + BF16 moments (torchao _AdamW's
                         bf16_stochastic_round mode, 8 B/param)
+  mixprec SR+8bit       master_weights=False + 8-bit moments (torchao's and
+                        bitsandbytes' AdamW8bit on BF16 params: 6 B/param)
   torchao _AdamW SR     torchao.optim._AdamW(bf16_stochastic_round=True) on
                         BF16 params (BF16 moments)
   torchao AdamW8bit / AdamW4bit on BF16 params
@@ -65,6 +67,7 @@ ROWS = {
     "mixprec rem+bf16": (torch.bfloat16, 18),
     "mixprec rem+8bit": (torch.bfloat16, 14 + 16 / 256),
     "mixprec SR+bf16": (torch.bfloat16, 14),
+    "mixprec SR+8bit": (torch.bfloat16, 10 + 16 / 256),
     "torchao _AdamW SR": (torch.bfloat16, 14),
     "torchao AdamW8bit": (torch.bfloat16, 10 + 16 / 256),
     "torchao AdamW4bit": (torch.bfloat16, 8 + 16 / 128),
@@ -100,6 +103,9 @@ def make_optimizer(name: str, params):
             "mixprec rem+8bit": dict(param_remainders=True, exp_avg_dtype=torch.uint8, exp_avg_sq_dtype=torch.uint8),
             "mixprec SR+bf16": dict(master_weights=False, exp_avg_dtype=torch.bfloat16,
                                     exp_avg_sq_dtype=torch.bfloat16, seed=0),
+            # torchao's / bitsandbytes' AdamW8bit on BF16 params: the same 6 B/param.
+            "mixprec SR+8bit": dict(master_weights=False, exp_avg_dtype=torch.uint8,
+                                    exp_avg_sq_dtype=torch.uint8, seed=0),
         }[name]
         return mixprec.optim.AdamW(params, **kw, **lean)
     if name.startswith("torchao"):

@@ -157,6 +157,7 @@ OPTIM_MODES = {
     "AdamW rem+8bit": dict(param_remainders=True, exp_avg_dtype=torch.uint8, exp_avg_sq_dtype=torch.uint8),
     "AdamW sr+bf16": dict(master_weights=False, exp_avg_dtype=torch.bfloat16,
                           exp_avg_sq_dtype=torch.bfloat16, seed=7),
+    "AdamW sr+8bit": dict(master_weights=False, exp_avg_dtype=torch.uint8, exp_avg_sq_dtype=torch.uint8, seed=11),
     "AdamW master ema": dict(ema_decay=0.9),
     "SGD momentum nesterov": dict(momentum=0.9, nesterov=True, weight_decay=1e-2),
     "SGD plain": dict(),
