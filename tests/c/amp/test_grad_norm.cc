@@ -7,14 +7,7 @@
 
 #include "test_util.h"
 
-// internal.h (a C header without extern "C"); its x86 kernels are declared
-// only with MIXPREC_X86, which CMake sets on the library target alone.
-#if (defined(__x86_64__) || defined(__i386__)) && !defined(MIXPREC_X86)
-#define MIXPREC_X86 1
-#endif
-extern "C" {
-#include "internal.h"
-}
+#include "internal_api.h"
 
 namespace {
 

@@ -9,16 +9,8 @@
 
 #include "test_util.h"
 
-// The chunk kernels are internal (c_ops/src/internal.h); their vector
-// variants are declared only for x86 builds, which CMake marks with
-// MIXPREC_X86 on the library target alone.
-#if (defined(__x86_64__) || defined(__i386__)) && !defined(MIXPREC_X86)
-#define MIXPREC_X86 1
-#endif
-// internal.h has no extern "C" of its own (it is a C header).
-extern "C" {
-#include "internal.h"
-}
+// The chunk kernels are internal (c_ops/src/internal.h).
+#include "internal_api.h"
 
 namespace {
 

@@ -8,9 +8,7 @@
 
 #include "test_util.h"
 
-extern "C" {
-#include "internal.h"
-}
+#include "internal_api.h"
 
 namespace {
 

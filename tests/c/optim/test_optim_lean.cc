@@ -21,9 +21,7 @@
 
 #include "optim_math.h"
 #include "optim_test_util.h"
-#if defined(__x86_64__) && !defined(MIXPREC_X86)
-#define MIXPREC_X86 1 /* as CMakeLists.txt sets it for the library: its vector kernels are in */
-#endif
+#include "internal_api.h"
 extern "C" {
 #include "optim_common.h"
 }
