@@ -46,8 +46,9 @@ MIXPREC__HD float mixprec__nms_area(float x1, float y1, float x2, float y2) {
  * the GPU skips the division, the costly part there, for the many pairs that
  * do not intersect: the decision is the division's either way. The CPU
  * always divides: in dense scenes the skip is an unpredictable branch, which
- * made the scalar sweep 12% and the AVX2 sweep's tails 5% slower
- * (efficient_nms 2x8400x80, 2026-12-06) than the branch-free division. */
+ * made a whole efficient_nms call (2x8400x80, 2026-12-06) 12% slower on the
+ * scalar path and 5% on AVX2 (whose sweep runs this test on its tails) than
+ * the branch-free division. */
 MIXPREC__HD int mixprec__nms_suppresses(float kx1, float ky1, float kx2, float ky2,
                                         float karea, float cx1, float cy1, float cx2,
                                         float cy2, float carea, float thr) {
