@@ -306,8 +306,7 @@ static mixprec_status efficient_nms_image(const efficient_nms_args *a, int64_t b
      * other layout (and centre coding) is read here, decoded in float32,
      * into contiguous corners fb: one more pass over the candidates and 16
      * more bytes each, which the contiguous case (the common one) does not
-     * pay (allocations past glibc's mmap threshold fault their pages in on
-     * every call). Same float32 corners either way, so the same results. */
+     * pay. Same float32 corners either way, so the same results. */
     const uint8_t *boxes = a->boxes + (size_t)(b * L->box_strides[0]) * a->box_es;
     const void *nms_boxes = boxes;
     mixprec_dtype nms_dtype = a->boxes_dtype;
