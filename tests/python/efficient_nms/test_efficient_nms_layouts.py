@@ -66,6 +66,30 @@ def test_strided_views_equal_contiguous(gen, dtype):
         assert torch.equal(got.indices[i], base.indices[0]) and torch.equal(bits(got.boxes[i]), bits(base.boxes[0]))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_boxes_read_in_place_by_row_equal_contiguous(gen, dtype):
+    """Corner boxes whose rows of 4 sit at other multiples of 4 go to the NMS
+    in place, by row ([note: boxes in place] in efficient_nms.c): padded
+    rows (stride 8), class-first per-class boxes (B, C, N, 4) viewed as
+    (B, N, C, 4), and an anchor dimension of stride 0 give the results of
+    their contiguous copies, bit for bit; so does a layout that is gathered
+    instead (coordinates of stride 2)."""
+    boxes, scores = make(gen, 2, 257, 5, dtype, per_class=True)
+    base = efficient_nms(boxes, scores, score_threshold=0.2, max_detections=60)
+    views = [
+        torch.cat((boxes, boxes), -1)[..., :4],  # rows of 8: (.., 8 * C, 8, 1)
+        boxes.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3),  # class-first: (.., 4, 4 * N, 1)
+        torch.stack((boxes, boxes), -1)[..., 0],  # coordinates of stride 2: gathered
+    ]
+    for b in views:
+        assert not b.is_contiguous()
+        assert_same(efficient_nms(b, scores, score_threshold=0.2, max_detections=60), base)
+    # Every anchor the same box (anchor stride 0): the contiguous copy's result.
+    one = boxes[:, :1].expand(-1, 257, -1, -1)
+    assert_same(efficient_nms(one, scores, score_threshold=0.2, max_detections=60),
+                efficient_nms(one.contiguous(), scores, score_threshold=0.2, max_detections=60))
+
+
 def test_head_on_both_isa_paths_and_threads(gen, isa):
     lib = cpu_lib()
     head = yolo_head(gen, 2, 700, 5, torch.float16)
