@@ -16,7 +16,7 @@
 /* Stores v rounded to dtype and returns the stored value widened back. */
 MIXPREC__FORCE_INLINE float store_f32(void *data, mixprec_dtype dtype, int64_t i, float v) {
   mixprec__store_f32(data, dtype, i, v);
-  return mixprec__round_to(dtype, v);
+  return mixprec__load_f32(data, dtype, i);
 }
 
 void mixprec__norm_flush(mixprec__norm_acc *acc, const void *data,
