@@ -32,41 +32,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "python", "optim"))
 
 import test_optim_lean_accuracy as T  # noqa: E402  (the test's problem and reference)
 
-from mixprec.optim import AdamW  # noqa: E402
-
 
 def _eager_compile():
     torch.compile = lambda fn=None, **kw: fn if fn is not None else (lambda f: f)
-
-
-def _peer_run(cls, init, seq):
-    ps = [torch.nn.Parameter(w.float()) for w in init]
-    opt = cls(ps, **T.HP)
-    for grads in seq:
-        for p, gr in zip(ps, grads):
-            p.grad = gr.float()
-        opt.step()
-    states = [{k: opt.state[p][k].dequantize() for k in ("exp_avg", "exp_avg_sq")} for p in ps]
-    return [p.detach() for p in ps], states
-
-
-def _small_model(make_opt, bf16=True, steps=200):
-    """T._train_small_model's task, with any optimizer: the final loss."""
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(256, 16, generator=g)
-    y = (x[:, :8] + 0.3 * torch.randn(256, 8, generator=g)).argmax(1)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
-    dt = torch.bfloat16 if bf16 else torch.float32
-    model = model.to(dt)
-    opt = make_opt(model.parameters())
-    for t in range(steps):
-        idx = torch.arange(t * 32, t * 32 + 32) % 256
-        torch.nn.functional.cross_entropy(model(x[idx].to(dt)).float(), y[idx]).backward()
-        opt.step()
-        opt.zero_grad()
-    with torch.no_grad():
-        return float(torch.nn.functional.cross_entropy(model(x.to(dt)).float(), y))
 
 
 def main() -> int:
@@ -81,19 +49,18 @@ def main() -> int:
         ao = None
     init, seq = T._init(7), T._sequence(7, steps=args.steps)
     ref_ps, ref_opt = T._reference(init, seq)
-    hp = {**T.HP, "lr": 3e-3}
     rows = []
-    master_loss = _small_model(lambda ps: AdamW(ps, **hp, seed=5))
     for mode in ("master", "rem", "rem+bf16", "rem+8bit", "sr+bf16"):
         w, s = T._ours(mode, init, seq)
-        loss = _small_model(lambda ps, m=mode: AdamW(ps, **hp, seed=5, **T.MODES[m]))
+        loss = T._train_small_model(mode)[0]
         rows.append((f"mixprec {mode}", T._errors(w, s, init, ref_ps, ref_opt), loss))
     if ao is not None:
         for name, cls in (("torchao AdamW8bit", ao.AdamW8bit), ("torchao AdamW4bit", ao.AdamW4bit)):
-            w, s = _peer_run(cls, init, seq)
+            w, s = T._torchao_run(cls, init, seq)
             # FP32 params for the peers (their weights' format plays no part).
-            loss = _small_model(lambda ps, c=cls: c(ps, **hp), bf16=False)
+            loss = T._small_model_run(lambda m, c=cls: c(m.parameters(), **T.SMALL_HP), dtype=torch.float32)[2]
             rows.append((name, T._errors(w, s, init, ref_ps, ref_opt), loss))
+    master_loss = rows[0][2]  # mixprec master's
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}; {now}; "

@@ -126,6 +126,20 @@ def test_remainders_give_the_fp32_master_modes_numbers(problem):
         assert torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
+def _torchao_run(cls, init, seq):
+    """A torchao optimizer (AdamW8bit, AdamW4bit) on FP32 copies of init
+    through the gradients seq (its weights' format plays no part): the
+    weights and the dequantised moments."""
+    ps = [torch.nn.Parameter(w.float()) for w in init]
+    opt = cls(ps, **HP)
+    for grads in seq:
+        for p, gr in zip(ps, grads):
+            p.grad = gr.float()
+        opt.step()
+    states = [{k: opt.state[p][k].dequantize() for k in ("exp_avg", "exp_avg_sq")} for p in ps]
+    return [p.detach() for p in ps], states
+
+
 @pytest.fixture
 def eager_torch_compile(monkeypatch):
     """torchao's optimizers torch.compile their step (minutes of C++
@@ -148,14 +162,7 @@ def test_8bit_moments_no_worse_than_torchao_adamw8bit(eager_torch_compile, decad
     # 100 steps: torchao's eager step (its tensor subclass, op by op) is slow.
     init, seq = _init(7), _sequence(7, decades=decades, steps=100)
     ref_ps, ref_opt = _reference(init, seq)
-    ps = [torch.nn.Parameter(w.float()) for w in init]
-    opt = ao.AdamW8bit(ps, **HP)
-    for grads in seq:
-        for p, gr in zip(ps, grads):
-            p.grad = gr.float()
-        opt.step()
-    theirs_states = [{k: opt.state[p][k].dequantize() for k in ("exp_avg", "exp_avg_sq")} for p in ps]
-    theirs = _errors([p.detach() for p in ps], theirs_states, init, ref_ps, ref_opt)
+    theirs = _errors(*_torchao_run(ao.AdamW8bit, init, seq), init, ref_ps, ref_opt)
     weights, states = _ours("rem+8bit", init, seq)
     ours = _errors(weights, states, init, ref_ps, ref_opt)
     for what, a, b in zip(("weights", "exp_avg", "exp_avg_sq"), ours, theirs):
@@ -165,33 +172,53 @@ def test_8bit_moments_no_worse_than_torchao_adamw8bit(eager_torch_compile, decad
 # ---- a small model's own gradients ---------------------------------------------------------
 
 
-def _train_small_model(mode, steps=200):
-    """A BF16 MLP trained on a fixed classification task; each step's
-    gradients (of our BF16 model) also drive torch's AdamW on a float64 copy
-    of the weights, which so sees what our optimizer sees. Returns (final
-    loss, the weights' error against the float64 copy)."""
+def _small_model_run(make_opt, dtype=torch.bfloat16, steps=200, on_grads=None):
+    """The fixed small task: an MLP in ``dtype`` trained ``steps`` steps on a
+    fixed classification problem by ``make_opt(model)``; ``on_grads(model)``
+    sees each step's gradients before the step. Returns (model, optimizer,
+    final loss). bench/accuracy_optim_lean.py runs the peers on it too."""
     g = torch.Generator().manual_seed(1)
     x = torch.randn(256, 16, generator=g)
     y = (x[:, :8] + 0.3 * torch.randn(256, 8, generator=g)).argmax(1)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8)).bfloat16()
-    ref = [torch.nn.Parameter(p.detach().double()) for p in model.parameters()]
-    init = [p.detach().clone() for p in model.parameters()]
-    hp = {**HP, "lr": 3e-3}
-    opt = AdamW(model.parameters(), **hp, seed=5, **MODES[mode])
-    ropt = torch.optim.AdamW(ref, **hp, foreach=False)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8)).to(dtype)
+    opt = make_opt(model)
     for t in range(steps):
         idx = torch.arange(t * 32, t * 32 + 32) % 256
-        torch.nn.functional.cross_entropy(model(x[idx].bfloat16()).float(), y[idx]).backward()
-        for r, p in zip(ref, model.parameters()):
-            r.grad = p.grad.double()
+        torch.nn.functional.cross_entropy(model(x[idx].to(dtype)).float(), y[idx]).backward()
+        if on_grads is not None:
+            on_grads(model)
         opt.step()
-        ropt.step()
         opt.zero_grad()
     with torch.no_grad():
-        loss = float(torch.nn.functional.cross_entropy(model(x.bfloat16()).float(), y))
+        loss = float(torch.nn.functional.cross_entropy(model(x.to(dtype)).float(), y))
+    return model, opt, loss
+
+
+SMALL_HP = {**HP, "lr": 3e-3}
+
+
+def _train_small_model(mode, steps=200):
+    """A BF16 MLP (_small_model_run) trained by the mode; each step's
+    gradients (of our BF16 model) also drive torch's AdamW on a float64 copy
+    of the weights, which so sees what our optimizer sees. Returns (final
+    loss, the weights' error against the float64 copy)."""
+    ref = {}
+
+    def make(model):
+        ref["ps"] = [torch.nn.Parameter(p.detach().double()) for p in model.parameters()]
+        ref["init"] = [p.detach().clone() for p in model.parameters()]
+        ref["opt"] = torch.optim.AdamW(ref["ps"], **SMALL_HP, foreach=False)
+        return AdamW(model.parameters(), **SMALL_HP, seed=5, **MODES[mode])
+
+    def feed(model):
+        for r, p in zip(ref["ps"], model.parameters()):
+            r.grad = p.grad.double()
+        ref["opt"].step()
+
+    model, opt, loss = _small_model_run(make, steps=steps, on_grads=feed)
     states = [opt.fp32_state(p) for p in model.parameters()]
-    return loss, _errors([s["master"] for s in states], states, init, ref, ropt)[0]
+    return loss, _errors([s["master"] for s in states], states, ref["init"], ref["ps"], ref["opt"])[0]
 
 
 @pytest.fixture(scope="module")
