@@ -24,6 +24,7 @@ load()
 from . import _amp, _cross_entropy, _efficient_nms, _nms, _optim, _softmax  # noqa: E402,F401
 from . import _roi_align  # noqa: E402,F401
 from . import _overflow  # noqa: E402,F401
+from . import _act_pack  # noqa: E402,F401
 from . import _distributed  # noqa: E402
 
 _distributed.register_dtensor_handlers()
@@ -32,6 +33,7 @@ from . import ops  # noqa: E402
 from . import optim  # noqa: E402
 from . import nn  # noqa: E402
 from . import guard  # noqa: E402
+from . import memory  # noqa: E402
 
 __all__ = [
     "amp",
@@ -39,6 +41,7 @@ __all__ = [
     "optim",
     "nn",
     "guard",
+    "memory",
     "library_path",
     "cuda_library_path",
     "capi_library_path",

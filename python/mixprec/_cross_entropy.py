@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ._act_pack import keep_exact
 from ._args import as_int, as_real
 from ._registration import _refuse_sparse, _same_device
 from ._softmax import _check_float, _no_double_backward
@@ -147,6 +148,7 @@ def _ce_setup(ctx, inputs, output):
     # Saved: the logits as given (no copy), the int64 targets, and two floats
     # per position (max, log-sum): nothing the size of an FP32 copy of the
     # logits.
+    keep_exact(x)  # a packed copy's error would be exponentiated
     ctx.save_for_backward(x, target, weight, stats, wsum)
     ctx.args = (reduction, ignore_index, label_smoothing)
     ctx.mark_non_differentiable(stats, wsum)
@@ -173,6 +175,7 @@ def _soft_setup(ctx, inputs, output):
     _loss, stats = output
     # The logits and the target as given (no FP32 copy), three floats per
     # position.
+    keep_exact(x)
     ctx.save_for_backward(x, target, weight, stats)
     ctx.args = (reduction, label_smoothing)
     ctx.mark_non_differentiable(stats)

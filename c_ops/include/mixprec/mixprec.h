@@ -12,6 +12,8 @@
  *   mixprec/softmax.h        softmax and log_softmax
  *   mixprec/cross_entropy.h  cross-entropy (class indices or probabilities)
  *   mixprec/roi_align.h      RoIAlign forward and backward
+ *   mixprec/overflow.h       the forward-overflow check (mixprec.guard)
+ *   mixprec/act_pack.h       compressed activations (mixprec.memory)
  * None of them needs torch or CUDA. The torch shim is one client of the API,
  * ctypes or another framework can be another.
  *
@@ -188,5 +190,6 @@ typedef struct mixprec_tensor {
 #include "mixprec/cross_entropy.h" /* cross-entropy */
 #include "mixprec/roi_align.h" /* RoIAlign forward and backward */
 #include "mixprec/overflow.h" /* forward-overflow check (mixprec.guard) */
+#include "mixprec/act_pack.h" /* compressed activations (mixprec.memory) */
 
 #endif /* MIXPREC_MIXPREC_H */

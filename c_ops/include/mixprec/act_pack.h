@@ -1,0 +1,125 @@
+/* mixprec C API: compressed activations (the act_pack family). Included by
+ * mixprec/mixprec.h.
+ *
+ * A tensor saved for backward is packed into blockwise integer codes with one
+ * FP32 scale per block, and unpacked when backward needs it. 8-bit codes keep
+ * a BF16/FP16 activation in about half its bytes, 4-bit codes in about a
+ * quarter (an FP32 one in an eighth). mixprec.memory.compressed_activations
+ * is the torch face; this header is the format's contract.
+ *
+ *     int64_t code_bytes, n_scales;
+ *     mixprec_act_packed_size(n, 8, 256, &code_bytes, &n_scales);
+ *     uint8_t *codes = malloc(code_bytes);  float *scales = malloc(4 * n_scales);
+ *     mixprec_act_pack(x, MIXPREC_BF16, n, 8, 256, seed, codes, scales);
+ *     ...
+ *     mixprec_act_unpack(codes, scales, n, 8, 256, y, MIXPREC_BF16);  // y ~ x
+ *
+ * [note: act_pack format]
+ * Elements are cut into blocks of `block` consecutive elements (the last
+ * block may be shorter). With Q = 2^bits - 1 and lo / hi the block's
+ * smallest and largest element, each block has a scale s and a zero point
+ * z, element codes c in [0, Q] and values (c - z) * s:
+ *   - a block with no element below zero (ReLU outputs; -0 counts as zero):
+ *     z = 0, s = hi / Q;
+ *   - any other block: s = max(hi, 0) / (Q - 1) - lo / (Q - 1), then
+ *     z = ceil(-lo / s) (clamped to [0, Q]), so [lo, hi] lies in [-z s,
+ *     (Q - z) s] and zero is the code z exactly.
+ *   s is at least 2^-126 and rounded up to 15 significant bits (its low 8
+ *   bits zero), and the stored float carries z in those 8 bits: scales[b]
+ *   has the bits of s | z. A block holding an inf or NaN is stored with
+ *   the NaN scale 0x7fc00000 and codes 0, and unpacks to NaN everywhere
+ *   (a non-finite forward stays non-finite in backward, so GradScaler
+ *   still sees it and skips the step); so is any stored scale whose s
+ *   part is not finite.
+ * Rounding is stochastic and unbiased: with t = x * (1 / s) (float ops,
+ * rounded to nearest) and u = (r >> 8) * 2^-24 from the element's 32 random
+ * bits r, q = floor(t + u), c = q + z clamped to [0, Q], so E[(c - z) * s]
+ * = x up to float rounding of t. r is mixprec__sr_bits of a key made from
+ * `seed` and the element's index in the tensor (stochastic_round.h: a
+ * counter-based hash), so the codes depend only on (x, seed, bits, block):
+ * not on threads, instruction set or device.
+ * Exact where backward needs it exact: a zero (either sign) gets code z and
+ * unpacks to +0, no element changes sign, and a non-zero element never gets
+ * q = 0 (it is moved to +1 or -1 by its sign), so the set of zeros (ReLU's
+ * mask) and the signs (a LeakyReLU's mask) come back exactly. The cost is a
+ * bias for 0 < |x| < s (it comes back as +-s): for 8-bit codes of a ReLU
+ * output, |x| < max / 255.
+ * Byte layout: 8-bit: one byte per element. 4-bit: element 2k in the low
+ * nibble of byte k, element 2k + 1 in the high nibble (a last odd element
+ * leaves the high nibble 0). `block` is a power of two in [32, 4096], so a
+ * block starts on a byte boundary in both layouts. */
+#ifndef MIXPREC_ACT_PACK_H
+#define MIXPREC_ACT_PACK_H
+
+#include "mixprec/mixprec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The code widths and block sizes the format takes. */
+#define MIXPREC_ACT_BLOCK_MIN 32
+#define MIXPREC_ACT_BLOCK_MAX 4096
+
+/*! mixprec_act_packed_size() :
+ *  The sizes of a packed tensor of n elements.
+ *  @param bits  : 8 or 4.
+ *  @param block : a power of two in [MIXPREC_ACT_BLOCK_MIN, MIXPREC_ACT_BLOCK_MAX].
+ *  @param code_bytes : out, bytes of codes (n for 8 bits, ceil(n / 2) for 4).
+ *  @param n_scales   : out, floats of scales (ceil(n / block)).
+ *  @return : MIXPREC_OK; MIXPREC_ERR_NULL_POINTER if an out pointer is NULL;
+ *            MIXPREC_ERR_BAD_SIZE if n < 0; MIXPREC_ERR_BAD_ARGUMENT for other
+ *            bits or block. Nothing is written unless the status is OK. */
+MIXPREC_API mixprec_status mixprec_act_packed_size(int64_t n, int64_t bits, int64_t block,
+                                                   int64_t *code_bytes, int64_t *n_scales);
+
+/*! mixprec_act_pack() :
+ *  Packs the n elements at x (F32, F16 or BF16) into codes and scales in
+ *  the format of [note: act_pack format], with stochastic rounding from
+ *  `seed`. Parallel over blocks on the library's threads; the result does not
+ *  depend on their number or on the instruction set.
+ *  @param codes  : code_bytes bytes (mixprec_act_packed_size), written whole.
+ *  @param scales : n_scales floats, written whole.
+ *  x may be NULL when n is 0. x must not overlap codes or scales.
+ *  @return : MIXPREC_OK; MIXPREC_ERR_NULL_POINTER if x (n > 0), codes (n > 0)
+ *            or scales (n > 0) is NULL; MIXPREC_ERR_BAD_SIZE if n < 0;
+ *            MIXPREC_ERR_BAD_ARGUMENT for bits or block; MIXPREC_ERR_BAD_DTYPE
+ *            for an unknown dtype. Nothing is written unless the status is OK. */
+MIXPREC_API mixprec_status mixprec_act_pack(const void *x, mixprec_dtype dtype, int64_t n,
+                                            int64_t bits, int64_t block, uint64_t seed,
+                                            uint8_t *codes, float *scales);
+
+/*! mixprec_act_unpack() :
+ *  Writes the n values of a packed tensor to out as `dtype` (q * s in float,
+ *  then rounded to nearest even for F16/BF16). Any dtype may unpack any
+ *  packed tensor; the torch face unpacks to the dtype that was packed. Any
+ *  code or scale bits are valid input (a fuzzed buffer decodes to some
+ *  values, never out of bounds).
+ *  @return : as mixprec_act_pack() (out takes x's role). Nothing is written
+ *            unless the status is OK. */
+MIXPREC_API mixprec_status mixprec_act_unpack(const uint8_t *codes, const float *scales, int64_t n,
+                                              int64_t bits, int64_t block, void *out,
+                                              mixprec_dtype dtype);
+
+/* ---- CUDA (libmixprec_cuda) ---------------------------------------------- */
+
+/*! mixprec_cuda_act_pack() / mixprec_cuda_act_unpack() :
+ *  As the CPU entry points, on the GPU: every pointer a device pointer, one
+ *  launch on `stream`, no host synchronisation, capturable in a CUDA graph.
+ *  The codes and scales are bit for bit the CPU's (same rules, same random
+ *  bits). CUDA: written to match the CPU bit for bit; not yet run on a GPU.
+ *  @return : as the CPU's; MIXPREC_ERR_BAD_ARGUMENT also for x or out not
+ *            aligned to its element size or scales not aligned to 4 bytes;
+ *            MIXPREC_ERR_CUDA if the launch failed. */
+MIXPREC_API mixprec_status mixprec_cuda_act_pack(const void *x, mixprec_dtype dtype, int64_t n,
+                                                 int64_t bits, int64_t block, uint64_t seed,
+                                                 uint8_t *codes, float *scales, void *stream);
+MIXPREC_API mixprec_status mixprec_cuda_act_unpack(const uint8_t *codes, const float *scales,
+                                                   int64_t n, int64_t bits, int64_t block,
+                                                   void *out, mixprec_dtype dtype, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MIXPREC_ACT_PACK_H */

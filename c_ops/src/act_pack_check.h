@@ -1,0 +1,40 @@
+/* Argument checks of the act_pack family, shared verbatim by the CPU
+ * (act_pack.c) and the CUDA host code (kernels/act_pack.cu), so both return
+ * the same status for the same arguments. Depends only on the public header. */
+#ifndef MIXPREC_ACT_PACK_CHECK_H
+#define MIXPREC_ACT_PACK_CHECK_H
+
+#include <stddef.h>
+
+#include "compiler.h"
+#include "mixprec/act_pack.h"
+
+/* bits 8 or 4; block a power of two in [MIXPREC_ACT_BLOCK_MIN, _MAX]. */
+MIXPREC__INLINE int mixprec__act_format_ok(int64_t bits, int64_t block) {
+  return (bits == 8 || bits == 4) && block >= MIXPREC_ACT_BLOCK_MIN &&
+         block <= MIXPREC_ACT_BLOCK_MAX && (block & (block - 1)) == 0;
+}
+
+/* Codes of n elements: n bytes at 8 bits, ceil(n / 2) at 4 (n >= 0, no
+ * overflow: n <= INT64_MAX). */
+MIXPREC__INLINE int64_t mixprec__act_code_bytes(int64_t n, int64_t bits) {
+  return bits == 8 ? n : n / 2 + (n & 1);
+}
+
+MIXPREC__INLINE int64_t mixprec__act_n_scales(int64_t n, int64_t block) {
+  return n / block + (n % block != 0);
+}
+
+/* The checks of mixprec_act_pack / _unpack: `data` is x (pack) or out
+ * (unpack). The order is the contract's: size, format, dtype, pointers. */
+MIXPREC__INLINE mixprec_status mixprec__act_check(const void *data, mixprec_dtype dtype, int64_t n,
+                                                  int64_t bits, int64_t block, const void *codes,
+                                                  const void *scales) {
+  if (n < 0) return MIXPREC_ERR_BAD_SIZE;
+  if (!mixprec__act_format_ok(bits, block)) return MIXPREC_ERR_BAD_ARGUMENT;
+  if (mixprec_dtype_size(dtype) == 0) return MIXPREC_ERR_BAD_DTYPE;
+  if (n > 0 && (data == NULL || codes == NULL || scales == NULL)) return MIXPREC_ERR_NULL_POINTER;
+  return MIXPREC_OK;
+}
+
+#endif /* MIXPREC_ACT_PACK_CHECK_H */

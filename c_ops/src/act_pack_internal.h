@@ -1,0 +1,161 @@
+/* The CPU bodies of the act_pack family, written once and stamped per
+ * instruction set (zstd's `_body` compiled twice): act_pack.c instantiates
+ * them for the scalar path, act_pack_avx2.c and act_pack_avx512.c with their
+ * ISA flags, where the compiler vectorises the same loops. Each ISA file only
+ * supplies how FP16 is widened and narrowed (the portable converters, or
+ * F16C's instructions, which give the same bits). Every element goes
+ * through act_pack_rules.h, so all paths and the GPU agree bit for bit. */
+#ifndef MIXPREC_ACT_PACK_INTERNAL_H
+#define MIXPREC_ACT_PACK_INTERNAL_H
+
+#include "internal.h"
+
+#include "act_pack_check.h"
+#include "act_pack_rules.h"
+
+/* Packs blocks [b0, b1) of the n elements at x; unpacks likewise. */
+typedef void (*mixprec__act_pack_fn)(const void *x, mixprec_dtype dtype, int64_t n, int64_t bits,
+                                     int64_t block, uint32_t key, int64_t b0, int64_t b1,
+                                     uint8_t *codes, float *scales);
+typedef void (*mixprec__act_unpack_fn)(const uint8_t *codes, const float *scales, int64_t n,
+                                       int64_t bits, int64_t block, int64_t b0, int64_t b1,
+                                       void *out, mixprec_dtype dtype);
+
+void mixprec__act_pack_scalar(const void *, mixprec_dtype, int64_t, int64_t, int64_t, uint32_t,
+                              int64_t, int64_t, uint8_t *, float *);
+void mixprec__act_unpack_scalar(const uint8_t *, const float *, int64_t, int64_t, int64_t, int64_t,
+                                int64_t, void *, mixprec_dtype);
+#if defined(MIXPREC_X86)
+void mixprec__act_pack_avx2(const void *, mixprec_dtype, int64_t, int64_t, int64_t, uint32_t,
+                            int64_t, int64_t, uint8_t *, float *);
+void mixprec__act_unpack_avx2(const uint8_t *, const float *, int64_t, int64_t, int64_t, int64_t,
+                              int64_t, void *, mixprec_dtype);
+void mixprec__act_pack_avx512(const void *, mixprec_dtype, int64_t, int64_t, int64_t, uint32_t,
+                              int64_t, int64_t, uint8_t *, float *);
+void mixprec__act_unpack_avx512(const uint8_t *, const float *, int64_t, int64_t, int64_t,
+                                int64_t, int64_t, void *, mixprec_dtype);
+#endif
+
+/* One block of len elements, widened to float in v, packed: the statistics
+ * pass (smallest, largest, and the largest magnitude's bits, >= 0x7f800000
+ * for an inf or NaN), then the codes (through q, one byte per element, when
+ * 4-bit codes are paired into nibbles after). Returns the stored scale. */
+MIXPREC__FORCE_INLINE float mixprec__act_pack_block(const float *v, int64_t len, int64_t bits,
+                                                    uint32_t block_key, uint32_t lo_first,
+                                                    uint8_t *q, uint8_t *codes) {
+  /* Integer maxima and minima (which vectorise, unlike float ones): the
+   * order key of a finite float is its bits with the magnitude bits
+   * flipped when negative. */
+  uint32_t amax_bits = 0;
+  int32_t lo_key = INT32_MAX, hi_key = INT32_MIN;
+  for (int64_t i = 0; i < len; i++) {
+    const uint32_t u = mixprec__act_f32_bits(v[i]);
+    const uint32_t a = u & 0x7fffffffu;
+    const int32_t k = (int32_t)(u ^ ((uint32_t)((int32_t)u >> 31) & 0x7fffffffu));
+    amax_bits = a > amax_bits ? a : amax_bits;
+    lo_key = k < lo_key ? k : lo_key;
+    hi_key = k > hi_key ? k : hi_key;
+  }
+  const int64_t bytes = bits == 8 ? len : (len + 1) / 2;
+  if (amax_bits >= 0x7f800000u) {
+    memset(codes, 0, (size_t)bytes);
+    return mixprec__act_f32_of_bits(MIXPREC__ACT_NAN_F32);
+  }
+  const float lo = mixprec__act_f32_of_bits((uint32_t)lo_key ^ (lo_key < 0 ? 0x7fffffffu : 0u));
+  const float hi = mixprec__act_f32_of_bits((uint32_t)hi_key ^ (hi_key < 0 ? 0x7fffffffu : 0u));
+  const float stored = mixprec__act_stored_scale(lo, hi, bits);
+  const int32_t qmax = (1 << bits) - 1;
+  const int32_t z = mixprec__act_zero_of(stored);
+  const float inv = mixprec__act_inverse(mixprec__act_scale_of(stored));
+  uint8_t *dst = bits == 8 ? codes : q;
+  for (int64_t i = 0; i < len; i++) {
+    const uint32_t r = mixprec__act_elem_bits(block_key, lo_first + (uint32_t)i);
+    dst[i] = (uint8_t)mixprec__act_encode(v[i], inv, z, qmax, r);
+  }
+  if (bits == 4) {
+    for (int64_t k = 0; k < len / 2; k++) codes[k] = (uint8_t)(q[2 * k] | (q[2 * k + 1] << 4));
+    if (len & 1) codes[len / 2] = q[len - 1];
+  }
+  return stored;
+}
+
+/* One block's values as float into v (len elements from code byte 0). */
+MIXPREC__FORCE_INLINE void mixprec__act_unpack_block(const uint8_t *codes, float stored,
+                                                     int64_t len, int64_t bits, float *v) {
+  const int32_t z = mixprec__act_zero_of(stored);
+  const float s = mixprec__act_scale_of(stored);
+  if (bits == 8) {
+    for (int64_t i = 0; i < len; i++) v[i] = mixprec__act_decode(codes[i], z, s);
+  } else {
+    for (int64_t k = 0; k < len / 2; k++) {
+      v[2 * k] = mixprec__act_decode(codes[k] & 15, z, s);
+      v[2 * k + 1] = mixprec__act_decode(codes[k] >> 4, z, s);
+    }
+    if (len & 1) v[len - 1] = mixprec__act_decode(codes[len / 2] & 15, z, s);
+  }
+}
+
+/* Defines mixprec__act_pack_<SUF> and mixprec__act_unpack_<SUF>. WIDEN16(h,
+ * v, len) widens len FP16 values to float; NARROW16(v, h, len) rounds len
+ * floats to FP16 (nearest even). BF16 and F32 are the same code on every
+ * path. */
+#define MIXPREC__ACT_DEFINE(SUF, WIDEN16, NARROW16)                                              \
+  void mixprec__act_pack_##SUF(const void *x, mixprec_dtype dtype, int64_t n, int64_t bits,      \
+                               int64_t block, uint32_t key, int64_t b0, int64_t b1,              \
+                               uint8_t *codes, float *scales) {                                  \
+    float buf[MIXPREC_ACT_BLOCK_MAX];                                                            \
+    uint8_t q[MIXPREC_ACT_BLOCK_MAX];                                                            \
+    for (int64_t b = b0; b < b1; b++) {                                                          \
+      const int64_t first = b * block;                                                           \
+      const int64_t len = n - first < block ? n - first : block;                                 \
+      const float *v = buf;                                                                      \
+      if (dtype == MIXPREC_F32) {                                                                \
+        v = (const float *)x + first;                                                            \
+      } else if (dtype == MIXPREC_BF16) {                                                        \
+        const uint16_t *h = (const uint16_t *)x + first;                                         \
+        for (int64_t i = 0; i < len; i++) buf[i] = mixprec__bf16_to_f32(h[i]);                   \
+      } else {                                                                                   \
+        WIDEN16((const uint16_t *)x + first, buf, len);                                          \
+      }                                                                                          \
+      const int64_t byte0 = bits == 8 ? first : first / 2;                                       \
+      scales[b] = mixprec__act_pack_block(v, len, bits, mixprec__act_block_key(key, first),      \
+                                          (uint32_t)first, q, codes + byte0);                    \
+    }                                                                                            \
+  }                                                                                              \
+  void mixprec__act_unpack_##SUF(const uint8_t *codes, const float *scales, int64_t n,           \
+                                 int64_t bits, int64_t block, int64_t b0, int64_t b1, void *out, \
+                                 mixprec_dtype dtype) {                                          \
+    float buf[MIXPREC_ACT_BLOCK_MAX];                                                            \
+    for (int64_t b = b0; b < b1; b++) {                                                          \
+      const int64_t first = b * block;                                                           \
+      const int64_t len = n - first < block ? n - first : block;                                 \
+      const float stored = scales[b];                                                            \
+      if (mixprec__act_scale_nonfinite(stored)) {                                                \
+        mixprec__act_fill_nan(out, dtype, first, len);                                           \
+        continue;                                                                                \
+      }                                                                                          \
+      float *v = dtype == MIXPREC_F32 ? (float *)out + first : buf;                              \
+      mixprec__act_unpack_block(codes + (bits == 8 ? first : first / 2), stored, len, bits, v);  \
+      if (dtype == MIXPREC_BF16) {                                                               \
+        uint16_t *h = (uint16_t *)out + first;                                                   \
+        for (int64_t i = 0; i < len; i++) h[i] = mixprec__f32_to_bf16(buf[i]);                   \
+      } else if (dtype == MIXPREC_F16) {                                                         \
+        NARROW16(buf, (uint16_t *)out + first, len);                                             \
+      }                                                                                          \
+    }                                                                                            \
+  }
+
+/* A non-finite block's elements: the one NaN of their dtype. */
+MIXPREC__FORCE_INLINE void mixprec__act_fill_nan(void *out, mixprec_dtype dtype, int64_t first,
+                                                 int64_t len) {
+  if (dtype == MIXPREC_F32) {
+    uint32_t *o = (uint32_t *)out + first;
+    for (int64_t i = 0; i < len; i++) o[i] = MIXPREC__ACT_NAN_F32;
+  } else {
+    uint16_t *o = (uint16_t *)out + first;
+    const uint16_t nan = dtype == MIXPREC_F16 ? MIXPREC__ACT_NAN_F16 : MIXPREC__ACT_NAN_BF16;
+    for (int64_t i = 0; i < len; i++) o[i] = nan;
+  }
+}
+
+#endif /* MIXPREC_ACT_PACK_INTERNAL_H */

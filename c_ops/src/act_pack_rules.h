@@ -1,0 +1,129 @@
+/* The element rules of the act_pack family ([note: act_pack format] in
+ * mixprec/act_pack.h), MIXPREC__HD: the scalar C body, the SIMD bodies
+ * (act_pack_internal.h, stamped per ISA) and the CUDA kernels
+ * (kernels/act_pack.cu) all call these, so the codes and the unpacked values
+ * are the same bits everywhere. The CPU build's -ffp-contract=off and CUDA's
+ * __f*_rn keep every product and sum one IEEE rounding. */
+#ifndef MIXPREC_ACT_PACK_RULES_H
+#define MIXPREC_ACT_PACK_RULES_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "compiler.h"
+#include "stochastic_round.h"
+
+#ifdef __CUDACC__
+#  define MIXPREC__ACT_MUL(a, b) __fmul_rn((a), (b))
+#  define MIXPREC__ACT_ADD(a, b) __fadd_rn((a), (b))
+#  define MIXPREC__ACT_DIV(a, b) __fdiv_rn((a), (b))
+#else
+#  define MIXPREC__ACT_MUL(a, b) ((a) * (b))
+#  define MIXPREC__ACT_ADD(a, b) ((a) + (b))
+#  define MIXPREC__ACT_DIV(a, b) ((a) / (b))
+#endif
+
+/* The stored scale of a block with an inf or NaN (a quiet NaN), and what
+ * every element of such a block unpacks to, per dtype: one fixed NaN, so
+ * the CPU and the GPU give the same bits (their multiplies do not agree on
+ * NaN payloads). */
+#define MIXPREC__ACT_NAN_F32 0x7fc00000u
+#define MIXPREC__ACT_NAN_F16 0x7e00u
+#define MIXPREC__ACT_NAN_BF16 0x7fc0u
+
+/* The smallest scale: a normal float, so 1 / s is finite and q * s of a
+ * non-zero q is not zero. */
+#define MIXPREC__ACT_MIN_SCALE 0x1p-126f
+
+MIXPREC__HD uint32_t mixprec__act_f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+MIXPREC__HD float mixprec__act_f32_of_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* The block's scale and zero point from its smallest and largest element
+ * (finite), as the stored float: s (at least 2^-126, rounded up to 15
+ * significant bits) with z in its low 8 bits. */
+MIXPREC__HD float mixprec__act_stored_scale(float lo, float hi, int64_t bits) {
+  const int32_t qmax = (1 << bits) - 1;
+  const int is_signed = lo < 0.0f;
+  const float top = hi > 0.0f ? hi : 0.0f;
+  float s = is_signed ? MIXPREC__ACT_ADD(MIXPREC__ACT_DIV(top, (float)(qmax - 1)),
+                                         MIXPREC__ACT_DIV(-lo, (float)(qmax - 1)))
+                      : MIXPREC__ACT_DIV(top, (float)qmax);
+  s = s < MIXPREC__ACT_MIN_SCALE ? MIXPREC__ACT_MIN_SCALE : s;
+  uint32_t u = mixprec__act_f32_bits(s);
+  u = (u & 0xffu) ? (u | 0xffu) + 1u : u; /* up to 15 bits: never below the range */
+  int32_t z = 0;
+  if (is_signed) {
+    const float w = MIXPREC__ACT_DIV(-lo, mixprec__act_f32_of_bits(u));
+    z = (int32_t)w;
+    z += (float)z < w ? 1 : 0;
+    z = z > qmax ? qmax : z;
+  }
+  return mixprec__act_f32_of_bits(u | (uint32_t)z);
+}
+
+/* A stored scale's parts: s (low 8 bits cleared), the zero point, and
+ * whether the block is a non-finite one (s not finite: a NaN from pack, or
+ * fuzzed bits). */
+MIXPREC__HD float mixprec__act_scale_of(float stored) {
+  return mixprec__act_f32_of_bits(mixprec__act_f32_bits(stored) & ~0xffu);
+}
+MIXPREC__HD int32_t mixprec__act_zero_of(float stored) {
+  return (int32_t)(mixprec__act_f32_bits(stored) & 0xffu);
+}
+MIXPREC__HD int mixprec__act_scale_nonfinite(float stored) {
+  return (mixprec__act_f32_bits(stored) & 0x7f800000u) == 0x7f800000u;
+}
+
+/* The inverse scale the codes are computed with. */
+MIXPREC__HD float mixprec__act_inverse(float s) { return MIXPREC__ACT_DIV(1.0f, s); }
+
+/* The key of a pack call: the optimizers' counter-based hash with its own
+ * domain ("actp" in place of the tensor index), so the two never share a
+ * stream for the same seed. */
+MIXPREC__HD uint32_t mixprec__act_key(uint64_t seed) {
+  return mixprec__sr_key(seed, 0x61637470u, 0.0f);
+}
+
+/* The random bits of element i are mixprec__sr_bits(key, i); split in two so
+ * a loop over one block adds only its low index bits: a block never crosses
+ * a multiple of 2^32 (block is a power of two), so hi32(i) is the block's
+ * and lo32(i) = lo32(block start) + offset. */
+MIXPREC__HD uint32_t mixprec__act_block_key(uint32_t key, int64_t first) {
+  return key + (uint32_t)((uint64_t)first >> 32) * 0x85ebca77u;
+}
+MIXPREC__HD uint32_t mixprec__act_elem_bits(uint32_t block_key, uint32_t lo_index) {
+  return mixprec__mix32(block_key + lo_index * 0x9e3779b1u);
+}
+
+/* The stored code of x in a block of inverse scale inv, zero point z and
+ * Q = qmax, with the element's random bits r: q = floor(x * inv + u), u in
+ * [0, 1) from the top 24 bits of r; a non-zero x never gets q = 0 (its
+ * sign's unit instead); c = q + z clamped to [0, Q]. The floor is a
+ * truncation corrected by one (|t + u| < 2^24: exact). */
+MIXPREC__HD int32_t mixprec__act_encode(float x, float inv, int32_t z, int32_t qmax, uint32_t r) {
+  const float u = MIXPREC__ACT_MUL((float)(r >> 8), 0x1p-24f);
+  const float v = MIXPREC__ACT_ADD(MIXPREC__ACT_MUL(x, inv), u);
+  int32_t q = (int32_t)v;
+  q -= (float)q > v ? 1 : 0;
+  const int32_t unit = x > 0.0f ? 1 : -1;
+  q = (q == 0 && x != 0.0f) ? unit : q;
+  int32_t c = q + z;
+  c = c > qmax ? qmax : c;
+  return c < 0 ? 0 : c;
+}
+
+/* The value of a stored code c in a block of finite scale s, zero point z. */
+MIXPREC__HD float mixprec__act_decode(int32_t c, int32_t z, float s) {
+  return MIXPREC__ACT_MUL((float)(c - z), s);
+}
+
+#endif /* MIXPREC_ACT_PACK_RULES_H */

@@ -1,0 +1,41 @@
+// The act_pack family (compressed activations, mixprec.memory): its schemas
+// and its CPU backend. The validation is act_pack_op.h's, shared with the
+// CUDA backend in act_pack_cuda.cpp.
+#include "act_pack_op.h"
+
+namespace mixprec_shim {
+namespace act_pack {
+namespace {
+
+struct CpuBackend {
+  static void check_device(const char* op, const Where& w) { check_cpu_device(op, w); }
+  static mixprec_status pack(const void* x, mixprec_dtype dtype, int64_t n, int64_t bits,
+                             int64_t block, uint64_t seed, uint8_t* codes, float* scales,
+                             const Where&) {
+    return mixprec_act_pack(x, dtype, n, bits, block, seed, codes, scales);
+  }
+  static mixprec_status unpack(const uint8_t* codes, const float* scales, int64_t n, int64_t bits,
+                               int64_t block, void* out, mixprec_dtype dtype, const Where&) {
+    return mixprec_act_unpack(codes, scales, n, bits, block, out, dtype);
+  }
+};
+
+}  // namespace
+}  // namespace act_pack
+}  // namespace mixprec_shim
+
+STABLE_TORCH_LIBRARY_FRAGMENT(mixprec, m) {
+  // x's elements (memory order) in blockwise codes + one float32 scale per
+  // block, stochastically rounded from seed: [note: act_pack format] in
+  // mixprec/act_pack.h.
+  m.def("act_pack(Tensor x, int bits, int block, int seed) -> (Tensor codes, Tensor scales)");
+  // The numel values of a packed tensor as dtype, shape [numel].
+  m.def("act_unpack(Tensor codes, Tensor scales, int numel, int bits, int block, "
+        "ScalarType dtype) -> Tensor");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
+  m.impl("act_pack", TORCH_BOX(&mixprec_shim::act_pack::act_pack_op<mixprec_shim::act_pack::CpuBackend>));
+  m.impl("act_unpack",
+         TORCH_BOX(&mixprec_shim::act_pack::act_unpack_op<mixprec_shim::act_pack::CpuBackend>));
+}

@@ -1,0 +1,93 @@
+// The act_pack family's ops (act_pack, act_unpack), validated once for both
+// devices: templates over a backend B (act_pack.cpp: CPU, act_pack_cuda.cpp:
+// CUDA) that only says how to run the C entry points:
+//   B::check_device(op, where)
+//   B::pack(x, dtype, n, bits, block, seed, codes, scales, device) -> mixprec_status
+//   B::unpack(codes, scales, n, bits, block, out, dtype, device) -> mixprec_status
+// Every check runs before anything is allocated or written.
+#pragma once
+
+#include <tuple>
+
+#include "common.h"
+
+namespace mixprec_shim {
+namespace act_pack {
+
+// bits and block as the C format takes them (act_pack_check.h), with the
+// message naming the argument.
+inline void check_format(const char* op, int64_t bits, int64_t block) {
+  MIXPREC_CHECK(bits == 8 || bits == 4, "mixprec::", op, ": bits must be 8 or 4, got ", bits);
+  MIXPREC_CHECK(block >= MIXPREC_ACT_BLOCK_MIN && block <= MIXPREC_ACT_BLOCK_MAX &&
+                    (block & (block - 1)) == 0,
+                "mixprec::", op, ": block must be a power of two in [", MIXPREC_ACT_BLOCK_MIN,
+                ", ", MIXPREC_ACT_BLOCK_MAX, "], got ", block);
+}
+
+inline int64_t code_bytes(int64_t n, int64_t bits) { return bits == 8 ? n : n / 2 + (n & 1); }
+inline int64_t n_scales(int64_t n, int64_t block) { return n / block + (n % block != 0); }
+
+// x: float32 / float16 / bfloat16, dense in memory (contiguous, channels_last,
+// any permutation without gaps); its elements are packed in memory order.
+// Returns (codes uint8 [code_bytes], scales float32 [n_scales]) on x's device.
+template <class B>
+std::tuple<Tensor, Tensor> act_pack_op(Tensor x, int64_t bits, int64_t block, int64_t seed) {
+  const char* op = "act_pack";
+  const mixprec_dtype xd = float_arg(op, "x", x);
+  check_format(op, bits, block);
+  MIXPREC_CHECK(is_dense(x), "mixprec::", op,
+                ": x must be dense in memory (contiguous, channels_last or another "
+                "permutation without gaps); call .contiguous() on it");
+  const Where dev = where(x);
+  B::check_device(op, dev);
+  const int64_t n = x.numel();
+  Tensor codes = torch::stable::new_empty(x, {code_bytes(n, bits)}, ScalarType::Byte);
+  Tensor scales = torch::stable::new_empty(x, {n_scales(n, block)}, ScalarType::Float);
+  if (n == 0) return {codes, scales};
+  check_status(B::pack(x.data_ptr(), xd, n, bits, block, static_cast<uint64_t>(seed),
+                       static_cast<uint8_t*>(codes.data_ptr()), static_cast<float*>(scales.data_ptr()),
+                       dev),
+               op);
+  return {codes, scales};
+}
+
+// codes: uint8 [code_bytes(numel)], scales: float32 [n_scales(numel)], both
+// contiguous on one device. Returns the numel values as dtype, shape [numel].
+template <class B>
+Tensor act_unpack_op(Tensor codes, Tensor scales, int64_t numel, int64_t bits, int64_t block,
+                     ScalarType dtype) {
+  const char* op = "act_unpack";
+  check_format(op, bits, block);
+  MIXPREC_CHECK(numel >= 0, "mixprec::", op, ": numel must be >= 0, got ", numel);
+  mixprec_dtype od;
+  MIXPREC_CHECK(to_mixprec_dtype(dtype, &od), "mixprec::", op,
+                ": dtype must be float32, float16 or bfloat16, got ", dtype_name(dtype));
+  MIXPREC_CHECK(codes.defined() && codes.layout() == Layout::Strided &&
+                    codes.scalar_type() == ScalarType::Byte,
+                "mixprec::", op, ": codes must be a uint8 tensor");
+  MIXPREC_CHECK(scales.defined() && scales.layout() == Layout::Strided &&
+                    scales.scalar_type() == ScalarType::Float,
+                "mixprec::", op, ": scales must be a float32 tensor, got ",
+                dtype_name(scales.scalar_type()));
+  MIXPREC_CHECK(codes.dim() == 1 && codes.numel() == code_bytes(numel, bits), "mixprec::", op,
+                ": codes must have shape [", code_bytes(numel, bits), "] for numel ", numel,
+                " at ", bits, " bits, got ", shape_str(codes));
+  MIXPREC_CHECK(scales.dim() == 1 && scales.numel() == n_scales(numel, block), "mixprec::", op,
+                ": scales must have shape [", n_scales(numel, block), "] for numel ", numel,
+                " and block ", block, ", got ", shape_str(scales));
+  MIXPREC_CHECK(codes.is_contiguous(), "mixprec::", op, ": codes must be contiguous");
+  MIXPREC_CHECK(scales.is_contiguous(), "mixprec::", op, ": scales must be contiguous");
+  const Where dev = where(codes);
+  same_device(op, "scales", scales, dev, "codes");
+  B::check_device(op, dev);
+  Tensor out = torch::stable::new_empty(codes, {numel}, dtype);
+  if (numel == 0) return out;
+  check_status(B::unpack(static_cast<const uint8_t*>(codes.data_ptr()),
+                         static_cast<const float*>(scales.data_ptr()), numel, bits, block,
+                         out.data_ptr(), od, dev),
+               op);
+  return out;
+}
+
+}  // namespace act_pack
+}  // namespace mixprec_shim
