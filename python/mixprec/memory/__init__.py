@@ -59,11 +59,11 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 
-from . import _act_pack
-from ._args import as_int
-from ._library import cuda_ops_loaded
+from .. import _act_pack
+from .._args import as_int
+from .._library import cuda_ops_loaded
 
-__all__ = ["compressed_activations"]
+__all__ = ["compressed_activations", "plan", "format_plan", "Recipe", "RECIPES", "LiveTracker", "checkpoint_blocks"]
 
 _WHERE = "mixprec.memory.compressed_activations"
 
@@ -323,3 +323,7 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
     @staticmethod
     def _unpack(p):
         return p.unpack()
+
+
+from ._planner import RECIPES, Recipe, checkpoint_blocks, format_plan, plan  # noqa: E402
+from ._tracker import LiveTracker  # noqa: E402

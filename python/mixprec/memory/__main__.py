@@ -1,0 +1,101 @@
+"""``python -m mixprec.memory <module:factory> --input 3x224x224 [--budget 16GiB]``:
+the memory planner's table for a model (see ``mixprec.memory.plan``).
+
+``module:factory`` names a callable returning the model, e.g.
+``torchvision.models:resnet50``; ``--kwargs`` passes it keyword arguments as
+``key=value`` pairs (``num_classes=10``, ``weights=None`` is the default for
+torchvision factories).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import re
+import sys
+
+import torch
+
+from ._planner import RECIPES, format_plan, plan
+
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def _bytes(text: str) -> float:
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 16GiB, 12GB, 8000MB)")
+    return float(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(s) for s in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a shape: {text!r} (e.g. 3x224x224)") from None
+    if not shape or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"not a shape: {text!r} (e.g. 3x224x224)")
+    return shape
+
+
+def _factory(spec: str):
+    mod, _, name = spec.partition(":")
+    if not mod or not name:
+        raise argparse.ArgumentTypeError(f"not module:factory: {spec!r} (e.g. torchvision.models:resnet50)")
+    try:
+        return getattr(importlib.import_module(mod), name)
+    except (ImportError, AttributeError) as e:
+        raise argparse.ArgumentTypeError(f"cannot load {spec!r}: {e}") from None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mixprec.memory", description=__doc__.split("\n\n")[0])
+    ap.add_argument("factory", type=_factory, help="module:callable returning the model")
+    ap.add_argument("--input", type=_shape, required=True, help="one sample's shape, e.g. 3x224x224")
+    ap.add_argument("--budget", type=_bytes, default=None, help="memory budget (default: torch AMP BF16 at --batch)")
+    ap.add_argument("--batch", type=int, default=16, help="the batch the totals are given for (default 16)")
+    ap.add_argument("--batches", default="2,4", help="the two batch sizes measured (default 2,4)")
+    ap.add_argument("--kwargs", nargs="*", default=[], help="factory keyword arguments, key=value")
+    ap.add_argument("--recipes", default=None, help="comma-separated recipe names (default: all)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    a = ap.parse_args(argv)
+    kwargs = {}
+    for kv in a.kwargs:
+        k, _, v = kv.partition("=")
+        try:
+            kwargs[k] = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            kwargs[k] = v
+    if a.factory.__module__.startswith("torchvision.models"):
+        kwargs.setdefault("weights", None)
+    try:
+        b1, b2 = (int(s) for s in a.batches.split(","))
+    except ValueError:
+        ap.error(f"--batches must be two sizes like 2,4, got {a.batches!r}")
+    recipes = RECIPES
+    if a.recipes:
+        names = [s.strip() for s in a.recipes.split(",")]
+        unknown = [n for n in names if n not in {r.name for r in RECIPES}]
+        if unknown:
+            ap.error(f"unknown recipes {unknown}; known: {[r.name for r in RECIPES]}")
+        recipes = [r for r in RECIPES if r.name in names]
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    model = a.factory(**kwargs)
+    rows = plan(model, a.input, batches=(b1, b2), batch=a.batch, budget=a.budget, recipes=recipes)
+    budget = a.budget
+    if budget is None:
+        ref = [r for r in rows if r.recipe.name == "amp-bf16"]
+        budget = ref[0].total if ref else None
+    n = sum(p.numel() for p in model.parameters())
+    print(f"{a.factory.__module__}.{a.factory.__name__}: {n / 1e6:.1f}M parameters, input {'x'.join(map(str, a.input))}, "
+          f"measured at batches {b1} and {b2} on the CPU, extrapolated linearly")
+    if budget is not None:
+        print(f"budget: {budget / 2**30:.2f} GiB" + ("" if a.budget else f" (torch AMP BF16 at batch {a.batch})"))
+    print(format_plan(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

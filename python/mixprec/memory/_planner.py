@@ -1,0 +1,205 @@
+"""The memory planner: what one training step of a model holds, per recipe,
+and the largest batch that fits a budget. ``mixprec.memory.plan`` and
+``python -m mixprec.memory``.
+
+Each recipe runs one forward and backward at two small batch sizes on the
+CPU under a live-tensor tracker (``_tracker.LiveTracker``); the bytes held
+after the forward (what autograd saved, in the form it saved it) and the
+peak of forward + backward are each a line in the batch size, extrapolated
+to the batch asked. The training state (parameters, gradients, optimizer
+state) is counted from the parameter count at the recipe's bytes per
+parameter (torch AdamW on FP32 parameters: 16; mixprec's lean state: 8),
+and the gradients backward allocates are taken out of the tracked peak so
+they are not counted twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+from typing import Callable, Sequence
+
+import torch
+import torch.utils.checkpoint
+from torch import nn
+
+from ._tracker import LiveTracker
+
+__all__ = ["Recipe", "RECIPES", "RecipeRow", "plan", "format_plan", "checkpoint_blocks"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A training recipe as the planner runs it."""
+
+    name: str
+    autocast: torch.dtype | None = None  # None: FP32
+    bits: int | None = None  # compressed_activations(bits), or None
+    checkpoint: bool = False  # torch.utils.checkpoint of every block
+    state_bytes: int = 16  # training state per parameter (param + grad + optimizer)
+
+
+RECIPES = (
+    Recipe("fp32"),
+    Recipe("amp-bf16", torch.bfloat16),
+    Recipe("amp-fp16", torch.float16),
+    Recipe("amp-bf16 + 8-bit act", torch.bfloat16, bits=8),
+    Recipe("amp-bf16 + 4-bit act", torch.bfloat16, bits=4),
+    Recipe("amp-bf16 + 8-bit act + lean state", torch.bfloat16, bits=8, state_bytes=8),
+    Recipe("amp-bf16 + 4-bit act + lean state", torch.bfloat16, bits=4, state_bytes=8),
+    Recipe("amp-bf16 + checkpoint", torch.bfloat16, checkpoint=True),
+)
+
+
+@dataclasses.dataclass
+class RecipeRow:
+    recipe: Recipe
+    saved_per_sample: float  # bytes held after the forward, per sample
+    peak_per_sample: float  # peak of forward + backward (grads excluded), per sample
+    peak_fixed: float  # the peak line's intercept
+    state: int  # params + grads + optimizer state, bytes
+    batch: int  # the batch the totals are for
+    total: float  # state + peak at `batch`
+    largest_batch: int | None  # at the budget, or None without one
+    step_seconds: float  # the larger measured batch's step, on this machine
+
+
+def checkpoint_blocks(model: nn.Module) -> contextlib.AbstractContextManager:
+    """Runs every child of the model's outermost ``nn.Sequential`` modules
+    through ``torch.utils.checkpoint`` (non-reentrant) while active: ResNet's
+    bottlenecks, ViT's encoder blocks, DeepLab's backbone blocks and head."""
+
+    @contextlib.contextmanager
+    def wrap():
+        wrapped = []
+
+        def visit(m):
+            if isinstance(m, nn.Sequential) and len(m) >= 2:
+                for child in m:
+                    orig = child.forward
+
+                    def fwd(*a, _orig=orig, **k):
+                        return torch.utils.checkpoint.checkpoint(_orig, *a, use_reentrant=False, **k)
+
+                    child.forward = fwd
+                    wrapped.append(child)
+                return
+            for c in m.children():
+                visit(c)
+
+        visit(model)
+        try:
+            yield
+        finally:
+            for child in wrapped:
+                del child.forward
+
+    return wrap()
+
+
+def _default_loss(out) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out.float().square().mean()
+    if isinstance(out, dict):
+        out = list(out.values())
+    parts = [_default_loss(o) for o in out if isinstance(o, (torch.Tensor, dict, list, tuple))]
+    return sum(parts)
+
+
+def _measure(model, recipe, make_batch, batch, loss_fn):
+    from . import compressed_activations  # the package's, not a copy
+
+    args, kwargs = make_batch(batch)
+    for p in model.parameters():
+        p.grad = None
+    gc.collect()
+    ac = torch.autocast("cpu", dtype=recipe.autocast) if recipe.autocast else contextlib.nullcontext()
+    ca = compressed_activations(bits=recipe.bits) if recipe.bits else contextlib.nullcontext()
+    ck = checkpoint_blocks(model) if recipe.checkpoint else contextlib.nullcontext()
+    import time
+
+    t0 = time.perf_counter()
+    with LiveTracker() as tr:
+        with ck:
+            with ac, ca:
+                loss = loss_fn(model(*args, **kwargs))
+            gc.collect()
+            tr.mark("forward")
+            loss.backward()
+        del loss
+        grads = sum(p.grad.untyped_storage().nbytes() for p in model.parameters() if p.grad is not None)
+    seconds = time.perf_counter() - t0
+    for p in model.parameters():
+        p.grad = None
+    return tr.marks["forward"], tr.peak - grads, seconds
+
+
+def plan(
+    model: nn.Module,
+    input_shape: Sequence[int] | None = None,
+    *,
+    batches: tuple[int, int] = (2, 4),
+    batch: int = 16,
+    budget: float | None = None,
+    recipes: Sequence[Recipe] = RECIPES,
+    make_batch: Callable[[int], tuple[tuple, dict]] | None = None,
+    loss_fn: Callable[[object], torch.Tensor] | None = None,
+) -> list[RecipeRow]:
+    """Per recipe: the bytes per sample a training step holds after the
+    forward and at its peak, the training state, the total at ``batch``, and
+    the largest batch within ``budget`` bytes (default: the total of torch's
+    AMP BF16 recipe at ``batch``, the budget a user of that recipe has).
+
+    ``model`` is trained in place (its BatchNorm statistics move) on random
+    inputs of ``input_shape`` (one sample, e.g. ``(3, 224, 224)``), or on what
+    ``make_batch(n) -> (args, kwargs)`` gives; ``loss_fn(output)`` makes the
+    scalar to differentiate (default: the mean square of every floating
+    output). Runs on the CPU; two batch sizes per recipe (``batches``)."""
+    if make_batch is None:
+        if input_shape is None:
+            raise TypeError("mixprec.memory.plan: pass input_shape or make_batch")
+        shape = tuple(int(s) for s in input_shape)
+        gen = torch.Generator().manual_seed(0)
+
+        def make_batch(n):
+            return (torch.randn((n,) + shape, generator=gen),), {}
+
+    loss_fn = loss_fn or _default_loss
+    b1, b2 = batches
+    if not (isinstance(b1, int) and isinstance(b2, int) and 1 <= b1 < b2):
+        raise ValueError(f"mixprec.memory.plan: batches must be two increasing sizes >= 1, got {batches!r}")
+    model.train()
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    rows = []
+    for r in recipes:
+        s1, p1, _ = _measure(model, r, make_batch, b1, loss_fn)
+        s2, p2, t2 = _measure(model, r, make_batch, b2, loss_fn)
+        saved = (s2 - s1) / (b2 - b1)
+        slope = (p2 - p1) / (b2 - b1)
+        fixed = p1 - slope * b1
+        state = n_params * r.state_bytes
+        rows.append(RecipeRow(r, saved, slope, fixed, state, batch, state + fixed + slope * batch, None, t2))
+    if budget is None:
+        ref = [row for row in rows if row.recipe.name == "amp-bf16"]
+        budget = ref[0].total if ref else None
+    if budget is not None:
+        for row in rows:
+            room = budget - row.state - row.peak_fixed
+            row.largest_batch = max(0, int(room // row.peak_per_sample)) if row.peak_per_sample > 0 else None
+    return rows
+
+
+def format_plan(rows: Sequence[RecipeRow], budget: float | None = None) -> str:
+    mb = 1e6
+    lines = [
+        f"| recipe | saved MB / sample | peak MB / sample | state MB | total MB at batch {rows[0].batch} "
+        "| largest batch at the budget | step s (measured batch) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.recipe.name} | {r.saved_per_sample / mb:.1f} | {r.peak_per_sample / mb:.1f} | {r.state / mb:.0f} "
+            f"| {r.total / mb:.0f} | {r.largest_batch if r.largest_batch is not None else '-'} | {r.step_seconds:.2f} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,67 @@
+"""A live-tensor memory tracker for the CPU (and any device): the bytes of
+every storage an op creates while the tracker is active, from its creation
+until it is freed, and their peak. What ``torch.cuda.max_memory_allocated``
+says on a GPU, measured without one.
+
+It is a ``TorchDispatchMode``: it sees each op's outputs below autograd, so
+what autograd saves, what backward allocates and what a saved-tensor hook
+packs are all counted, each storage once; storages made before the tracker
+started (parameters, the input batch) are not. A storage is counted at the
+size of its allocation (``untyped_storage().nbytes()``), as an allocator
+would hold it.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+__all__ = ["LiveTracker"]
+
+
+class LiveTracker(TorchDispatchMode):
+    """``with LiveTracker() as t: ...`` then ``t.peak`` (bytes), ``t.current``
+    (bytes still alive from inside the block) and ``t.mark(name)`` to record
+    the current bytes at a point (``t.marks[name]``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.current = 0
+        self.peak = 0
+        self.marks: dict[str, int] = {}
+        self._live: dict[int, int] = {}  # storage key -> bytes
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = self.current
+
+    def _free(self, key: int) -> None:
+        nbytes = self._live.pop(key, None)
+        if nbytes is not None:
+            self.current -= nbytes
+
+    def _track(self, t: torch.Tensor) -> None:
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        key = st.data_ptr()
+        if key == 0 or key in self._live:
+            return
+        nbytes = st.nbytes()
+        try:
+            weakref.finalize(st, self._free, key)
+        except TypeError:
+            return
+        self._live[key] = nbytes
+        self.current += nbytes
+        self.peak = max(self.peak, self.current)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                self._track(t)
+        return out
