@@ -69,6 +69,7 @@ def test_checkpoint_blocks_restores_the_model():
 
 
 def test_cli_prints_the_table():
+    pytest.importorskip("torchvision")
     env_path = str(ROOT / "python")
     r = subprocess.run(
         [sys.executable, "-m", "mixprec.memory", "torchvision.models:resnet18", "--input", "3x32x32",
@@ -89,6 +90,7 @@ def test_cli_prints_the_table():
     ],
 )
 def test_cli_bad_arguments(args, msg):
+    pytest.importorskip("torchvision")
     r = subprocess.run([sys.executable, "-m", "mixprec.memory", *args], capture_output=True, text=True, timeout=300,
                        env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "python")})
     assert r.returncode == 2 and msg in r.stderr
