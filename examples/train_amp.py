@@ -18,6 +18,9 @@ weights, several ways:
   bf16-rem-bf16  + BF16 moments (exp_avg_dtype = exp_avg_sq_dtype = bfloat16,
                  stochastically rounded): 10 bytes per param
   bf16-rem-8bit  + 8-bit blockwise moments (torch.uint8): ~8 bytes per param
+  bf16-act8      bf16 with the activations saved for backward packed to 8-bit
+                 codes (mixprec.memory.compressed_activations around the
+                 forward): about half the activation bytes
 
 Every run clips gradients to norm 1 (the mixed-precision runs take the norm
 from the scaler's unscale pass: one read of the gradients). Each run is
@@ -45,6 +48,13 @@ R-CNN (random weights, small images) run end to end in BF16 under
 mixprec.ops.patch_torchvision() (torchvision's own CPU kernels refuse BF16),
 beside the FP32 model.
 
+Part 3, activation memory. mixprec.memory's planner on the demo CNN (batch
+64) and on torchvision's ResNet-50 at 224x224 (not with --quick): bytes per
+sample held after the forward and at the peak of forward + backward, the
+training state, and the largest batch within what torch's AMP BF16 recipe
+needs at batch 16 (64 for the demo CNN), per recipe: AMP BF16, + 8-bit or
+4-bit activations, + mixprec's lean optimizer state.
+
 Usage: python examples/train_amp.py [--epochs N] [--seeds N] [--quick] [--device cpu|cuda]
            [--runs fp32,bf16,bf16-sr,fp16] [--plot PATH] [--boxes N]
 """
@@ -52,6 +62,7 @@ Usage: python examples/train_amp.py [--epochs N] [--seeds N] [--quick] [--device
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import sys
 import time
@@ -62,10 +73,14 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import mixprec  # noqa: E402
+import mixprec.memory  # noqa: E402
 
-RUNS = ("fp32", "bf16", "bf16-sr", "fp16", "bf16-rem", "bf16-rem-bf16", "bf16-rem-8bit")
+RUNS = ("fp32", "bf16", "bf16-sr", "fp16", "bf16-rem", "bf16-rem-bf16", "bf16-rem-8bit", "bf16-act8")
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "bf16-sr": torch.bfloat16, "fp16": torch.float16,
-          "bf16-rem": torch.bfloat16, "bf16-rem-bf16": torch.bfloat16, "bf16-rem-8bit": torch.bfloat16}
+          "bf16-rem": torch.bfloat16, "bf16-rem-bf16": torch.bfloat16, "bf16-rem-8bit": torch.bfloat16,
+          "bf16-act8": torch.bfloat16}
+# The runs whose forward packs its saved activations (bits of the codes).
+ACT_BITS = {"bf16-act8": 8}
 # The lean optimizer-state modes (mixprec.optim.AdamW keywords).
 LEAN = {
     "bf16-sr": dict(master_weights=False),
@@ -194,6 +209,13 @@ def train(mode, init_state, data, epochs, device, seed=0, batch=64, clip=1.0, lr
     scaler = mixprec.amp.GradScaler(device.type, enabled=amp_dtype is not None,
                                     named_parameters=model.named_parameters() if amp_dtype is not None else None)
     fp32_norms = []
+    bits = ACT_BITS.get(mode)
+
+    def act_ctx():
+        if bits is None:
+            return contextlib.nullcontext()
+        return mixprec.memory.compressed_activations(bits=bits, seed=seed)
+
     n_batches = (len(xtr) + batch - 1) // batch
     bar = Progress(f"{mode} s{seed}", epochs * n_batches)
     steps, losses = 0, []
@@ -204,8 +226,9 @@ def train(mode, init_state, data, epochs, device, seed=0, batch=64, clip=1.0, lr
         for i in range(0, len(xtr), batch):
             idx = perm[i : i + batch]
             opt.zero_grad(set_to_none=True)
-            logits = model(xtr[idx].to(amp_dtype or torch.float32))
-            loss = loss_fn(logits, ytr[idx])
+            with act_ctx():
+                logits = model(xtr[idx].to(amp_dtype or torch.float32))
+                loss = loss_fn(logits, ytr[idx])
             scaler.scale(loss).backward()
             if amp_dtype is not None:
                 scaler.clip_grad_norm_(opt, clip)  # norm from the unscale pass
@@ -222,7 +245,12 @@ def train(mode, init_state, data, epochs, device, seed=0, batch=64, clip=1.0, lr
     elapsed = time.perf_counter() - t0
     mem_state = state_bytes(model, opt)
     xb = xtr[:batch].to(amp_dtype or torch.float32)
-    mem_act = activation_bytes(model, xb, lambda out: loss_fn(out, ytr[:batch]))
+    if bits is None:
+        mem_act = activation_bytes(model, xb, lambda out: loss_fn(out, ytr[:batch]))
+    else:
+        with act_ctx() as ctx:
+            loss_fn(model(xb), ytr[:batch])
+        mem_act = ctx.stats["packed_nbytes"] + ctx.stats["kept_bytes"]
     model.eval()
     with torch.no_grad():
         acc = (model(xte.to(amp_dtype or torch.float32)).argmax(1) == yte).float().mean().item()
@@ -615,6 +643,34 @@ def forward_overflow_demo(device, png, steps=12):
     return out
 
 
+def activation_memory_demo(quick):
+    """Part 3: the memory planner's table for the demo CNN and ResNet-50."""
+    names = ("amp-bf16", "amp-bf16 + 8-bit act", "amp-bf16 + 4-bit act", "amp-bf16 + 8-bit act + lean state")
+    recipes = [r for r in mixprec.memory.RECIPES if r.name in names]
+    print("\nPart 3: activation memory (mixprec.memory.plan: bytes per sample held after the forward and at the\n"
+          "peak of forward + backward, measured on the CPU at two batches and extrapolated; state = params + grads\n"
+          "+ optimizer state; largest batch within what torch's AMP BF16 recipe needs at the reference batch)")
+    torch.manual_seed(0)
+    out = {}
+    rows = mixprec.memory.plan(SmallCNN(), (1, 8, 8), batches=(64, 128), batch=64, recipes=recipes)
+    print("demo CNN, 8x8 digits, reference batch 64:")
+    print(mixprec.memory.format_plan(rows))
+    out["cnn"] = rows
+    if not quick:
+        try:
+            import torchvision
+        except ImportError:
+            print("ResNet-50: torchvision is not installed, skipped")
+            return out
+        torch.manual_seed(0)
+        rows = mixprec.memory.plan(torchvision.models.resnet50(weights=None), (3, 224, 224), batches=(1, 2),
+                                   batch=16, recipes=recipes)
+        print("torchvision ResNet-50, 224x224, reference batch 16:")
+        print(mixprec.memory.format_plan(rows))
+        out["resnet50"] = rows
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--epochs", type=int, default=8)
@@ -626,6 +682,7 @@ def main(argv=None):
     ap.add_argument("--classes", type=int, default=80)
     ap.add_argument("--seeds", type=int, default=None,
                     help="training seeds per run, accuracy averaged over them (default 5, quick 1)")
+    ap.add_argument("--no-resnet50", action="store_true", help="part 3 without ResNet-50 (a few CPU minutes)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -696,8 +753,9 @@ def main(argv=None):
     det = detection_demo(n_boxes, args.classes)
     batched = batched_detection_demo(device, 4 if args.quick else 8, 2000 if args.quick else 5000, args.classes)
     detector = bf16_detector_demo(device, 128 if args.quick else 160)
+    memory = activation_memory_demo(args.quick or args.no_resnet50)
     return {"train": results, "plot": str(plot), "detection": det, "parity_pp": parity_pp,
-            "detection_batched": batched, "detector": detector, "overflow": overflow}
+            "detection_batched": batched, "detector": detector, "overflow": overflow, "memory": memory}
 
 
 if __name__ == "__main__":

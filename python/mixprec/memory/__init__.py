@@ -21,10 +21,13 @@ What is packed, and what is kept exactly:
   conv, BN, ReLU, GELU, LayerNorm, attention output...). A tensor saved by
   several ops (ReLU's output that is also the next conv's input) is packed
   once. Its original is freed as soon as the forward no longer uses it.
+* narrowed losslessly: integer tensors of at least ``min_numel`` elements on
+  the CPU (max-pool indices) go to the narrowest of uint8 / int16 / int32
+  that holds their values (ResNet's stem max-pool: int64 -> int16).
 * kept exactly: parameters and what is only a cast or view of one (autocast's
   weight copies), tensors with no autograd history (the input batch, frozen
-  weights, buffers), integer and bool tensors (max-pool indices, dropout
-  masks), tensors below ``min_numel`` elements (BN / LayerNorm statistics,
+  weights, buffers), bool tensors (dropout masks), integer tensors on a GPU,
+  tensors below ``min_numel`` elements (BN / LayerNorm statistics,
   biases), log-softmax outputs (the cross-entropy's saved log-probabilities,
   which backward exponentiates), the inputs ``torch.utils.checkpoint`` keeps
   to recompute a region from, and tensor subclasses.
@@ -206,6 +209,43 @@ class _Packed:
         return flat.as_strided(self.shape, self.strides)
 
 
+def _narrowable(t: torch.Tensor, min_numel: int) -> bool:
+    """Integer tensors kept losslessly in a narrower integer dtype: max-pool
+    indices (int64 positions in a plane of the input: int16 for planes up to
+    32767 elements, uint8 up to 255). On the CPU only: the range check reads
+    the values, which on a GPU would synchronise."""
+    return (
+        type(t) is torch.Tensor
+        and t.dtype in (torch.int64, torch.int32)
+        and t.device.type == "cpu"
+        and t.numel() >= max(min_numel, 1)
+    )
+
+
+class _Narrowed:
+    """An integer tensor in the narrowest of uint8 / int16 / int32 that holds
+    its values exactly (``small is`` the tensor itself when none does)."""
+
+    __slots__ = ("small", "dtype", "alias", "version", "__weakref__")
+
+    def __init__(self, t: torch.Tensor):
+        lo, hi = (int(v) for v in torch.aminmax(t.detach()))
+        self.small = t
+        for dt in (torch.uint8, torch.int16, torch.int32):
+            info = torch.iinfo(dt)
+            if info.bits < torch.iinfo(t.dtype).bits and info.min <= lo and hi <= info.max:
+                self.small = t.detach().to(dt)
+                break
+        self.dtype = t.dtype
+        self.version = t._version
+        self.alias = _version_alias(t) if self.small is not t else None
+
+    def unpack(self) -> torch.Tensor:
+        if self.alias._version != self.version:
+            raise _inplace_error(f"{self.dtype} {list(self.small.shape)}", self.version, self.alias._version)
+        return self.small.to(self.dtype)
+
+
 class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
     """Packs the activations saved for backward inside the ``with`` block
     (see the module's docstring for what is packed and what is kept).
@@ -220,8 +260,10 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
         min_numel: tensors with fewer elements are kept as they are.
 
     After the block, ``stats`` holds what was saved: ``packed`` / ``kept``
-    (tensors, each storage once), ``packed_bytes`` (the originals' bytes),
-    ``packed_nbytes`` (their codes and scales), ``kept_bytes``.
+    (tensors, each storage once; parameters not counted), ``packed_bytes``
+    (the originals' bytes), ``packed_nbytes`` (their codes and scales),
+    ``kept_bytes``. The activation memory of the step is ``packed_nbytes +
+    kept_bytes``.
     """
 
     def __init__(self, bits: int = 8, *, block: int | None = None, seed: int = 0, min_numel: int = 16384):
@@ -281,6 +323,8 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
             self._warn_compiled()
             self._count_kept(t)
             return _Kept(t)
+        if caller != _CHECKPOINT_FILE and _narrowable(t, self.min_numel):
+            return self._narrow(t)
         if caller == _CHECKPOINT_FILE or not self._packable(t):
             self._count_kept(t)
             return _Kept(t)
@@ -297,6 +341,21 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
         self.stats["packed_nbytes"] += packed.nbytes
         return packed
 
+    def _narrow(self, t: torch.Tensor):
+        entry = self._seen.get(id(t))
+        if entry is not None and entry[0]() is t and entry[1] == t._version and entry[2]() is not None:
+            return entry[2]()
+        packed = _Narrowed(t)
+        if packed.small is t:  # no narrower dtype holds it
+            self._count_kept(t)
+            return _Kept(t)
+        key = id(t)
+        self._seen[key] = (weakref.ref(t, lambda _r, k=key, s=self._seen: s.pop(k, None)), t._version, weakref.ref(packed))
+        self.stats["packed"] += 1
+        self.stats["packed_bytes"] += t.numel() * t.element_size()
+        self.stats["packed_nbytes"] += packed.small.numel() * packed.small.element_size()
+        return packed
+
     def _warn_compiled(self) -> None:
         if not self._warned_compiled:
             self._warned_compiled = True
@@ -308,8 +367,8 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
             )
 
     def _count_kept(self, t: torch.Tensor) -> None:
-        if type(t) is not torch.Tensor or t.device.type == "meta":
-            return
+        if type(t) is not torch.Tensor or t.device.type == "meta" or (t.is_leaf and t.requires_grad):
+            return  # parameters are the model's, not the step's
         try:
             key = t.untyped_storage().data_ptr()
         except (RuntimeError, NotImplementedError):

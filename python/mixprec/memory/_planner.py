@@ -199,7 +199,7 @@ def format_plan(rows: Sequence[RecipeRow], budget: float | None = None) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r.recipe.name} | {r.saved_per_sample / mb:.1f} | {r.peak_per_sample / mb:.1f} | {r.state / mb:.0f} "
-            f"| {r.total / mb:.0f} | {r.largest_batch if r.largest_batch is not None else '-'} | {r.step_seconds:.2f} |"
+            f"| {r.recipe.name} | {r.saved_per_sample / mb:.3g} | {r.peak_per_sample / mb:.3g} | {r.state / mb:.3g} "
+            f"| {r.total / mb:.4g} | {r.largest_batch if r.largest_batch is not None else '-'} | {r.step_seconds:.2f} |"
         )
     return "\n".join(lines)

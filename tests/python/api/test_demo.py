@@ -23,7 +23,7 @@ def test_demo_quick_mode(capsys, tmp_path):
     out = capsys.readouterr().out
     results = out_dict["train"]
     assert [r["mode"] for r in results] == ["fp32", "bf16", "bf16-sr", "fp16", "bf16-rem", "bf16-rem-bf16",
-                                           "bf16-rem-8bit"]
+                                           "bf16-rem-8bit", "bf16-act8"]
     base = results[0]["acc"]
     assert base > 0.85, out
     for r in results[1:]:
@@ -42,6 +42,17 @@ def test_demo_quick_mode(capsys, tmp_path):
     assert abs(by["bf16-rem"]["state_mb"] / by["fp32"]["state_mb"] - 14 / 16) < 1e-3
     assert abs(by["bf16-rem-bf16"]["state_mb"] / by["fp32"]["state_mb"] - 10 / 16) < 1e-3
     assert 8 / 16 <= by["bf16-rem-8bit"]["state_mb"] / by["fp32"]["state_mb"] < 8.1 / 16
+    # 8-bit activations: the packed ones take about half of BF16's bytes.
+    assert by["bf16-act8"]["act_mb"] < 0.7 * by["bf16"]["act_mb"], out
+    # Part 3: the planner's table for the demo CNN: 8-bit activations hold less
+    # after the forward, the lean state fits a larger batch in AMP BF16's
+    # batch-64 budget. (The CNN is 3 layers: its backward's per-layer buffers,
+    # not what it saved, make its peak; ResNet-50's table, full mode, shows the
+    # peak falling too.)
+    cnn = {r.recipe.name: r for r in out_dict["memory"]["cnn"]}
+    assert cnn["amp-bf16 + 8-bit act"].saved_per_sample < 0.6 * cnn["amp-bf16"].saved_per_sample, out
+    assert cnn["amp-bf16 + 8-bit act + lean state"].largest_batch > cnn["amp-bf16"].largest_batch, out
+    assert "Part 3: activation memory" in out and "| amp-bf16 + 4-bit act |" in out
     # The FP16 run's health record (GradScaler(named_parameters=...)): one entry
     # per step, its skips the scaler's count; printed as a summary.
     h = by["fp16"]["health"]
@@ -83,15 +94,15 @@ def test_demo_full_mode_parity(capsys, tmp_path):
     (FP32 master weights, loss scaling, FP32 cross-entropy), accuracy
     averaged over the default seeds, within 0.5 percentage points of FP32's
     (the seeds' target). About a minute on 2 cores."""
-    runs = "fp32,bf16,fp16,bf16-rem,bf16-rem-bf16,bf16-rem-8bit"
-    out_dict = train_amp.main(["--runs", runs, "--plot", str(tmp_path / "c.png"), "--boxes", "500"])
+    runs = "fp32,bf16,fp16,bf16-rem,bf16-rem-bf16,bf16-rem-8bit,bf16-act8"
+    out_dict = train_amp.main(["--runs", runs, "--plot", str(tmp_path / "c.png"), "--boxes", "500", "--no-resnet50"])
     out = capsys.readouterr().out
     results = out_dict["train"]
-    assert [len(r["accs"]) for r in results] == [5] * 6
+    assert [len(r["accs"]) for r in results] == [5] * 7
     base = results[0]["acc"]
     assert base > 0.95, out
     for r in results[1:]:
-        # The playbook's runs and the lean optimizer-state ones alike.
+        # The playbook's runs, the lean optimizer-state ones and 8-bit activations alike.
         assert abs(r["acc"] - base) <= 0.005 + 1e-9, out
     for r in results[1:3]:
         # No seed more than two test images (0.56 pp) away from FP32's run.

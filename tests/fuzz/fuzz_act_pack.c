@@ -1,0 +1,439 @@
+/* libFuzzer harness: mixprec_act_packed_size(), mixprec_act_pack() and
+ * mixprec_act_unpack() (act_pack.h), the C entry points of compressed
+ * activations.
+ *
+ * One input = one of two calls, on n from 0 to past the 2^17 threading
+ * limit, a dtype, 8- or 4-bit codes, a block of 32..4096 and a 64-bit seed:
+ *   - pack (op bit 0 clear): x filled with raw bits, NaNs with payloads,
+ *     infinities, subnormals, each dtype's limits, small integers, and
+ *     blocks made ReLU-like (|x|, zeros, -0), at an odd element offset
+ *     inside a larger buffer; then unpack of the packed result to x's dtype
+ *     and to another one;
+ *   - unpack (op bit 0 set) of fuzzed codes and scales (any bits are valid
+ *     input: raw words, NaNs, infinities, zeros of both signs, subnormals).
+ * With the fault bits: negative n, bits and blocks the format does not take,
+ * unknown dtypes, NULL pointers (for n == 0 too, where they are allowed).
+ * Checked:
+ *   - packed_size and the call return a status the header documents for the
+ *     input (OK only when none applies); on an error nothing is written;
+ *     x, codes and scales given as input are never written;
+ *   - codes, scales and unpacked values are the same bits on 1 and 2
+ *     threads and on each ISA path this CPU has;
+ *   - pack, per block, from the header's note: a block with an inf or NaN
+ *     has a NaN scale and codes 0; otherwise the scale is +s in unsigned
+ *     mode (no element below zero, -0 is zero) and -s in signed mode, with
+ *     s = max(amax / Q, 2^-126) rounded to float, bit for bit; each code
+ *     (q + offset) has q in [-Q', Q'] (or [0, Q]), q = 0 exactly for a zero,
+ *     q of x's sign otherwise, and q = floor(t + u) for some u in [0, 1)
+ *     (t = x * (1 / s) in float), i.e. q in {floor(t), floor(t) + 1} up to
+ *     the clamp and the forced +-1; the padding nibble of an odd 4-bit
+ *     tensor is 0;
+ *   - unpack of what pack wrote: a zero comes back +0, a non-zero non-zero
+ *     with its sign (x's dtype), |y - x| <= s plus float rounding, finite
+ *     stays finite, a non-finite block is the dtype's fixed NaN;
+ *   - unpack of any codes / scales: bit for bit the header's rule ((c -
+ *     offset) * |s| in float, rounded by the public converters; a
+ *     non-finite scale gives the fixed NaN).
+ * Known exception (a library bug, reported with the harness): a
+ * signed 8-bit F32 block whose amax is FLT_MAX unpacks its +-127 codes to
+ * +-inf (127 * fl(FLT_MAX / 127) overflows). Those blocks skip the
+ * finite-stays-finite and error checks unless FZ_STRICT_ACT=1. */
+#include "fuzz_common.h"
+
+typedef struct call {
+  int64_t n, bits, block;
+  mixprec_dtype dtype;
+  uint64_t seed;
+  int x_null, codes_null, scales_null, out_null;
+} call;
+
+static const uint32_t kFixedNan[3] = {0x7fc00000u, 0x7e00u, 0x7fc0u}; /* F32, F16, BF16 */
+
+static int format_ok(int64_t bits, int64_t block) {
+  return (bits == 8 || bits == 4) && block >= 32 && block <= 4096 && (block & (block - 1)) == 0;
+}
+
+static int64_t code_bytes_of(int64_t n, int64_t bits) { return bits == 8 ? n : n / 2 + (n & 1); }
+static int64_t n_scales_of(int64_t n, int64_t block) { return n / block + (n % block != 0); }
+
+static int code_at(const uint8_t *codes, int64_t bits, int64_t i) {
+  return bits == 8 ? codes[i] : (codes[i / 2] >> (4 * (i & 1))) & 15;
+}
+
+static uint32_t raw_at(const void *p, mixprec_dtype d, int64_t i) {
+  if (d == MIXPREC_F32) {
+    uint32_t u;
+    memcpy(&u, (const char *)p + 4 * i, 4);
+    return u;
+  }
+  uint16_t h;
+  memcpy(&h, (const char *)p + 2 * i, 2);
+  return h;
+}
+
+/* The header's unpack of one element (finite stored scale). */
+static uint32_t ref_value_bits(int c, float stored, int64_t bits, mixprec_dtype d) {
+  const uint32_t sb = fz_bits(stored);
+  const int offset = (sb >> 31) ? 1 << (bits - 1) : 0;
+  const float s = fz_f32_from_bits(sb & 0x7fffffffu);
+  const float v = (float)(c - offset) * s;
+  char tmp[4];
+  fz_store(tmp, d, 0, v);
+  return raw_at(tmp, d, 0);
+}
+
+/* Status errors of a pack / unpack call, from the header. */
+static fz_allowed call_errors(const call *c, int data_null, int codes_null, int scales_null) {
+  fz_allowed e = 0;
+  if (c->n < 0) e |= FZ_BIT(MIXPREC_ERR_BAD_SIZE);
+  if (!format_ok(c->bits, c->block)) e |= FZ_BIT(MIXPREC_ERR_BAD_ARGUMENT);
+  if (!fz_dtype_ok(c->dtype)) e |= FZ_BIT(MIXPREC_ERR_BAD_DTYPE);
+  if (c->n > 0 && (data_null || codes_null || scales_null)) e |= FZ_BIT(MIXPREC_ERR_NULL_POINTER);
+  return e;
+}
+
+/* Decodes n, dtype, bits, block, seed (and the faults). */
+static void decode_call(fz *f, call *c, int faults) {
+  c->n = fz_count(f, (int64_t)1 << 17);
+  c->dtype = fz_dtype(f, faults);
+  const uint8_t fmt = fz_u8(f);
+  c->bits = fmt & 1 ? 4 : 8;
+  c->block = (int64_t)32 << ((fmt >> 1) % 8);
+  c->seed = fz_u64(f);
+  if (!faults) return;
+  const uint8_t fm = fz_u8(f);
+  if ((fm & 7) == 1) {
+    static const int64_t bad[] = {-1, -2, -4097, INT64_MIN, INT64_MIN + 1};
+    c->n = bad[fz_u8(f) % 5];
+  }
+  if ((fm & 7) == 2) {
+    static const int64_t bad[] = {0, 1, 2, 3, 5, 7, 9, 16, -4, -8, (int64_t)1 << 33};
+    c->bits = bad[fz_u8(f) % 11];
+  }
+  if ((fm & 7) == 3) {
+    static const int64_t bad[] = {0, 1, 16, 31, 33, 48, 96, 4095, 4097, 8192, -32, INT64_MIN,
+                                  (int64_t)1 << 40};
+    c->block = bad[fz_u8(f) % 13];
+  }
+  if ((fm & 7) == 4) c->n = 0; /* NULLs allowed */
+  c->x_null = (fm & 0x10) != 0;
+  c->codes_null = (fm & 0x20) != 0;
+  c->scales_null = (fm & 0x40) != 0;
+  c->out_null = (fm & 0x80) != 0;
+}
+
+/* Checks mixprec_act_packed_size for the call's n, bits, block; returns
+ * whether the sizes are known (OK), filling them. */
+static int sizes(const call *c, int64_t *cb, int64_t *ns) {
+  int64_t a = -77, b = -77;
+  fz_allowed e = 0;
+  if (c->n < 0) e |= FZ_BIT(MIXPREC_ERR_BAD_SIZE);
+  if (!format_ok(c->bits, c->block)) e |= FZ_BIT(MIXPREC_ERR_BAD_ARGUMENT);
+  const mixprec_status st = mixprec_act_packed_size(c->n, c->bits, c->block, &a, &b);
+  fz_check_status("mixprec_act_packed_size", st, e);
+  FZ_CHECK(mixprec_act_packed_size(c->n, c->bits, c->block, NULL, &b) ==
+               MIXPREC_ERR_NULL_POINTER || e,
+           "packed_size with a NULL out pointer");
+  if (st != MIXPREC_OK) {
+    FZ_CHECK(a == -77 && b == -77, "packed_size wrote on status %d", (int)st);
+    return 0;
+  }
+  FZ_CHECK(a == code_bytes_of(c->n, c->bits) && b == n_scales_of(c->n, c->block),
+           "packed_size(%lld, %lld, %lld) = %lld, %lld", (long long)c->n, (long long)c->bits,
+           (long long)c->block, (long long)a, (long long)b);
+  *cb = a;
+  *ns = b;
+  return 1;
+}
+
+/* Unpacks into a poisoned buffer of `bytes` (exactly the output when the
+ * call is valid) under every configuration; returns the status and leaves
+ * cfg[0]'s output in *first (caller frees). */
+static mixprec_status unpack_all(const call *c, const uint8_t *codes, const float *scales,
+                                 mixprec_dtype od, size_t bytes, fz_allowed errors,
+                                 void **first) {
+  FZ_CONFIGS(cfg, n_cfg);
+  void *poison = fz_alloc(bytes);
+  memset(poison, 0x5b, bytes);
+  void *out0 = fz_dup(poison, bytes), *out = fz_dup(poison, bytes);
+  mixprec_status st0 = MIXPREC_OK;
+  FZ_FOR_EACH_CONFIG(cfg, n_cfg, k) {
+    void *o = k == 0 ? out0 : out;
+    memcpy(o, poison, bytes);
+    const mixprec_status st = mixprec_act_unpack(c->codes_null ? NULL : codes,
+                                                 c->scales_null ? NULL : scales, c->n, c->bits,
+                                                 c->block, c->out_null ? NULL : o, od);
+    if (k == 0) {
+      st0 = st;
+      fz_check_status("mixprec_act_unpack", st, errors);
+    } else {
+      FZ_CHECK(st == st0, "unpack status %d vs %d", (int)st, (int)st0);
+      if (st == MIXPREC_OK) fz_same("unpacked values", o, out0, bytes, cfg[k], cfg[0]);
+    }
+    if (st != MIXPREC_OK) fz_unchanged("unpack output", poison, o, bytes, st);
+  }
+  free(poison);
+  free(out);
+  *first = out0;
+  return st0;
+}
+
+/* Unpack of fuzzed codes and scales. */
+static void run_unpack(fz *f, call *c, int faults) {
+  int64_t cb = 0, ns = 0;
+  const int known = sizes(c, &cb, &ns);
+  if (!known) cb = ns = 16; /* an error: nothing may be read or written */
+  uint8_t *codes = (uint8_t *)fz_alloc((size_t)cb);
+  float *scales = (float *)fz_alloc(sizeof(float) * (size_t)ns);
+  const uint8_t cmode = fz_u8(f);
+  for (int64_t i = 0; i < cb; i++) codes[i] = cmode < 64 ? fz_u8(f) : (uint8_t)fz_rng(f);
+  for (int64_t b = 0; b < ns; b++) {
+    const uint8_t m = fz_u8(f);
+    scales[b] = m < 96 ? fz_special(f) : m < 160 ? fz_f32_from_bits(fz_u32(f))
+                                                 : (float)fz_param(f, -1e3, 1e3);
+  }
+  uint8_t *codes_in = (uint8_t *)fz_dup(codes, (size_t)cb);
+  float *scales_in = (float *)fz_dup(scales, sizeof(float) * (size_t)ns);
+  const fz_allowed errors = call_errors(c, c->out_null, c->codes_null, c->scales_null);
+  (void)faults;
+  const mixprec_dtype od = c->dtype;
+  const size_t bytes = known && fz_dtype_ok(od) ? (size_t)c->n * fz_dsize(od) : 64;
+  void *y = NULL;
+  const mixprec_status st = unpack_all(c, codes, scales, od, bytes, errors, &y);
+  FZ_CHECK(!memcmp(codes, codes_in, (size_t)cb), "unpack wrote its codes");
+  FZ_CHECK(!memcmp(scales, scales_in, sizeof(float) * (size_t)ns), "unpack wrote its scales");
+  if (st == MIXPREC_OK) {
+    for (int64_t i = 0; i < c->n; i++) {
+      const float stored = scales[i / c->block];
+      const uint32_t got = raw_at(y, od, i);
+      const uint32_t want = fz_finite(stored)
+                                ? ref_value_bits(code_at(codes, c->bits, i), stored, c->bits, od)
+                                : kFixedNan[od];
+      FZ_CHECK(got == want,
+               "unpack element %lld (code %d, scale %a, bits %lld, block %lld, dtype %d): 0x%x, "
+               "want 0x%x", (long long)i, code_at(codes, c->bits, i), (double)stored,
+               (long long)c->bits, (long long)c->block, (int)od, got, want);
+    }
+  }
+  free(y);
+  free(codes);
+  free(scales);
+  free(codes_in);
+  free(scales_in);
+}
+
+/* Per-block checks of packed output against the header's note. */
+static void check_packed(const call *c, const void *x, const uint8_t *codes, const float *scales,
+                         int64_t cb) {
+  const int64_t bits = c->bits, block = c->block;
+  for (int64_t first = 0; first < c->n; first += block) {
+    const int64_t len = c->n - first < block ? c->n - first : block;
+    const float stored = scales[first / block];
+    int finite = 1, negative = 0;
+    float amax = 0.0f;
+    for (int64_t i = first; i < first + len; i++) {
+      const float v = fz_load(x, c->dtype, i);
+      if (!fz_finite(v)) {
+        finite = 0;
+      } else {
+        if (v < 0.0f) negative = 1;
+        if (fabsf(v) > amax) amax = fabsf(v);
+      }
+    }
+    if (!finite) {
+      FZ_CHECK(fz_isnan(stored), "block at %lld holds an inf/NaN but its scale is %a",
+               (long long)first, (double)stored);
+      for (int64_t i = first; i < first + len; i++)
+        FZ_CHECK(code_at(codes, bits, i) == 0, "non-finite block: code %d at %lld",
+                 code_at(codes, bits, i), (long long)i);
+      continue;
+    }
+    const int qmax = negative ? (1 << (bits - 1)) - 1 : (1 << bits) - 1;
+    const int offset = negative ? 1 << (bits - 1) : 0;
+    float s = amax / (float)qmax;
+    if (s < 0x1p-126f) s = 0x1p-126f;
+    const float want = negative ? -s : s;
+    FZ_CHECK(fz_bits(stored) == fz_bits(want),
+             "block at %lld (amax %a, %s mode, bits %lld): scale %a, want %a", (long long)first,
+             (double)amax, negative ? "signed" : "unsigned", (long long)bits, (double)stored,
+             (double)want);
+    const float inv = 1.0f / s;
+    for (int64_t i = first; i < first + len; i++) {
+      const float v = fz_load(x, c->dtype, i);
+      const int q = code_at(codes, bits, i) - offset;
+      FZ_CHECK(q >= -qmax && q <= qmax, "element %lld: code out of range (q %d, Q %d)",
+               (long long)i, q, qmax);
+      if (v == 0.0f) {
+        FZ_CHECK(q == 0, "element %lld is zero but q = %d", (long long)i, q);
+        continue;
+      }
+      FZ_CHECK(q != 0 && (q > 0) == (v > 0.0f), "element %lld (%a): q = %d", (long long)i,
+               (double)v, q);
+      /* q = floor(t + u), u in [0, 1): in {floor(t), floor(t) + 1} (the
+       * float sum t + u may round up to the next integer), clamped, and
+       * +-1 in place of 0. */
+      const float t = v * inv;
+      double lo = floor((double)t), hi = lo + 1.0;
+      if (lo < -qmax) lo = -qmax;
+      if (hi > qmax) hi = qmax;
+      if (lo > qmax) lo = qmax;
+      if (hi < -qmax) hi = -qmax;
+      int ok = q >= lo && q <= hi;
+      if (!ok && (q == 1 || q == -1)) ok = lo <= 0 && hi >= 0;
+      FZ_CHECK(ok, "element %lld (%a, t %a, s %a): q = %d outside [%g, %g]", (long long)i,
+               (double)v, (double)t, (double)s, q, lo, hi);
+    }
+  }
+  if (bits == 4 && (c->n & 1))
+    FZ_CHECK((codes[cb - 1] >> 4) == 0, "padding nibble %d", codes[cb - 1] >> 4);
+}
+
+/* Unpack of what pack wrote, in dtype od: the round trip's invariants. */
+static void check_round_trip(const call *c, const void *x, const float *scales, const void *y,
+                             mixprec_dtype od) {
+  const int same = od == c->dtype;
+  for (int64_t i = 0; i < c->n; i++) {
+    const float stored = scales[i / c->block];
+    const uint32_t got = raw_at(y, od, i);
+    if (!fz_finite(stored)) {
+      FZ_CHECK(got == kFixedNan[od], "element %lld of a non-finite block: 0x%x", (long long)i,
+               got);
+      continue;
+    }
+    const float v = fz_load(x, c->dtype, i), w = fz_load(y, od, i);
+    if (v == 0.0f) {
+      FZ_CHECK(got == 0, "element %lld: a zero comes back as 0x%x", (long long)i, got);
+      continue;
+    }
+    const float s = fabsf(stored);
+    if (fabsf(stored) * 127.0f > 0x1.fffffep127f && c->bits == 8 && stored < 0.0f &&
+        !getenv("FZ_STRICT_ACT"))
+      continue; /* the known FLT_MAX overflow (header comment) */
+    if (!same) continue; /* another dtype may overflow or flush: no promise */
+    FZ_CHECK(w != 0.0f && signbit(w) == signbit(v), "element %lld: %a comes back as %a",
+             (long long)i, (double)v, (double)w);
+    FZ_CHECK(fz_finite(w), "element %lld: finite %a comes back as %a (scale %a)", (long long)i,
+             (double)v, (double)w, (double)stored);
+    /* |y - x| <= s, plus float rounding of t and q * s and the dtype's
+     * half ulp (2^-11 relative for F16 normals, 2^-8 for BF16, plus the
+     * smallest subnormal step). */
+    const double rel = c->dtype == MIXPREC_F32 ? 0x1p-21 : c->dtype == MIXPREC_F16 ? 0x1p-10 : 0x1p-7;
+    const double tiny = c->dtype == MIXPREC_F16 ? 0x1p-25 : 0x1p-149;
+    const double err = fabs((double)w - (double)v);
+    const double tol = (double)s * (1.0 + 0x1p-20) + rel * fmax(fabs((double)v), fabs((double)w)) + tiny;
+    FZ_CHECK(err <= tol, "element %lld: %a comes back as %a, error %g > %g (scale %a)",
+             (long long)i, (double)v, (double)w, err, tol, (double)stored);
+  }
+}
+
+/* Pack of fuzzed data, then unpack of the result. */
+static void run_pack(fz *f, call *c) {
+  int64_t cb = 0, ns = 0;
+  const int known = sizes(c, &cb, &ns);
+  if (!known) cb = ns = 16;
+  /* x at an element offset of 0-7 in a buffer with 0-7 to spare. */
+  const mixprec_dtype xd = fz_dtype_ok(c->dtype) ? c->dtype : MIXPREC_F32;
+  const int64_t n_x = known && c->n > 0 ? c->n : 8;
+  const int64_t lead = fz_range(f, 0, 7), tail = fz_range(f, 0, 7);
+  const size_t es = fz_dsize(xd);
+  char *xbuf = (char *)fz_alloc((size_t)(lead + n_x + tail) * es);
+  fz_fill(f, xbuf, xd, lead + n_x + tail);
+  void *x = xbuf + lead * es;
+  /* ReLU-like blocks, zeros of both signs. */
+  const uint8_t shape = fz_u8(f);
+  if (shape & 1)
+    for (int64_t i = 0; i < n_x; i++) {
+      const uint64_t r = fz_rng(f);
+      const int64_t blk = i / 32;
+      if (((uint64_t)blk * 0x9e3779b97f4a7c15ull >> 62) & 1) { /* this block: |x| */
+        const float v = fz_load(x, xd, i);
+        if (v < 0.0f) fz_store(x, xd, i, -v);
+      }
+      if ((r & 7) == 0) fz_store(x, xd, i, (r & 8) ? -0.0f : 0.0f);
+    }
+  if (shape & 2) /* one block of only zeros */
+    for (int64_t i = 0; i < n_x && i < 64; i++) fz_store(x, xd, i, (i & 1) ? -0.0f : 0.0f);
+  void *x_in = fz_dup(x, (size_t)n_x * es);
+  if (getenv("FZ_VERBOSE") && atoi(getenv("FZ_VERBOSE")) >= 2)
+    for (int64_t i = 0; i < n_x && i < 64; i++)
+      fprintf(stderr, "  x[%lld] = 0x%x (%a)\n", (long long)i, raw_at(x, xd, i),
+              (double)fz_load(x, xd, i));
+
+  const fz_allowed errors = call_errors(c, c->x_null, c->codes_null, c->scales_null);
+  FZ_CONFIGS(cfg, n_cfg);
+  uint8_t *codes0 = (uint8_t *)fz_alloc((size_t)cb), *codes = (uint8_t *)fz_alloc((size_t)cb);
+  float *scales0 = (float *)fz_alloc(4 * (size_t)ns), *scales = (float *)fz_alloc(4 * (size_t)ns);
+  uint8_t *codes_p = (uint8_t *)fz_alloc((size_t)cb);
+  float *scales_p = (float *)fz_alloc(4 * (size_t)ns);
+  memset(codes_p, 0xa5, (size_t)cb);
+  for (int64_t b = 0; b < ns; b++) scales_p[b] = fz_f32_from_bits(0x7fa5a5a5u);
+  mixprec_status st0 = MIXPREC_OK;
+  FZ_FOR_EACH_CONFIG(cfg, n_cfg, k) {
+    uint8_t *cd = k == 0 ? codes0 : codes;
+    float *sc = k == 0 ? scales0 : scales;
+    memcpy(cd, codes_p, (size_t)cb);
+    memcpy(sc, scales_p, 4 * (size_t)ns);
+    const mixprec_status st =
+        mixprec_act_pack(c->x_null ? NULL : x, c->dtype, c->n, c->bits, c->block, c->seed,
+                         c->codes_null ? NULL : cd, c->scales_null ? NULL : sc);
+    if (k == 0) {
+      st0 = st;
+      fz_check_status("mixprec_act_pack", st, errors);
+    } else {
+      FZ_CHECK(st == st0, "pack status %d vs %d", (int)st, (int)st0);
+      if (st == MIXPREC_OK) {
+        fz_same("codes", cd, codes0, (size_t)cb, cfg[k], cfg[0]);
+        fz_same("scales", sc, scales0, 4 * (size_t)ns, cfg[k], cfg[0]);
+      }
+    }
+    if (st != MIXPREC_OK) {
+      fz_unchanged("codes", codes_p, cd, (size_t)cb, st);
+      fz_unchanged("scales", scales_p, sc, 4 * (size_t)ns, st);
+    }
+    FZ_CHECK(!memcmp(x, x_in, (size_t)n_x * es), "pack wrote its input");
+  }
+
+  if (st0 == MIXPREC_OK && c->n > 0) {
+    check_packed(c, x, codes0, scales0, cb);
+    /* The same seed again: the same codes (nothing depends on the state). */
+    FZ_CHECK(mixprec_act_pack(x, c->dtype, c->n, c->bits, c->block, c->seed, codes, scales) ==
+                 MIXPREC_OK, "pack again");
+    FZ_CHECK(!memcmp(codes, codes0, (size_t)cb) && !memcmp(scales, scales0, 4 * (size_t)ns),
+             "the same seed gave other codes or scales");
+    /* Unpack to x's dtype and to another one, valid pointers. */
+    call u = *c;
+    u.codes_null = u.scales_null = u.out_null = 0;
+    for (int pass = 0; pass < 2; pass++) {
+      const mixprec_dtype od = pass == 0 ? c->dtype : (mixprec_dtype)((c->dtype + 1 + (fz_u8(f) & 1)) % 3);
+      void *y = NULL;
+      const mixprec_status st =
+          unpack_all(&u, codes0, scales0, od, (size_t)c->n * fz_dsize(od), 0, &y);
+      if (st == MIXPREC_OK) check_round_trip(c, x, scales0, y, od);
+      free(y);
+    }
+  }
+  free(codes0);
+  free(codes);
+  free(scales0);
+  free(scales);
+  free(codes_p);
+  free(scales_p);
+  free(x_in);
+  free(xbuf);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  FZ_OPEN(f, c, op);
+  const int faults = fz_faults(op, 0xe0);
+  decode_call(&f, &c, faults);
+  if (getenv("FZ_VERBOSE"))
+    fprintf(stderr, "act_pack: %s n %lld dtype %d bits %lld block %lld seed 0x%llx nulls %d%d%d%d\n",
+            op & 1 ? "unpack" : "pack", (long long)c.n, (int)c.dtype, (long long)c.bits,
+            (long long)c.block, (unsigned long long)c.seed, c.x_null, c.codes_null,
+            c.scales_null, c.out_null);
+  if (op & 1)
+    run_unpack(&f, &c, faults);
+  else
+    run_pack(&f, &c);
+  return 0;
+}
