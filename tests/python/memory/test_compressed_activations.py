@@ -282,3 +282,19 @@ def test_compiled_region_is_kept_with_a_warning():
     got = torch.autograd.grad(loss, model[0].weight)[0]
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
     assert ctx.stats["packed"] == 0
+
+
+def test_maxpool_indices_narrowed_losslessly():
+    x = torch.randn(4, 16, 64, 64, requires_grad=True)
+    ref = torch.autograd.grad(F.max_pool2d(x * 1.0, 3, 2, 1, return_indices=False).square().sum(), x)[0]
+    with compressed_activations() as ctx:
+        h = x * 1.0
+        y = F.max_pool2d(h, 3, 2, 1)
+        loss = (y * 1.5).sum()  # saves nothing of y
+    got = torch.autograd.grad(loss, x)[0]
+    # max-pool's backward reads only its indices (int64 -> int16 here): exact.
+    assert torch.equal(got, torch.autograd.grad(F.max_pool2d(x * 1.0, 3, 2, 1).sum() * 1.5, x)[0])
+    assert ctx.stats["packed"] == 2  # h (codes) and the indices (int16)
+    idx_bytes = 4 * 16 * 32 * 32
+    assert ctx.stats["packed_bytes"] == 4 * 16 * 64 * 64 * 4 + idx_bytes * 8
+    assert ref is not None
