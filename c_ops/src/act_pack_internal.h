@@ -43,15 +43,13 @@ void mixprec__act_unpack_avx512(const uint8_t *, const float *, int64_t, int64_t
 MIXPREC__FORCE_INLINE float mixprec__act_pack_block(const float *v, int64_t len, int64_t bits,
                                                     uint32_t block_key, uint32_t lo_first,
                                                     uint8_t *q, uint8_t *codes) {
-  /* Integer maxima and minima (which vectorise, unlike float ones): the
-   * order key of a finite float is its bits with the magnitude bits
-   * flipped when negative. */
+  /* Integer maxima and minima of the order keys (act_pack_rules.h). */
   uint32_t amax_bits = 0;
   int32_t lo_key = INT32_MAX, hi_key = INT32_MIN;
   for (int64_t i = 0; i < len; i++) {
     const uint32_t u = mixprec__act_f32_bits(v[i]);
     const uint32_t a = u & 0x7fffffffu;
-    const int32_t k = (int32_t)(u ^ ((uint32_t)((int32_t)u >> 31) & 0x7fffffffu));
+    const int32_t k = mixprec__act_order_key(u);
     amax_bits = a > amax_bits ? a : amax_bits;
     lo_key = k < lo_key ? k : lo_key;
     hi_key = k > hi_key ? k : hi_key;
@@ -61,9 +59,8 @@ MIXPREC__FORCE_INLINE float mixprec__act_pack_block(const float *v, int64_t len,
     memset(codes, 0, (size_t)bytes);
     return mixprec__act_f32_of_bits(MIXPREC__ACT_NAN_F32);
   }
-  const float lo = mixprec__act_f32_of_bits((uint32_t)lo_key ^ (lo_key < 0 ? 0x7fffffffu : 0u));
-  const float hi = mixprec__act_f32_of_bits((uint32_t)hi_key ^ (hi_key < 0 ? 0x7fffffffu : 0u));
-  const float stored = mixprec__act_stored_scale(lo, hi, bits);
+  const float stored = mixprec__act_stored_scale(mixprec__act_of_order_key(lo_key),
+                                                 mixprec__act_of_order_key(hi_key), bits);
   const int32_t qmax = (1 << bits) - 1;
   const int32_t z = mixprec__act_zero_of(stored);
   const float inv = mixprec__act_inverse(mixprec__act_scale_of(stored));

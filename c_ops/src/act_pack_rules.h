@@ -13,7 +13,7 @@
 #include "compiler.h"
 #include "stochastic_round.h"
 
-#ifdef __CUDACC__
+#ifdef __CUDA_ARCH__
 #  define MIXPREC__ACT_MUL(a, b) __fmul_rn((a), (b))
 #  define MIXPREC__ACT_ADD(a, b) __fadd_rn((a), (b))
 #  define MIXPREC__ACT_DIV(a, b) __fdiv_rn((a), (b))
@@ -45,6 +45,18 @@ MIXPREC__HD float mixprec__act_f32_of_bits(uint32_t u) {
   float f;
   memcpy(&f, &u, sizeof f);
   return f;
+}
+
+/* The order key of a float's bits: the bits with the magnitude flipped when
+ * negative, as a signed integer, so keys of finite floats order as the
+ * floats (-0 just below +0) and a block's smallest and largest element are
+ * integer minima and maxima (which vectorise, and fold in any order on a
+ * GPU); and back. */
+MIXPREC__HD int32_t mixprec__act_order_key(uint32_t u) {
+  return (int32_t)(u ^ ((uint32_t)((int32_t)u >> 31) & 0x7fffffffu));
+}
+MIXPREC__HD float mixprec__act_of_order_key(int32_t k) {
+  return mixprec__act_f32_of_bits((uint32_t)k ^ (k < 0 ? 0x7fffffffu : 0u));
 }
 
 /* The block's scale and zero point from its smallest and largest element

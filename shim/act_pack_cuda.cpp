@@ -1,0 +1,39 @@
+// The CUDA backend of the act_pack family: after act_pack_op.h's validation,
+// one launch on torch's current stream of the tensors' device. No host
+// synchronisation.
+#include <torch/csrc/stable/accelerator.h>
+
+#include "act_pack_op.h"
+#include "cuda_common.h"
+
+namespace mixprec_shim {
+namespace act_pack {
+namespace {
+
+struct CudaBackend {
+  static void check_device(const char* op, const Where& w) { check_cuda_device(op, w); }
+  static mixprec_status pack(const void* x, mixprec_dtype dtype, int64_t n, int64_t bits,
+                             int64_t block, uint64_t seed, uint8_t* codes, float* scales,
+                             const Where& w) {
+    torch::stable::accelerator::DeviceGuard guard(w.index);
+    return mixprec_cuda_act_pack(x, dtype, n, bits, block, seed, codes, scales,
+                                 current_cuda_stream("act_pack", w.index));
+  }
+  static mixprec_status unpack(const uint8_t* codes, const float* scales, int64_t n, int64_t bits,
+                               int64_t block, void* out, mixprec_dtype dtype, const Where& w) {
+    torch::stable::accelerator::DeviceGuard guard(w.index);
+    return mixprec_cuda_act_unpack(codes, scales, n, bits, block, out, dtype,
+                                   current_cuda_stream("act_unpack", w.index));
+  }
+};
+
+}  // namespace
+}  // namespace act_pack
+}  // namespace mixprec_shim
+
+STABLE_TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
+  namespace ap = mixprec_shim::act_pack;
+  using B = ap::CudaBackend;
+  m.impl("act_pack", TORCH_BOX(&ap::act_pack_op<B>));
+  m.impl("act_unpack", TORCH_BOX(&ap::act_unpack_op<B>));
+}
