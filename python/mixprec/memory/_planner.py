@@ -66,9 +66,10 @@ class RecipeRow:
 
 
 def checkpoint_blocks(model: nn.Module) -> contextlib.AbstractContextManager:
-    """Runs every child of the model's outermost ``nn.Sequential`` modules
-    through ``torch.utils.checkpoint`` (non-reentrant) while active: ResNet's
-    bottlenecks, ViT's encoder blocks, DeepLab's backbone blocks and head."""
+    """Runs every child with parameters of the model's outermost
+    ``nn.Sequential`` modules through ``torch.utils.checkpoint``
+    (non-reentrant) while active: ResNet's bottlenecks, ViT's encoder blocks,
+    DeepLab's backbone blocks and head layers."""
 
     @contextlib.contextmanager
     def wrap():
@@ -77,6 +78,8 @@ def checkpoint_blocks(model: nn.Module) -> contextlib.AbstractContextManager:
         def visit(m):
             if isinstance(m, nn.Sequential) and len(m) >= 2:
                 for child in m:
+                    if next(child.parameters(), None) is None:
+                        continue  # an activation or pooling: nothing to recompute (and may work in place)
                     orig = child.forward
 
                     def fwd(*a, _orig=orig, **k):
