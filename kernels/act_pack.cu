@@ -153,15 +153,16 @@ __global__ void __launch_bounds__(MIXPREC__ACT_THREADS)
     }
     const int32_t z = mixprec__act_zero_of(stored);
     const float s = mixprec__act_scale_of(stored);
+    const float vmax = mixprec__act_max_of((mixprec_dtype)D);
     if (BITS == 8) {
       for (int i = lane; i < len; i += MIXPREC__WARP)
-        put<D>(out, first + i, mixprec__act_decode(src[i], z, s));
+        put<D>(out, first + i, mixprec__act_decode(src[i], z, s, vmax));
     } else {
       const int pairs = (len + 1) / 2;
       for (int k = lane; k < pairs; k += MIXPREC__WARP) {
         const int32_t c = src[k];
-        put<D>(out, first + 2 * k, mixprec__act_decode(c & 15, z, s));
-        if (2 * k + 1 < len) put<D>(out, first + 2 * k + 1, mixprec__act_decode(c >> 4, z, s));
+        put<D>(out, first + 2 * k, mixprec__act_decode(c & 15, z, s, vmax));
+        if (2 * k + 1 < len) put<D>(out, first + 2 * k + 1, mixprec__act_decode(c >> 4, z, s, vmax));
       }
     }
   }

@@ -7,7 +7,7 @@
 # leak, a hang or a contract violation; the input is kept in
 # build-fuzz/artifacts/<family>/ (replay: build-fuzz/tests/fuzz/fuzz_<family> FILE).
 # Usage: scripts/fuzz.sh [seconds per harness, default 20] [family ...]
-#   families: unscale update_scale optim nms softmax efficient_nms roi_align overflow (default: all)
+#   families: unscale update_scale optim nms softmax efficient_nms roi_align overflow act_pack (default: all)
 #   MIXPREC_FUZZ_MERGE=1: merge what the run found into the committed corpus
 #   (libFuzzer -merge=1: only inputs that add coverage), then keep its
 #   MIXPREC_FUZZ_CORPUS_MAX (100) largest inputs.
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 SECS="${1:-20}"
 [ $# -gt 0 ] && shift
 FAMILIES=("$@")
-[ ${#FAMILIES[@]} -gt 0 ] || FAMILIES=(unscale update_scale optim nms softmax efficient_nms roi_align overflow)
+[ ${#FAMILIES[@]} -gt 0 ] || FAMILIES=(unscale update_scale optim nms softmax efficient_nms roi_align overflow act_pack)
 BUILD="${MIXPREC_FUZZ_BUILD:-build-fuzz}"
 
 cmake -S . -B "$BUILD" -DMIXPREC_FUZZ=ON -DMIXPREC_TORCH=OFF -DMIXPREC_CUDA=OFF \

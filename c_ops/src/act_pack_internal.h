@@ -78,17 +78,18 @@ MIXPREC__FORCE_INLINE float mixprec__act_pack_block(const float *v, int64_t len,
 
 /* One block's values as float into v (len elements from code byte 0). */
 MIXPREC__FORCE_INLINE void mixprec__act_unpack_block(const uint8_t *codes, float stored,
-                                                     int64_t len, int64_t bits, float *v) {
+                                                     int64_t len, int64_t bits, float vmax,
+                                                     float *v) {
   const int32_t z = mixprec__act_zero_of(stored);
   const float s = mixprec__act_scale_of(stored);
   if (bits == 8) {
-    for (int64_t i = 0; i < len; i++) v[i] = mixprec__act_decode(codes[i], z, s);
+    for (int64_t i = 0; i < len; i++) v[i] = mixprec__act_decode(codes[i], z, s, vmax);
   } else {
     for (int64_t k = 0; k < len / 2; k++) {
-      v[2 * k] = mixprec__act_decode(codes[k] & 15, z, s);
-      v[2 * k + 1] = mixprec__act_decode(codes[k] >> 4, z, s);
+      v[2 * k] = mixprec__act_decode(codes[k] & 15, z, s, vmax);
+      v[2 * k + 1] = mixprec__act_decode(codes[k] >> 4, z, s, vmax);
     }
-    if (len & 1) v[len - 1] = mixprec__act_decode(codes[len / 2] & 15, z, s);
+    if (len & 1) v[len - 1] = mixprec__act_decode(codes[len / 2] & 15, z, s, vmax);
   }
 }
 
@@ -132,7 +133,8 @@ MIXPREC__FORCE_INLINE void mixprec__act_unpack_block(const uint8_t *codes, float
         continue;                                                                                \
       }                                                                                          \
       float *v = dtype == MIXPREC_F32 ? (float *)out + first : buf;                              \
-      mixprec__act_unpack_block(codes + (bits == 8 ? first : first / 2), stored, len, bits, v);  \
+      mixprec__act_unpack_block(codes + (bits == 8 ? first : first / 2), stored, len, bits,      \
+                                mixprec__act_max_of(dtype), v);                                  \
       if (dtype == MIXPREC_BF16) {                                                               \
         uint16_t *h = (uint16_t *)out + first;                                                   \
         for (int64_t i = 0; i < len; i++) h[i] = mixprec__f32_to_bf16(buf[i]);                   \

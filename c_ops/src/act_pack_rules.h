@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "compiler.h"
+#include "mixprec/mixprec.h"
 #include "stochastic_round.h"
 
 #ifdef __CUDA_ARCH__
@@ -60,8 +61,8 @@ MIXPREC__HD float mixprec__act_of_order_key(int32_t k) {
 }
 
 /* The block's scale and zero point from its smallest and largest element
- * (finite), as the stored float: s (at least 2^-126, rounded up to 15
- * significant bits) with z in its low 8 bits. */
+ * (finite), as the stored float: s (at least 2^-126, rounded up to 16
+ * significant bits, its low 8 bits zero) with z in its low 8 bits. */
 MIXPREC__HD float mixprec__act_stored_scale(float lo, float hi, int64_t bits) {
   const int32_t qmax = (1 << bits) - 1;
   const int is_signed = lo < 0.0f;
@@ -77,6 +78,7 @@ MIXPREC__HD float mixprec__act_stored_scale(float lo, float hi, int64_t bits) {
     const float w = MIXPREC__ACT_DIV(-lo, mixprec__act_f32_of_bits(u));
     z = (int32_t)w;
     z += (float)z < w ? 1 : 0;
+    z = z < 1 ? 1 : z; /* -lo / s may underflow to 0: a negative element needs z >= 1 */
     z = z > qmax ? qmax : z;
   }
   return mixprec__act_f32_of_bits(u | (uint32_t)z);
@@ -133,9 +135,19 @@ MIXPREC__HD int32_t mixprec__act_encode(float x, float inv, int32_t z, int32_t q
   return c < 0 ? 0 : c;
 }
 
-/* The value of a stored code c in a block of finite scale s, zero point z. */
-MIXPREC__HD float mixprec__act_decode(int32_t c, int32_t z, float s) {
-  return MIXPREC__ACT_MUL((float)(c - z), s);
+/* The largest finite value of the dtype a block unpacks to. */
+MIXPREC__HD float mixprec__act_max_of(mixprec_dtype dtype) {
+  return dtype == MIXPREC_F16 ? 65504.0f : dtype == MIXPREC_BF16 ? 0x1.fep127f : 0x1.fffffep127f;
+}
+
+/* The value of a stored code c in a block of finite scale s, zero point z,
+ * within +-vmax (mixprec__act_max_of the output dtype): the top code of a
+ * block may lie one step above its largest element, which next to the
+ * dtype's largest finite value must not come back as inf. */
+MIXPREC__HD float mixprec__act_decode(int32_t c, int32_t z, float s, float vmax) {
+  float v = MIXPREC__ACT_MUL((float)(c - z), s);
+  v = v > vmax ? vmax : v;
+  return v < -vmax ? -vmax : v;
 }
 
 #endif /* MIXPREC_ACT_PACK_RULES_H */

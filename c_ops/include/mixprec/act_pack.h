@@ -22,19 +22,24 @@
  *   - a block with no element below zero (ReLU outputs; -0 counts as zero):
  *     z = 0, s = hi / Q;
  *   - any other block: s = max(hi, 0) / (Q - 1) - lo / (Q - 1), then
- *     z = ceil(-lo / s) (clamped to [0, Q]), so [lo, hi] lies in [-z s,
- *     (Q - z) s] and zero is the code z exactly.
- *   s is at least 2^-126 and rounded up to 15 significant bits (its low 8
+ *     z = ceil(-lo / s) clamped to [1, Q] (the quotient a float), so [lo,
+ *     hi] lies in [-z s, (Q - z) s] up to rounding and zero is the code z
+ *     exactly.
+ *   s is at least 2^-126 and rounded up to 16 significant bits (its low 8
  *   bits zero), and the stored float carries z in those 8 bits: scales[b]
- *   has the bits of s | z. A block holding an inf or NaN is stored with
+ *   has the bits of s | z. Every float operation above is one IEEE
+ *   operation rounded to nearest. A block holding an inf or NaN is stored with
  *   the NaN scale 0x7fc00000 and codes 0, and unpacks to NaN everywhere
  *   (a non-finite forward stays non-finite in backward, so GradScaler
  *   still sees it and skips the step); so is any stored scale whose s
  *   part is not finite.
- * Rounding is stochastic and unbiased: with t = x * (1 / s) (float ops,
- * rounded to nearest) and u = (r >> 8) * 2^-24 from the element's 32 random
- * bits r, q = floor(t + u), c = q + z clamped to [0, Q], so E[(c - z) * s]
- * = x up to float rounding of t. r is mixprec__sr_bits of a key made from
+ * Rounding is stochastic and unbiased: with t = x * (1 / s) and u = (r >>
+ * 8) * 2^-24 from the element's 32 random bits r, q = floor(t + u) (t, 1 /
+ * s and t + u each a float rounded to nearest), c = q + z clamped to [0,
+ * Q], so E[(c - z) * s] = x up to the float rounding of t + u. Unpacked,
+ * (c - z) * s is clamped to the output dtype's finite range (the top code
+ * may lie a step above the block's largest element, next to the dtype's
+ * largest value). r is mixprec__sr_bits of a key made from
  * `seed` and the element's index in the tensor (stochastic_round.h: a
  * counter-based hash), so the codes depend only on (x, seed, bits, block):
  * not on threads, instruction set or device.

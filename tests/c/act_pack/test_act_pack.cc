@@ -1,15 +1,17 @@
 // mixprec_act_packed_size / mixprec_act_pack / mixprec_act_unpack (the
 // act_pack family, mixprec/act_pack.h) against a reference written here from
-// the header's [note: act_pack format]: block statistics on the values as
-// widened by the test's own conversions, the scale rounded to float, the
-// stochastic code floor(t + u) with the random bits of stochastic_round.h,
-// the 8- and 4-bit byte layouts, and the unpacked values rounded by the
-// test's own conversions. Checked: sizes; codes, scales and unpacked bits
-// equal to the reference for every dtype, width and a range of block sizes
-// and lengths; the round trip's error bound, zeros, signs and modes;
-// unbiasedness over 1000 seeds; non-finite blocks and tiny values; every
-// FP16 / BF16 bit pattern; any code / scale bits as unpack input; the same
-// bits on every ISA and thread count; bad arguments that write nothing.
+// the header's [note: act_pack format]: block statistics (smallest, largest)
+// on the values as widened by the test's own conversions, the scale and zero
+// point (s rounded up so its low 8 bits are free, z in them), the stochastic
+// code q = floor(t + u) with the random bits of stochastic_round.h, c = q + z
+// clamped, the 8- and 4-bit byte layouts, and the unpacked values (c - z) * s
+// rounded by the test's own conversions. Checked: sizes; codes, scales and
+// unpacked bits equal to the reference for every dtype, width, block size
+// and a range of lengths; the round trip's error bound, zeros, signs and
+// modes; unbiasedness over 1000 seeds; non-finite blocks and tiny values;
+// every FP16 / BF16 bit pattern; any code / scale bits as unpack input; the
+// same bits on every ISA and thread count; bad arguments that write nothing.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -39,6 +41,15 @@ uint32_t fixed_nan(mixprec_dtype d) {
   return d == MIXPREC_F32 ? kNanF32 : d == MIXPREC_F16 ? kNanF16 : kNanBF16;
 }
 
+// Two library bugs these tests found, now fixed (the NearMaxStaysFinite and
+// TinyNegativeNextToHugeKeepsSign tests at the end reproduce them): (1) a
+// value within s of the dtype's largest finite value came back as inf (the
+// code range of a block reaches up to about top + s); unpack now clamps to
+// the dtype's finite range; (2) a signed block whose -lo / s underflowed to
+// 0 in float got z = 0 and its negative elements came back +0; z is now at
+// least 1 in a signed block. The round-trip checks tolerate neither.
+constexpr bool kTolerateKnownBugs = false;
+
 const mixprec_dtype kDtypes[] = {MIXPREC_F32, MIXPREC_F16, MIXPREC_BF16};
 const int kBits[] = {8, 4};
 const int64_t kBlocks[] = {32, 256, 4096};
@@ -66,87 +77,116 @@ struct Packed {
   std::vector<float> scales;
 };
 
-// The block's scale: s = max(amax / Q, 2^-126) rounded to float (IEEE
-// float division is the correctly rounded quotient).
-float ref_scale(float amax, int q_max) {
-  const float s = amax / float(q_max);
-  return s < 0x1p-126f ? 0x1p-126f : s;
+// s rounded up to a float whose low 8 bits are zero (16 significant bits:
+// the implicit one and 15 stored fraction bits), on the real line: the
+// smallest multiple of 2^(e - 16) at or above s, for s in [2^(e-1), 2^e).
+float ref_round_up16(float s) {
+  int e = 0;
+  std::frexp(double(s), &e);
+  const double grid = std::ldexp(1.0, e - 16);
+  return float(std::ceil(double(s) / grid) * grid);
 }
 
-// The header's rule for one element, with t = x * (1 / s) in float and
-// u = (r >> 8) * 2^-24; t + u is added in float too, as act_pack_rules.h
-// does (the header's "q = floor(t + u)" leaves that addition's precision
-// unsaid; with an exact sum about one code in 10^5 differs by one, where
-// frac(t) + u is within half a float ulp below 1 and the float sum rounds up
-// to the next integer).
-int ref_encode(float x, float s, int q_max, uint32_t r) {
+// The stored scale of a finite block from its smallest and largest element:
+// s (float ops as written: max(hi, 0) / (Q - 1) - lo / (Q - 1), or hi / Q),
+// at least 2^-126, rounded up; z = ceil(-lo / s) (the quotient in float, as
+// act_pack_rules.h computes it) clamped to [1, Q]; the bits of s | z.
+float ref_stored_scale(float lo, float hi, int bits) {
+  const int q_max = (1 << bits) - 1;
+  const bool is_signed = lo < 0.0f;
+  const float top = std::max(hi, 0.0f);
+  float s = is_signed ? top / float(q_max - 1) - lo / float(q_max - 1) : top / float(q_max);
+  if (s < 0x1p-126f) s = 0x1p-126f;
+  s = ref_round_up16(s);
+  EXPECT_EQ(mpt::f32_bits(s) & 0xffu, 0u);
+  int z = 0;
+  if (is_signed) {
+    const double w = double(-lo / s);
+    z = int(std::min(std::max(std::ceil(w), 1.0), double(q_max)));
+  }
+  return mpt::f32_from_bits(mpt::f32_bits(s) | uint32_t(z));
+}
+
+// The dtype's largest finite value: what unpack clamps to.
+float ref_dtype_max(mixprec_dtype dt) {
+  return dt == MIXPREC_F16 ? 65504.0f : dt == MIXPREC_BF16 ? mpt::f32_from_bits(0x7f7f0000u) : FLT_MAX;
+}
+
+float scale_part(float stored) { return mpt::f32_from_bits(mpt::f32_bits(stored) & ~0xffu); }
+int zero_part(float stored) { return int(mpt::f32_bits(stored) & 0xffu); }
+
+// The header's rule for one element: t = x * (1 / s) in float, u = (r >> 8)
+// * 2^-24, q = floor(t + u) with t + u added in float too, as
+// act_pack_rules.h does (the header's "floor(t + u)" leaves that addition's
+// precision unsaid; with an exact sum about one code in 10^5 differs by
+// one, where frac(t) + u is within half a float ulp below 1 and the float sum
+// rounds up to the next integer); a non-zero x never gets q = 0; c = q + z
+// clamped to [0, Q].
+int ref_encode(float x, float s, int z, int q_max, uint32_t r) {
   const float inv = 1.0f / s;
   const float t = x * inv;
   const float u = float(r >> 8) * 0x1p-24f;  // exact: 24 bits
   const float v = t + u;
-  double q = std::floor(double(v));
-  q = std::min(q, double(q_max));
-  q = std::max(q, -double(q_max));
-  int qi = int(q);
-  if (x == 0.0f) return 0;
-  if (qi == 0) qi = x > 0.0f ? 1 : -1;
-  return qi;
+  int q = int(std::floor(double(v)));
+  if (x != 0.0f && q == 0) q = x > 0.0f ? 1 : -1;
+  return std::clamp(q + z, 0, q_max);
 }
 
 // Packs x (values widened by the test's conversions) as the header says.
 Packed ref_pack(const Buf &x, int bits, int64_t block, uint64_t seed) {
   const int64_t n = x.numel();
+  const int q_max = (1 << bits) - 1;
   Packed p;
   p.codes.assign(size_t(ref_code_bytes(n, bits)), 0);
   p.scales.assign(size_t(ref_n_scales(n, block)), 0.0f);
   const uint32_t key = act_key(seed);
   for (int64_t b = 0; b < int64_t(p.scales.size()); b++) {
     const int64_t first = b * block, len = std::min(block, n - first);
-    bool finite = true, negative = false;
-    float amax = 0.0f;
+    bool finite = true;
+    float lo = INFINITY, hi = -INFINITY;
     for (int64_t i = 0; i < len; i++) {
       const float v = x.value(first + i);
       if (!std::isfinite(v)) {
         finite = false;
         continue;
       }
-      if (v < 0.0f) negative = true;  // -0 is not below zero
-      amax = std::max(amax, std::fabs(v));
+      lo = std::min(lo, v);  // -0 and +0 compare equal: either is "zero"
+      hi = std::max(hi, v);
     }
     if (!finite) {
       p.scales[size_t(b)] = mpt::f32_from_bits(kNanF32);
       continue;  // codes stay 0
     }
-    const int q_max = negative ? (1 << (bits - 1)) - 1 : (1 << bits) - 1;
-    const int offset = negative ? 1 << (bits - 1) : 0;
-    const float s = ref_scale(amax, q_max);
+    const float stored = ref_stored_scale(lo, hi, bits);
+    const float s = scale_part(stored);
+    const int z = zero_part(stored);
     for (int64_t i = 0; i < len; i++) {
       const uint32_t r = mixprec__sr_bits(key, first + i);
-      set_code(p.codes, bits, first + i, ref_encode(x.value(first + i), s, q_max, r) + offset);
+      set_code(p.codes, bits, first + i, ref_encode(x.value(first + i), s, z, q_max, r));
     }
-    p.scales[size_t(b)] = negative ? -s : s;
+    p.scales[size_t(b)] = stored;
   }
   return p;
 }
 
-// Unpacks any codes / scales as the header says: a non-finite scale gives
-// the dtype's fixed NaN; otherwise (c - offset) * |s| in float (the sign bit
-// of the scale is the mode), rounded to the dtype by the test's conversions.
+// Unpacks any codes / scales as the header says: a stored scale whose s part
+// is not finite gives the dtype's fixed NaN; otherwise (c - z) * s in float
+// (z the low 8 bits, s the rest), rounded to the dtype by the test's
+// conversions.
 Buf ref_unpack(const Packed &p, int64_t n, int bits, int64_t block, mixprec_dtype dt) {
   Buf out(dt, n);
   for (int64_t b = 0; b < int64_t(p.scales.size()); b++) {
     const int64_t first = b * block, len = std::min(block, n - first);
-    const uint32_t sb = mpt::f32_bits(p.scales[size_t(b)]);
-    if ((sb & 0x7f800000u) == 0x7f800000u) {
+    const float stored = p.scales[size_t(b)];
+    if (!std::isfinite(scale_part(stored))) {
       for (int64_t i = 0; i < len; i++) out.set_raw(first + i, fixed_nan(dt));
       continue;
     }
-    const bool is_signed = (sb >> 31) != 0;
-    const int offset = is_signed ? 1 << (bits - 1) : 0;
-    const float s = mpt::f32_from_bits(sb & 0x7fffffffu);
+    const float s = scale_part(stored);
+    const int z = zero_part(stored);
     for (int64_t i = 0; i < len; i++) {
-      const float v = float(code_at(p.codes, bits, first + i) - offset) * s;
-      out.set_value(first + i, v);
+      const float v = float(code_at(p.codes, bits, first + i) - z) * s;
+      out.set_value(first + i, std::clamp(v, -ref_dtype_max(dt), ref_dtype_max(dt)));
     }
   }
   return out;
@@ -180,8 +220,7 @@ Buf lib_unpack(const Packed &p, int64_t n, int bits, int64_t block, mixprec_dtyp
   return out;
 }
 
-// Codes bytewise; scales bitwise, except that any NaN matches a NaN (the
-// header promises a NaN, the bits are checked across paths elsewhere).
+// Codes bytewise; scales bitwise (a non-finite block's is 0x7fc00000).
 void expect_same_packed(const Packed &got, const Packed &want, const std::string &what) {
   ASSERT_EQ(got.codes.size(), want.codes.size()) << what;
   ASSERT_EQ(got.scales.size(), want.scales.size()) << what;
@@ -192,8 +231,7 @@ void expect_same_packed(const Packed &got, const Packed &want, const std::string
                     << " want 0x" << int(want.codes[i]) << std::dec, bad++;
   for (size_t b = 0; b < want.scales.size() && bad < 10; b++) {
     const uint32_t g = mpt::f32_bits(got.scales[b]), w = mpt::f32_bits(want.scales[b]);
-    const bool ok = mpt::f32_bits_is_nan(w) ? mpt::f32_bits_is_nan(g) : g == w;
-    if (!ok)
+    if (g != w)
       ADD_FAILURE() << what << ": scale " << b << " got " << got.scales[b] << " (0x" << std::hex
                     << g << ") want " << want.scales[b] << " (0x" << w << ")" << std::dec, bad++;
   }
@@ -221,8 +259,8 @@ std::string label(mixprec_dtype dt, int bits, int64_t block, int64_t n, uint64_t
 int max_exp(mixprec_dtype d) { return d == MIXPREC_F16 ? 14 : 100; }
 
 // Activation-like data, chosen per block of `block` elements: ReLU outputs
-// (non-negative with zeros and -0: unsigned mode), signed values at one
-// scale, a wide dynamic range (so small values take the forced +-1 code),
+// (non-negative with zeros and -0: unsigned mode, z = 0), signed values at
+// one scale, a wide dynamic range (so small values take the forced +-1 code),
 // small integers (exact codes, ties of t + u), a constant, or mpt's random
 // finite values (raw bit patterns, subnormals, extremes of the dtype).
 void fill_act(Buf &x, std::mt19937 &rng, int64_t block) {
@@ -255,7 +293,7 @@ void fill_act(Buf &x, std::mt19937 &rng, int64_t block) {
           break;
         case 2: {
           const int e = int(rng() % 40) - 30;
-          v = std::ldexp(1.0f + float(rng() % 1024) / 1024.0f, std::min(e, emax) + 0);
+          v = std::ldexp(1.0f + float(rng() % 1024) / 1024.0f, std::min(e, emax));
           if (rng() & 1) v = -v;
           break;
         }
@@ -270,6 +308,10 @@ void fill_act(Buf &x, std::mt19937 &rng, int64_t block) {
   }
 }
 
+double dtype_max(mixprec_dtype d) {
+  return d == MIXPREC_F32 ? double(FLT_MAX) : d == MIXPREC_F16 ? 65504.0 : 0x1.fep127;
+}
+
 double half_ulp(mixprec_dtype d, double v) {
   const int p = d == MIXPREC_F32 ? 24 : d == MIXPREC_F16 ? 11 : 8;
   const int emin = d == MIXPREC_F16 ? -14 : -126;
@@ -282,17 +324,20 @@ double half_ulp(mixprec_dtype d, double v) {
 // The round trip's invariants, element by element, for y = unpack(pack(x))
 // in x's dtype: a zero (either sign) comes back +0; a non-zero comes back
 // non-zero with its sign; |y - x| <= s (plus float rounding of t and of
-// q * s: 2^-21 |x|, and the dtype's half ulp for FP16 / BF16); a finite
-// block is in unsigned mode (scale > 0) exactly when no element is below
-// zero. Returns the number of elements past the strict |y - x| <= s.
+// (c - z) * s: 2^-21 |x|, and the dtype's half ulp for FP16 / BF16); a
+// finite block's s is at least 2^-126 and its zero point is 0 exactly when
+// no element is below zero; a non-finite block is the fixed NaN. Returns the
+// number of elements past the strict |y - x| <= s.
+int64_t known_bugs = 0;  // elements let through by kTolerateKnownBugs
+
 int64_t check_round_trip(const Buf &x, const Packed &p, const Buf &y, int64_t block,
                          const std::string &what) {
   int64_t bad = 0, strict = 0;
   auto fail = [&](int64_t i, const char *why) {
     if (bad++ < 5)
       ADD_FAILURE() << what << ": element " << i << " x " << x.value(i) << " (0x" << std::hex
-                    << x.raw(i) << ") y " << y.value(i) << " (0x" << y.raw(i) << std::dec
-                    << ") scale " << p.scales[size_t(i / block)] << ": " << why;
+                    << x.raw(i) << ") y " << y.value(i) << " (0x" << y.raw(i) << ") stored scale 0x"
+                    << mpt::f32_bits(p.scales[size_t(i / block)]) << std::dec << ": " << why;
   };
   for (int64_t b = 0; b * block < x.numel(); b++) {
     const int64_t first = b * block, len = std::min(block, x.numel() - first);
@@ -304,27 +349,43 @@ int64_t check_round_trip(const Buf &x, const Packed &p, const Buf &y, int64_t bl
     }
     const float stored = p.scales[size_t(b)];
     if (!finite) {
-      if (!std::isnan(stored)) fail(first, "a non-finite block's scale is not NaN");
+      if (mpt::f32_bits(stored) != kNanF32) fail(first, "a non-finite block's scale");
       for (int64_t i = 0; i < len; i++)
         if (y.raw(first + i) != fixed_nan(y.dtype())) fail(first + i, "not the fixed NaN");
       continue;
     }
-    if (negative ? !(stored < 0.0f) : !(stored > 0.0f)) fail(first, "wrong mode / scale sign");
-    const double s = std::fabs(double(stored));
+    const double s = double(scale_part(stored));
+    if (!(s >= 0x1p-126) || !std::isfinite(s)) fail(first, "scale below 2^-126 or not finite");
+    // Known bug (2): a signed block with z = 0 (-lo / s underflowed).
+    const bool z_underflow = negative && zero_part(stored) == 0 && kTolerateKnownBugs;
+    if (negative ? zero_part(stored) == 0 && !z_underflow : zero_part(stored) != 0)
+      fail(first, "wrong mode");
     for (int64_t i = first; i < first + len; i++) {
       const float xv = x.value(i), yv = y.value(i);
       if (xv == 0.0f) {
-        if (mpt::f32_bits(yv) != 0u) fail(i, "a zero does not come back +0");
+        if (y.raw(i) != 0u) fail(i, "a zero does not come back +0");
+        continue;
+      }
+      if (z_underflow && xv < 0.0f && yv == 0.0f) {
+        known_bugs++;
+        continue;
+      }
+      // Known bug (1): x within s of the dtype's largest value, back as inf.
+      if (kTolerateKnownBugs && std::isinf(yv) && std::signbit(yv) == std::signbit(xv) &&
+          std::fabs(double(xv)) + s >
+              dtype_max(y.dtype()) - half_ulp(y.dtype(), dtype_max(y.dtype()))) {
+        known_bugs++;
         continue;
       }
       if (yv == 0.0f) fail(i, "a non-zero comes back zero");
       if (std::signbit(xv) != std::signbit(yv)) fail(i, "sign changed");
       if (!std::isfinite(yv)) fail(i, "a finite value comes back non-finite");
       const double err = std::fabs(double(yv) - double(xv));
-      const double tol = s + std::ldexp(std::fabs(double(xv)), -21) +
-                         (y.dtype() == MIXPREC_F32
-                              ? 0.0
-                              : half_ulp(y.dtype(), std::max(std::fabs(double(xv)), std::fabs(double(yv)))));
+      const double tol =
+          s + std::ldexp(std::fabs(double(xv)), -21) +
+          (y.dtype() == MIXPREC_F32
+               ? 0.0
+               : half_ulp(y.dtype(), std::max(std::fabs(double(xv)), std::fabs(double(yv)))));
       if (err > tol) fail(i, "error above the scale");
       if (err > s) strict++;
     }
@@ -376,8 +437,9 @@ TEST(ActPack, PackedSizes) {
   EXPECT_EQ(ns, -7);
 }
 
-// Hand-worked layouts: integers with amax = Q give s = 1 (exact t, so
-// floor(t + u) = t for every u), independent of the random bits.
+// Hand-worked layouts and scales: integer blocks whose s comes out exactly 1
+// (so t is an integer and floor(t + u) = t for every u: independent of the
+// random bits), z in the low 8 bits of the stored scale.
 TEST(ActPack, HandWorkedLayouts) {
   auto pack_f32 = [](std::vector<float> x, int bits, uint64_t seed) {
     Buf b(MIXPREC_F32, int64_t(x.size()));
@@ -385,41 +447,58 @@ TEST(ActPack, HandWorkedLayouts) {
     return lib_pack(b, bits, 32, seed);
   };
   for (uint64_t seed : {0ull, 12345ull, ~0ull}) {
-    // 8-bit signed: s = 127 / 127 = 1, stored -1; codes q + 128.
+    // 8-bit signed: s = 127 / 254 + 127 / 254 = 1, z = ceil(127 / 1) = 127.
     Packed p = pack_f32({-127.0f, 127.0f, 0.0f, 1.0f, -0.0f, -5.0f}, 8, seed);
-    EXPECT_EQ(p.codes, (std::vector<uint8_t>{1, 255, 128, 129, 128, 123}));
+    EXPECT_EQ(p.codes, (std::vector<uint8_t>{0, 254, 127, 128, 127, 122}));
     ASSERT_EQ(p.scales.size(), 1u);
-    EXPECT_EQ(mpt::f32_bits(p.scales[0]), mpt::f32_bits(-1.0f));
-    // 8-bit unsigned (-0 is not below zero): s = 255 / 255 = 1.
+    EXPECT_EQ(mpt::f32_bits(p.scales[0]), 0x3f800000u | 127u);
+    Buf y = lib_unpack(p, 6, 8, 32, MIXPREC_F32);
+    const float want[] = {-127.0f, 127.0f, 0.0f, 1.0f, 0.0f, -5.0f};
+    for (int i = 0; i < 6; i++) EXPECT_EQ(y.raw(i), mpt::f32_bits(want[i])) << i;
+    // 8-bit unsigned (-0 is not below zero): s = 255 / 255 = 1, z = 0.
     p = pack_f32({255.0f, -0.0f, 0.0f, 3.0f}, 8, seed);
     EXPECT_EQ(p.codes, (std::vector<uint8_t>{255, 0, 0, 3}));
-    EXPECT_EQ(mpt::f32_bits(p.scales[0]), mpt::f32_bits(1.0f));
-    // 4-bit signed: s = 7 / 7 = 1; element 2k in the low nibble, 2k+1 high;
-    // a last odd element leaves the high nibble 0.
+    EXPECT_EQ(mpt::f32_bits(p.scales[0]), 0x3f800000u);
+    // Only non-positive: s = 0 / 254 + 254 / 254 = 1, z = 254.
+    p = pack_f32({-254.0f, -0.0f, -1.0f}, 8, seed);
+    EXPECT_EQ(p.codes, (std::vector<uint8_t>{0, 254, 253}));
+    EXPECT_EQ(mpt::f32_bits(p.scales[0]), 0x3f800000u | 254u);
+    // 4-bit signed: s = 7 / 14 + 7 / 14 = 1, z = 7; element 2k in the low
+    // nibble, 2k + 1 in the high one; a last odd element leaves the high
+    // nibble 0.
     p = pack_f32({-7.0f, 7.0f, 0.0f}, 4, seed);
-    EXPECT_EQ(p.codes, (std::vector<uint8_t>{0xf1, 0x08}));
-    EXPECT_EQ(mpt::f32_bits(p.scales[0]), mpt::f32_bits(-1.0f));
+    EXPECT_EQ(p.codes, (std::vector<uint8_t>{0xe0, 0x07}));
+    EXPECT_EQ(mpt::f32_bits(p.scales[0]), 0x3f800000u | 7u);
     // 4-bit unsigned: s = 15 / 15 = 1.
     p = pack_f32({15.0f, 1.0f, 2.0f, 0.0f, 9.0f}, 4, seed);
     EXPECT_EQ(p.codes, (std::vector<uint8_t>{0x1f, 0x02, 0x09}));
-    EXPECT_EQ(mpt::f32_bits(p.scales[0]), mpt::f32_bits(1.0f));
-    // Only zeros: s = 2^-126, codes 0, unpacks to +0.
+    EXPECT_EQ(mpt::f32_bits(p.scales[0]), 0x3f800000u);
+    // Only zeros: s = 2^-126, z = 0, codes 0, unpacks to +0.
     p = pack_f32({0.0f, -0.0f, 0.0f}, 4, seed);
     EXPECT_EQ(p.codes, (std::vector<uint8_t>{0x00, 0x00}));
-    EXPECT_EQ(mpt::f32_bits(p.scales[0]), mpt::f32_bits(0x1p-126f));
-    Buf y = lib_unpack(p, 3, 4, 32, MIXPREC_F32);
+    EXPECT_EQ(mpt::f32_bits(p.scales[0]), 0x00800000u);
+    y = lib_unpack(p, 3, 4, 32, MIXPREC_F32);
     for (int i = 0; i < 3; i++) EXPECT_EQ(y.raw(i), 0u);
+    // s rounded up to free its low 8 bits: 1 / 255 = 0x3b808081 -> 0x3b808100.
+    p = pack_f32({1.0f}, 8, seed);
+    EXPECT_EQ(mpt::f32_bits(p.scales[0]), 0x3b808100u);
+    // An s with the low 8 bits already zero stays: 2^-3 * 255 / 255.
+    p = pack_f32({0.125f * 255.0f, 1.0f}, 8, seed);
+    EXPECT_EQ(mpt::f32_bits(p.scales[0]), mpt::f32_bits(0.125f));
   }
   // Two blocks of 32 at 4 bits: the second starts at byte 16.
   Buf b(MIXPREC_F32, 35);
-  for (int i = 0; i < 35; i++) b.set_value(i, i < 32 ? 15.0f : -7.0f);
+  for (int i = 0; i < 32; i++) b.set_value(i, 15.0f);
+  b.set_value(32, -7.0f);
+  b.set_value(33, 7.0f);
+  b.set_value(34, 0.0f);
   Packed p = lib_pack(b, 4, 32, 7);
   ASSERT_EQ(p.codes.size(), 18u);
   for (int k = 0; k < 16; k++) EXPECT_EQ(p.codes[size_t(k)], 0xff) << k;
-  EXPECT_EQ(p.codes[16], 0x11);
-  EXPECT_EQ(p.codes[17], 0x01);
-  EXPECT_EQ(mpt::f32_bits(p.scales[0]), mpt::f32_bits(1.0f));
-  EXPECT_EQ(mpt::f32_bits(p.scales[1]), mpt::f32_bits(-1.0f));
+  EXPECT_EQ(p.codes[16], 0xe0);
+  EXPECT_EQ(p.codes[17], 0x07);
+  EXPECT_EQ(mpt::f32_bits(p.scales[0]), 0x3f800000u);
+  EXPECT_EQ(mpt::f32_bits(p.scales[1]), 0x3f800000u | 7u);
 }
 
 class ActPackDtype : public ::testing::TestWithParam<mixprec_dtype> {
@@ -585,10 +664,10 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, ActPackDtype,
                          ::testing::Values(MIXPREC_F32, MIXPREC_F16, MIXPREC_BF16),
                          [](const auto &info) { return std::string(mpt::dtype_name(info.param)); });
 
-// Zeros, modes and tiny values: a ReLU tensor is all unsigned, one negative
-// element makes its block signed, -0 does not; subnormal floats (amax <
-// 2^-126 * 255: s = 2^-126) and the smallest values next to large ones
-// never come back zero and keep their sign.
+// Zeros, modes and tiny values: a ReLU block is unsigned (z = 0), one
+// negative element makes its block signed (z >= 1), -0 does not; subnormal
+// floats and values below 2^-126 * 254 (s = 2^-126) and the smallest values
+// next to large ones never come back zero and keep their sign.
 TEST(ActPack, ZerosModesAndTinyValues) {
   std::mt19937 rng(mpt::kSeed + 501);
   for (int bits : kBits)
@@ -620,8 +699,8 @@ TEST(ActPack, ZerosModesAndTinyValues) {
                       : (dt == MIXPREC_F16 ? 6e4f : 1e30f);
             if (i % 4 == 1) v = -v;
             break;
-          default:  // amax just below 2^-126 * 255 (F32/BF16), min clamp edge
-            v = (dt == MIXPREC_F16 ? 0x1p-24f : 0x1p-126f) * float(1 + r % 254);
+          default:  // unsigned, hi <= 2^-126 * Q (F32/BF16): s = 2^-126, the clamp's edge
+            v = (dt == MIXPREC_F16 ? 0x1p-24f : 0x1p-126f) * float(1 + r % ((1u << bits) - 1));
         }
         x.set_value(i, v);
       }
@@ -631,11 +710,12 @@ TEST(ActPack, ZerosModesAndTinyValues) {
       const std::string what = label(dt, bits, block, n, seed);
       const Packed p = lib_pack(x, bits, block, seed);
       expect_same_packed(p, ref_pack(x, bits, block, seed), what);
-      EXPECT_GT(p.scales[0], 0.0f) << what;
-      EXPECT_LT(p.scales[1], 0.0f) << what;
-      EXPECT_EQ(mpt::f32_bits(p.scales[2]), mpt::f32_bits(0x1p-126f)) << what;
+      EXPECT_EQ(zero_part(p.scales[0]), 0) << what;
+      EXPECT_GE(zero_part(p.scales[1]), 1) << what;
+      EXPECT_EQ(mpt::f32_bits(p.scales[2]), 0x00800000u) << what;  // 2^-126, z = 0
       if (dt != MIXPREC_F16) {
-        EXPECT_EQ(mpt::f32_bits(std::fabs(p.scales[3])), mpt::f32_bits(0x1p-126f)) << what;
+        EXPECT_EQ(mpt::f32_bits(scale_part(p.scales[3])), 0x00800000u) << what;
+        EXPECT_EQ(mpt::f32_bits(scale_part(p.scales[5])), 0x00800000u) << what;
       }
       const Buf y = lib_unpack(p, n, bits, block, dt);
       check_round_trip(x, p, y, block, what);
@@ -645,6 +725,8 @@ TEST(ActPack, ZerosModesAndTinyValues) {
         const float xv = x.value(i), yv = y32.value(i);
         if (xv == 0.0f) {
           ASSERT_EQ(y32.raw(i), 0u) << what << " " << i;
+        } else if (kTolerateKnownBugs && xv < 0.0f && zero_part(p.scales[size_t(i / block)]) == 0) {
+          continue;  // known bug (2): block 4's -lo / s underflows
         } else {
           ASSERT_NE(yv, 0.0f) << what << " " << i;
           ASSERT_EQ(std::signbit(xv), std::signbit(yv)) << what << " " << i;
@@ -653,25 +735,63 @@ TEST(ActPack, ZerosModesAndTinyValues) {
     }
 }
 
-// A finite block stays finite: amax = FLT_MAX in a signed 8-bit block.
-// DISABLED: fails today (library bug, reported): s = fl(FLT_MAX / 127) is
-// rounded up, so the code -127 unpacks to fl(-127 * s) = -inf (and +127 to
-// +inf), where |y - x| <= s and "a non-finite forward stays non-finite" (so
-// a finite one stays finite) are expected. Enable once fixed.
-TEST(ActPack, DISABLED_LargestFloatStaysFinite) {
-  for (float big : {-FLT_MAX, FLT_MAX})
+// Library bug (1), reproduced: a finite value near the largest of its dtype
+// comes back as inf, where the header promises |error| < s in expectation
+// terms ("E[(c - z) * s] = x") and a non-finite backward only from a
+// non-finite forward. The codes can reach (Q - z) * s, about top + s (and
+// Q * s for an unsigned block, s rounded up), past the dtype's range:
+//   F16, 4-bit, {65504, -1000}: s ~ 4750, z = 1, 65504 -> code 14 (p ~ 0.8)
+//     -> 14 * s ~ 66500 -> F16 inf;
+//   BF16, 8-bit, {0x7f7f (3.39e38), -3e38}: (Q - z) * s past BF16's range;
+//   F32, 8-bit, {FLT_MAX}: 255 * s (s rounded up) -> inf; {FLT_MAX, -1}
+//     and {-FLT_MAX, 1} likewise. Enable once fixed.
+TEST(ActPack, NearMaxStaysFinite) {
+  struct Case {
+    mixprec_dtype dt;
+    int bits;
+    std::vector<float> x;
+  };
+  const Case cases[] = {
+      {MIXPREC_F16, 4, {65504.0f, -1000.0f}},
+      {MIXPREC_F16, 8, {65504.0f, -30000.0f}},
+      {MIXPREC_BF16, 8, {0x1.fep127f, -3e38f}},
+      {MIXPREC_F32, 8, {FLT_MAX}},
+      {MIXPREC_F32, 8, {FLT_MAX, -1.0f}},
+      {MIXPREC_F32, 4, {-FLT_MAX, 1.0f}},
+  };
+  for (const Case &c : cases) {
+    Buf x(c.dt, int64_t(c.x.size()));
+    for (size_t i = 0; i < c.x.size(); i++) x.set_value(int64_t(i), c.x[i]);
+    int64_t infs = 0;
+    for (uint64_t seed = 0; seed < 32; seed++) {
+      const Packed p = lib_pack(x, c.bits, 32, seed);
+      const Buf y = lib_unpack(p, x.numel(), c.bits, 32, c.dt);
+      for (int64_t i = 0; i < x.numel(); i++) infs += std::isinf(y.value(i));
+    }
+    EXPECT_EQ(infs, 0) << mpt::dtype_name(c.dt) << " bits " << c.bits << " x[0] " << c.x[0]
+                       << ": inf outputs over 32 seeds";
+  }
+}
+
+// Library bug (2), reproduced: in a signed block, z = ceil(-lo / s) with
+// the quotient in float underflows to 0 when -lo is far below s (a negative
+// subnormal next to a large value), so z = 0 although the block is signed
+// (the header: z = ceil(-lo / s) >= 1 for lo < 0), and the negative
+// element's code clamps to 0 = z: it comes back +0 (sign and non-zero lost,
+// the LeakyReLU mask the header promises to keep). F32, 8-bit,
+// {1e30, -2^-149}: stored z = 0, y[1] = +0. BF16 {1e30, -2^-133} likewise.
+// Enable once fixed.
+TEST(ActPack, TinyNegativeNextToHugeKeepsSign) {
+  for (mixprec_dtype dt : {MIXPREC_F32, MIXPREC_BF16})
     for (int bits : kBits) {
-      Buf x(MIXPREC_F32, 3);
-      x.set_value(0, big);
-      x.set_value(1, -1.0f);
-      x.set_value(2, -big);
-      const Packed p = lib_pack(x, bits, 32, 1);
-      const Buf y = lib_unpack(p, 3, bits, 32, MIXPREC_F32);
-      for (int64_t i = 0; i < 3; i++)
-        EXPECT_TRUE(std::isfinite(y.value(i)))
-            << "bits " << bits << " x " << x.value(i) << " -> " << y.value(i) << " scale "
-            << p.scales[0];
-      check_round_trip(x, p, y, 32, "FLT_MAX bits " + std::to_string(bits));
+      Buf x(dt, 2);
+      x.set_value(0, 1e30f);
+      x.set_raw(1, dt == MIXPREC_F32 ? 0x80000001u : 0x8001u);  // the smallest negative
+      const Packed p = lib_pack(x, bits, 32, 5);
+      const Buf y = lib_unpack(p, 2, bits, 32, dt);
+      EXPECT_GE(zero_part(p.scales[0]), 1) << mpt::dtype_name(dt) << " bits " << bits;
+      EXPECT_TRUE(y.value(1) < 0.0f) << mpt::dtype_name(dt) << " bits " << bits << ": y[1] = "
+                                     << y.value(1) << " (0x" << std::hex << y.raw(1) << ")";
     }
 }
 
@@ -706,7 +826,8 @@ TEST(ActPack, StochasticRoundingIsUnbiased) {
       for (uint64_t other : {uint64_t{1}, uint64_t{1} << 32, uint64_t{1} << 63}) {
         const Packed q = lib_pack(x, bits, block, other);
         int64_t differ = 0;
-        for (int64_t i = 0; i < n; i++) differ += code_at(q.codes, bits, i) != code_at(p0.codes, bits, i);
+        for (int64_t i = 0; i < n; i++)
+          differ += code_at(q.codes, bits, i) != code_at(p0.codes, bits, i);
         EXPECT_GT(differ, n / 8) << what << ": seed " << other << " vs 0 differ at " << differ;
         EXPECT_EQ(0, std::memcmp(q.scales.data(), p0.scales.data(), 4 * q.scales.size()));
       }
@@ -721,7 +842,7 @@ TEST(ActPack, StochasticRoundingIsUnbiased) {
       int64_t checked = 0;
       for (int64_t i = 0; i < n; i++) {
         const double xv = double(x.value(i));
-        const double s = std::fabs(double(p0.scales[size_t(i / block)]));
+        const double s = double(scale_part(p0.scales[size_t(i / block)]));
         if (std::fabs(xv) < 2.0 * s) continue;  // the forced +-1 code's bias is by design
         const double mean = sum[size_t(i)] / kSeeds;
         const double t = std::fabs(xv) / s, frac = t - std::floor(t);
@@ -729,7 +850,7 @@ TEST(ActPack, StochasticRoundingIsUnbiased) {
         const double det = std::ldexp(std::fabs(xv), -20) + std::ldexp(s, -20);
         EXPECT_LE(std::fabs(mean - xv), 6.0 * sd + det)
             << what << " element " << i << " x " << xv << " mean " << mean << " s " << s;
-        const bool tight = bits == 8 && p0.scales[size_t(i / block)] > 0.0f &&
+        const bool tight = bits == 8 && zero_part(p0.scales[size_t(i / block)]) == 0 &&
                            std::fabs(xv) >= 127.5 * s;
         if (tight) {
           EXPECT_LE(std::fabs(mean - xv), 1e-3 * std::fabs(xv)) << what << " element " << i;
@@ -764,9 +885,7 @@ TEST(ActPack, EverySixteenBitPattern) {
                 MIXPREC_OK);
       const Packed want = ref_pack(x, 8, 32, bits);
       ASSERT_EQ(p.codes[0], want.codes[0]) << bits;
-      ASSERT_TRUE(mpt::f32_bits_is_nan(mpt::f32_bits(want.scales[0]))
-                      ? std::isnan(p.scales[0])
-                      : mpt::f32_bits(p.scales[0]) == mpt::f32_bits(want.scales[0]))
+      ASSERT_EQ(mpt::f32_bits(p.scales[0]), mpt::f32_bits(want.scales[0]))
           << bits << " scale " << p.scales[0] << " want " << want.scales[0];
       Buf y(dt, 1);
       ASSERT_EQ(mixprec_act_unpack(p.codes.data(), p.scales.data(), 1, 8, 32, y.data(), dt),
@@ -774,24 +893,21 @@ TEST(ActPack, EverySixteenBitPattern) {
       ASSERT_EQ(y.raw(0), ref_unpack(p, 1, 8, 32, dt).raw(0)) << bits;
       const float v = x.value(0), w = y.value(0);
       if (!std::isfinite(v)) {
-        ASSERT_TRUE(std::isnan(p.scales[0])) << bits;
+        ASSERT_EQ(mpt::f32_bits(p.scales[0]), kNanF32) << bits;
         ASSERT_EQ(p.codes[0], 0) << bits;
         ASSERT_EQ(y.raw(0), nan) << bits;
       } else if (v == 0.0f) {
         ASSERT_EQ(p.codes[0], 0) << bits;
         ASSERT_EQ(y.raw(0), 0u) << bits << ": a zero comes back +0";
-        ASSERT_GT(p.scales[0], 0.0f) << bits << ": -0 is not below zero";
+        ASSERT_EQ(mpt::f32_bits(p.scales[0]), 0x00800000u) << bits << ": -0 is not below zero";
       } else {
-        ASSERT_EQ(std::signbit(p.scales[0]), std::signbit(v)) << bits << ": mode";
+        ASSERT_EQ(zero_part(p.scales[0]) != 0, v < 0.0f) << bits << ": mode";
         ASSERT_NE(w, 0.0f) << bits;
         ASSERT_EQ(std::signbit(w), std::signbit(v)) << bits;
-        const double s = std::fabs(double(p.scales[0]));
+        const double s = double(scale_part(p.scales[0]));
         ASSERT_LE(std::fabs(double(w) - double(v)),
                   s + half_ulp(dt, std::max(std::fabs(double(v)), std::fabs(double(w)))))
             << bits;
-        // amax = |x| >= 2^-126 * Q: x comes back within a half ulp.
-        if (std::fabs(v) >= 0x1p-126f * 255.0f)
-          ASSERT_LE(std::fabs(double(w) - double(v)), half_ulp(dt, double(v))) << bits;
       }
     }
     Buf all(dt, 65536);
@@ -822,10 +938,13 @@ TEST(ActPack, EverySixteenBitPattern) {
 TEST(ActPack, UnpackAnyBits) {
   mpt::GlobalStateGuard restore;
   std::mt19937 rng(mpt::kSeed + 801);
-  const uint32_t special_scales[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u,
-                                     0x00800000u, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u,
-                                     0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u,
-                                     0x3f800000u, 0xbf800000u, 0x43800000u, 0x37800000u};
+  // s parts zero, subnormal, negative, huge, inf / NaN (with and without
+  // zero-point bits), ordinary ones with z = 0, 1, 7, 8, 127, 128, 255.
+  const uint32_t special_scales[] = {0x00000000u, 0x80000000u, 0x000000ffu, 0x00000101u,
+                                     0x00800000u, 0x7f7fff00u, 0xff7fff80u, 0x7f800000u,
+                                     0xff8000ffu, 0x7fc00000u, 0xffc00001u, 0x7f800001u,
+                                     0x3f800007u, 0xbf800008u, 0x4380007fu, 0x37800080u,
+                                     0x3c0000ffu, 0x3f800001u, 0x7f7fffffu, 0x3b808100u};
   for (int bits : kBits)
     for (int64_t block : kBlocks)
       for (int64_t n : {int64_t{1}, block - 1, 2 * block + 1, int64_t{9999}}) {
@@ -834,7 +953,7 @@ TEST(ActPack, UnpackAnyBits) {
         p.scales.resize(size_t(ref_n_scales(n, block)));
         for (uint8_t &c : p.codes) c = uint8_t(rng());
         for (float &s : p.scales)
-          s = mpt::f32_from_bits(rng() % 3 ? special_scales[rng() % 16] : uint32_t(rng()));
+          s = mpt::f32_from_bits(rng() % 3 ? special_scales[rng() % 20] : uint32_t(rng()));
         for (mixprec_dtype od : kDtypes) {
           const Buf want = ref_unpack(p, n, bits, block, od);
           for (mixprec_cpu_isa isa : mpt::supported_isas()) {
@@ -868,7 +987,8 @@ TEST(ActPack, BadArgumentsWriteNothing) {
   const std::vector<float> scales0 = scales, out0 = out, x0 = x;
   auto untouched = [&](const char *what, int64_t arg) {
     EXPECT_EQ(codes, codes0) << what << " " << arg;
-    EXPECT_EQ(0, std::memcmp(scales.data(), scales0.data(), 4 * scales.size())) << what << " " << arg;
+    EXPECT_EQ(0, std::memcmp(scales.data(), scales0.data(), 4 * scales.size()))
+        << what << " " << arg;
     EXPECT_EQ(0, std::memcmp(out.data(), out0.data(), 4 * out.size())) << what << " " << arg;
     EXPECT_EQ(0, std::memcmp(x.data(), x0.data(), 4 * x.size())) << what << " " << arg;
   };

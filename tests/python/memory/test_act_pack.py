@@ -76,7 +76,7 @@ def ref_pack(x, nbits, block, seed):
         u = _bits(s)
         u = ((u | 0xFF) + 1) if u & 0xFF else u
         s = _from_bits(u)
-        z = min(int(torch.ceil((-lo) / s)), qmax) if signed else 0
+        z = min(max(int(torch.ceil((-lo) / s)), 1), qmax) if signed else 0
         inv = _f32(1.0) / s
         rnd = (r[b * block : b * block + blk.numel()] >> 8).float() * 2.0**-24
         q = torch.floor(blk * inv + rnd).long()
@@ -107,7 +107,8 @@ def ref_unpack(codes_per_elem, scales, nbits, block, dtype):
             out[sl] = float("nan")
             continue
         out[sl] = (codes_per_elem[sl] - (u & 0xFF)).float() * s
-    return out.to(dtype)
+    top = torch.finfo(dtype).max
+    return out.clamp(-top, top).to(dtype)
 
 
 def activation(gen, n, dtype, kind):
@@ -302,3 +303,34 @@ def test_bad_input_on_meta_matches_cpu():
         torch.ops.mixprec.act_pack(x, 3, 256, 0)
     c, s = torch.ops.mixprec.act_pack(x, 4, 32, 0)
     assert c.shape == (50,) and s.shape == (4,) and c.dtype == torch.uint8
+
+
+@pytest.mark.parametrize(
+    "dtype,values",
+    [
+        (torch.float16, [65504.0, -1000.0]),
+        (torch.float16, [65504.0, -30000.0]),
+        (torch.bfloat16, [3.3895e38, -3e38]),
+        (torch.float32, [3.4028235e38, 1.0]),
+    ],
+    ids=["f16-4bit-edge", "f16-edge", "bf16-edge", "f32-max"],
+)
+def test_largest_finite_values_never_come_back_inf(dtype, values):
+    """The top code may lie a step above the block's largest element; next to
+    the dtype's largest value that step must not round to inf (found by
+    tests/c/act_pack's reference; 7-23 of 32 seeds gave inf before)."""
+    x = torch.tensor(values * 16, dtype=torch.float32).to(dtype)
+    for nbits in (8, 4):
+        for seed in range(32):
+            c, s = _act_pack.act_pack(x, nbits, 32, seed)
+            y = _act_pack.act_unpack(c, s, x.numel(), nbits, 32, dtype)
+            assert torch.isfinite(y).all(), (nbits, seed)
+
+
+def test_tiny_negative_next_to_huge_keeps_its_sign():
+    """-lo / s underflows to 0 beside 1e30: the zero point must still be >= 1
+    so the negative element keeps its sign (found by tests/c/act_pack)."""
+    x = torch.tensor([1e30, -1.4e-45] * 16, dtype=torch.float32)
+    c, s = _act_pack.act_pack(x, 8, 32, 0)
+    y = _act_pack.act_unpack(c, s, x.numel(), 8, 32, torch.float32)
+    assert torch.equal(torch.sign(y), torch.sign(x))
