@@ -53,7 +53,6 @@ step bench_roi_align 90 "$PY" bench/bench_roi_align.py --device cuda --reps 5 --
 step bench_softmax 90 "$PY" bench/bench_softmax.py --device cuda --kinds sm,ce --out "$OUT/bench_softmax_cuda.md"
 step bench_ce_soft 60 "$PY" bench/bench_softmax.py --device cuda --kinds ces --out "$OUT/bench_ce_soft_cuda.md"
 step bench_optim_500m 150 "$PY" bench/bench_optim.py --device cuda --only-phased --reps 5 --out "$OUT/bench_optim_500m_cuda.md"
-step bench_memory 150 "$PY" bench/bench_memory.py --device cuda --out "$OUT/bench_memory_cuda.md"
 step bench_optim_ema 60 "$PY" bench/bench_optim_ema.py --device cuda --tensors 20 --numel 5000000 --reps 9 --out "$OUT/bench_optim_ema_cuda.md"
 if [ -f .gpu-carry/prebuilt/libmixprec.so ]; then
   # Libraries built on the CPU machine against torch 2.14.1: must load and
@@ -69,4 +68,4 @@ step bench_unscale_cpu 60 "$PY" bench/bench_unscale.py --device cpu --out "$OUT/
 echo
 echo "== summary (logs in $OUT; budget ${BUDGET} s, used $SECONDS s)"
 for k in "${order[@]}"; do printf '%-18s %s\n' "$k" "${result[$k]}"; done
-for f in "$OUT"/bench_unscale_cuda.md "$OUT"/bench_optim_cuda.md "$OUT"/bench_nms_cuda.md "$OUT"/bench_roi_align_cuda.md "$OUT"/bench_softmax_cuda.md "$OUT"/bench_ce_soft_cuda.md "$OUT"/bench_optim_500m_cuda.md "$OUT"/bench_optim_ema_cuda.md "$OUT"/bench_memory_cuda.md; do [ -f "$f" ] && tail -n +5 "$f"; done
+for f in "$OUT"/bench_unscale_cuda.md "$OUT"/bench_optim_cuda.md "$OUT"/bench_nms_cuda.md "$OUT"/bench_roi_align_cuda.md "$OUT"/bench_softmax_cuda.md "$OUT"/bench_ce_soft_cuda.md "$OUT"/bench_optim_500m_cuda.md "$OUT"/bench_optim_ema_cuda.md; do [ -f "$f" ] && tail -n +5 "$f"; done
