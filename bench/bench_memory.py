@@ -431,7 +431,7 @@ def _step_fns(model, x, y, recipes):
 
 def section_step(args) -> list[str]:
     set_threads(2)
-    reps = args.reps or (2 if args.quick else 5)
+    reps = args.reps or (2 if args.quick else 3)
     res = 32 if args.quick else 224
     # (label, native BF16 kernels, resolution, recipes)
     configs = [("amp-bf16 on FP32Kernels", False, res, RECIPES), ("FP32, no autocast", True, res, FP32_RECIPES)]
@@ -576,6 +576,22 @@ def main():
     head = machine_line()
     print(head, flush=True)
     parts = []
+
+    def write(done: bool) -> None:
+        """The results so far (after every section, so a run cut short keeps what it measured)."""
+        if not args.out:
+            return
+        load = os.getloadavg()
+        total = time.perf_counter() - t_start
+        state = (f"total {total:.0f} s, load average at the end {load[0]:.1f}" if done
+                 else f"INCOMPLETE: {len(parts)} of {len(only)} sections after {total:.0f} s")
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write("# Activation memory on the CPU (mixprec.memory)\n\n")
+            f.write(head + f"; {state}.\n")
+            f.write(f"Command: `python bench/bench_memory.py {' '.join(sys.argv[1:])}`\n\n")
+            f.write("\n".join(parts))
+
     for key in only:
         title, fn = SECTIONS[key]
         print(f"\n## {title}", flush=True)
@@ -584,17 +600,9 @@ def main():
         wall = time.perf_counter() - t0
         print(f"({key}: {wall:.0f} s)", flush=True)
         parts.append(f"## {title} ({wall:.0f} s)\n\n" + "\n".join(body) + "\n")
-    total = time.perf_counter() - t_start
-    load = os.getloadavg()
-    print(f"\ntotal {total:.0f} s; load average at the end {load[0]:.1f}", flush=True)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write("# Activation memory on the CPU (mixprec.memory)\n\n")
-            f.write(head + f"; total {total:.0f} s, load average at the end {load[0]:.1f}.\n")
-            f.write(f"Command: `python bench/bench_memory.py {' '.join(sys.argv[1:])}`\n\n")
-            f.write("\n".join(parts))
-
+        write(done=False)
+    write(done=True)
+    print(f"\ntotal {time.perf_counter() - t_start:.0f} s; load average at the end {os.getloadavg()[0]:.1f}", flush=True)
 
 if __name__ == "__main__":
     main()
