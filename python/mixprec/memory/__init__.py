@@ -21,12 +21,22 @@ What is packed, and what is kept exactly:
   conv, BN, ReLU, GELU, LayerNorm, attention output...). A tensor saved by
   several ops (ReLU's output that is also the next conv's input) is packed
   once. Its original is freed as soon as the forward no longer uses it.
-* narrowed losslessly: integer tensors of at least ``min_numel`` elements on
-  the CPU (max-pool indices) go to the narrowest of uint8 / int16 / int32
-  that holds their values (ResNet's stem max-pool: int64 -> int16).
+* stored losslessly in fewer bytes:
+
+  - the indices an ``nn.MaxPool2d`` saves, one byte each (the position in
+    its window, ``kh * kW + kw``, for windows of up to 256 elements; int64
+    -> uint8, on the CPU and on a GPU, no host sync);
+  - other integer tensors of at least ``min_numel`` elements on the CPU
+    (a functional ``F.max_pool2d``'s indices) in the narrowest of uint8 /
+    int16 / int32 that holds their values;
+  - bool tensors (CUDA dropout's masks) at one bit per element; and on the
+    CPU the mask tensor dropout multiplies by (no autograd history, only
+    zeros and one value ``1 / (1 - p)``) as one bit per element plus that
+    value.
 * kept exactly: parameters and what is only a cast or view of one (autocast's
   weight copies), tensors with no autograd history (the input batch, frozen
-  weights, buffers), bool tensors (dropout masks), integer tensors on a GPU,
+  weights, buffers) other than dropout's masks, integer tensors on a GPU
+  other than max-pool indices,
   tensors below ``min_numel`` elements (BN / LayerNorm statistics,
   biases), log-softmax outputs (the cross-entropy's saved log-probabilities,
   which backward exponentiates), the inputs ``torch.utils.checkpoint`` keeps
@@ -61,6 +71,7 @@ from typing import Any
 
 import torch
 import torch.utils.checkpoint
+from torch.overrides import TorchFunctionMode
 
 from .. import _act_pack
 from .._args import as_int
@@ -246,6 +257,158 @@ class _Narrowed:
         return self.small.to(self.dtype)
 
 
+class _PoolIndices:
+    """The int64 indices ``max_pool2d`` saves (``h * W + w`` in the input
+    plane), one uint8 each: the offset ``kh * kW + kw`` in the element's
+    window. ``geom`` = (W, kH, kW, sH, sW, pH, pW, dH, dW) of the pool."""
+
+    __slots__ = ("codes", "geom", "shape", "strides", "alias", "version", "__weakref__")
+
+    def __init__(self, t: torch.Tensor, geom: tuple, codes: torch.Tensor):
+        self.codes, self.geom = codes, geom
+        self.shape, self.strides = tuple(t.shape), t.stride()
+        self.version = t._version
+        self.alias = _version_alias(t)
+
+    @staticmethod
+    def _origins(shape, geom, device):
+        W, kH, kW, sH, sW, pH, pW, dH, dW = geom
+        ho = torch.arange(shape[-2], device=device, dtype=torch.int64).mul_(sH).sub_(pH).view(-1, 1)
+        wo = torch.arange(shape[-1], device=device, dtype=torch.int64).mul_(sW).sub_(pW)
+        return ho, wo
+
+    @classmethod
+    def encode(cls, t: torch.Tensor, geom: tuple) -> torch.Tensor | None:
+        """The codes, or None where they would not be exact (checked on the
+        CPU; on a GPU the pool's geometry guarantees it)."""
+        W, kH, kW, sH, sW, pH, pW, dH, dW = geom
+        idx = t.detach()
+        ho, wo = cls._origins(idx.shape, geom, idx.device)
+        with torch.no_grad():
+            h = torch.div(idx, W, rounding_mode="floor")
+            w = idx - h * W
+            h.sub_(ho).div_(dH, rounding_mode="floor")
+            w.sub_(wo).div_(dW, rounding_mode="floor")
+            codes = h.mul_(kW).add_(w).to(torch.uint8)
+            del h, w
+            if idx.device.type == "cpu" and not torch.equal(cls._decode(codes, geom, ho, wo), idx):
+                return None
+        return codes
+
+    @staticmethod
+    def _decode(codes, geom, ho, wo):
+        W, kH, kW, sH, sW, pH, pW, dH, dW = geom
+        c = codes.to(torch.int64)
+        kh = torch.div(c, kW, rounding_mode="floor")
+        c.sub_(kh * kW).mul_(dW).add_(wo)  # w
+        return kh.mul_(dH).add_(ho).mul_(W).add_(c)
+
+    def unpack(self) -> torch.Tensor:
+        if self.alias._version != self.version:
+            raise _inplace_error(f"torch.LongTensor {list(self.shape)}", self.version, self.alias._version)
+        ho, wo = self._origins(self.shape, self.geom, self.codes.device)
+        idx = self._decode(self.codes, self.geom, ho, wo)
+        if idx.stride() != self.strides:
+            idx = torch.empty_strided(self.shape, self.strides, dtype=idx.dtype, device=idx.device).copy_(idx)
+        return idx
+
+
+_BIT_WEIGHTS = {}
+
+
+def _bit_weights(device) -> torch.Tensor:
+    w = _BIT_WEIGHTS.get(device)
+    if w is None:
+        w = _BIT_WEIGHTS[device] = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=device)
+    return w
+
+
+class _Bits:
+    """A bool mask (or a tensor of zeros and one value ``value``) at one bit
+    per element."""
+
+    __slots__ = ("bits", "numel", "shape", "strides", "dtype", "value", "alias", "version", "__weakref__")
+
+    def __init__(self, t: torch.Tensor, value: torch.Tensor | None = None):
+        src = t.detach()
+        if not _act_pack._is_dense(src):
+            src = src.contiguous()
+        self.shape, self.strides = tuple(src.shape), src.stride()
+        self.numel, self.dtype, self.value = src.numel(), t.dtype, value
+        with torch.no_grad():
+            flat = src.as_strided((self.numel,), (1,))  # memory order (src is dense)
+            m = (flat != 0).to(torch.uint8) if value is not None else flat.to(torch.uint8)
+            pad = (-self.numel) % 8
+            if pad:
+                m = torch.cat([m, m.new_zeros(pad)])
+            self.bits = m.view(-1, 8).mul_(_bit_weights(m.device)).sum(1, dtype=torch.uint8)
+        self.version = t._version
+        self.alias = _version_alias(t)
+
+    @property
+    def nbytes(self) -> int:
+        return self.bits.numel()
+
+    def unpack(self) -> torch.Tensor:
+        if self.alias._version != self.version:
+            raise _inplace_error(f"{self.dtype} {list(self.shape)}", self.version, self.alias._version)
+        w = _bit_weights(self.bits.device)
+        m = self.bits.view(-1, 1).bitwise_and(w).ne(0).view(-1)[: self.numel]
+        out = m if self.value is None else m.to(self.dtype).mul_(self.value)
+        return out.as_strided(self.shape, self.strides)  # the memory order it was read in
+
+
+def _two_valued(t: torch.Tensor) -> torch.Tensor | None:
+    """The positive value c if ``t`` (a CPU float tensor) holds only 0 and c."""
+    c = t.max()
+    if not bool(c > 0):
+        return None
+    return c if bool(((t == 0) | (t == c)).all()) else None
+
+
+_POOL_FUNCS = frozenset({torch.nn.functional.max_pool2d, torch.nn.functional.max_pool2d_with_indices, torch.max_pool2d})
+
+
+def _pool_geometry(args, kwargs):
+    """((input shape but H, W), (W, kH, kW, sH, sW, pH, pW, dH, dW)) of a
+    max_pool2d call, or None."""
+
+    def bind(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+        return input, kernel_size, stride, padding, dilation
+
+    try:
+        x, k, st, pad, dil = bind(*args, **kwargs)
+        pair = torch.nn.modules.utils._pair
+        kH, kW = pair(k)
+        sH, sW = pair(st if st is not None and (not isinstance(st, (list, tuple)) or len(st)) else k)
+        (pH, pW), (dH, dW) = pair(pad), pair(dil)
+        geom = (int(x.shape[-1]), int(kH), int(kW), int(sH), int(sW), int(pH), int(pW), int(dH), int(dW))
+    except (TypeError, ValueError, AttributeError, IndexError):
+        return None
+    if not isinstance(x, torch.Tensor) or x.dim() not in (3, 4) or geom[1] * geom[2] > 256 or min(geom[1:]) < 0:
+        return None
+    return tuple(x.shape[:-2]), geom
+
+
+class _PoolGeometry(TorchFunctionMode):
+    """Tells the hooks the geometry of the max_pool2d running now (nn.MaxPool2d
+    and F.max_pool2d alike), so its indices can be coded in its windows."""
+
+    def __init__(self, ctx):
+        super().__init__()
+        self.ctx = ctx
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in _POOL_FUNCS:
+            return func(*args, **kwargs)
+        self.ctx._pool = _pool_geometry(args, kwargs)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.ctx._pool = None
+
+
 class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
     """Packs the activations saved for backward inside the ``with`` block
     (see the module's docstring for what is packed and what is kept).
@@ -285,18 +448,33 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
         self._seen: dict[int, tuple[Any, int, Any]] = {}
         self._kept_ids: dict[int, Any] = {}
         self._warned_compiled = False
+        self._pool: tuple | None = None  # (input shape but H, W; geometry) of the max_pool2d running now
+        self._mode = None
         super().__init__(self._pack, self._unpack)
 
     def __enter__(self):
         self._seen.clear()
         self._kept_ids.clear()
-        super().__enter__()
+        self._pool = None
+        # Max-pool indices are coded relative to their windows: the pool's
+        # geometry is read from the call (a thread-local torch-function mode).
+        self._mode = _PoolGeometry(self)
+        self._mode.__enter__()
+        try:
+            super().__enter__()
+        except BaseException:
+            self._mode.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc):
         self._seen.clear()
         self._kept_ids.clear()
-        return super().__exit__(*exc)
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._mode.__exit__(None, None, None)
+            self._mode, self._pool = None, None
 
     # ---- what is packed --------------------------------------------------
 
@@ -323,8 +501,10 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
             self._warn_compiled()
             self._count_kept(t)
             return _Kept(t)
-        if caller != _CHECKPOINT_FILE and _narrowable(t, self.min_numel):
-            return self._narrow(t)
+        if caller != _CHECKPOINT_FILE:
+            lossless = self._lossless(t)
+            if lossless is not None:
+                return lossless
         if caller == _CHECKPOINT_FILE or not self._packable(t):
             self._count_kept(t)
             return _Kept(t)
@@ -341,19 +521,56 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
         self.stats["packed_nbytes"] += packed.nbytes
         return packed
 
-    def _narrow(self, t: torch.Tensor):
+    def _lossless(self, t: torch.Tensor):
+        """Max-pool indices, integer, bool and dropout-mask tensors in fewer
+        bytes, exactly; None for anything else."""
+        if type(t) is not torch.Tensor or t.numel() < max(self.min_numel, 1):
+            return None
+        pool = self._pool
+        if t.dtype == torch.int64 and pool is not None and tuple(t.shape[:-2]) == pool[0]:
+            kind = "pool"
+        elif _narrowable(t, self.min_numel):
+            kind = "narrow"
+        elif t.dtype == torch.bool and t.device.type in ("cpu", "cuda"):
+            kind = "bits"
+        elif (t.dtype in _act_pack._FLOAT and t.grad_fn is None and not t.requires_grad
+              and t.device.type == "cpu" and _act_pack._is_dense(t)):
+            kind = "mask"  # CPU dropout's mask: zeros and 1 / (1 - p), no history
+        else:
+            return None
         entry = self._seen.get(id(t))
         if entry is not None and entry[0]() is t and entry[1] == t._version and entry[2]() is not None:
             return entry[2]()
-        packed = _Narrowed(t)
-        if packed.small is t:  # no narrower dtype holds it
+        packed = None
+        if kind == "pool":
+            codes = _PoolIndices.encode(t, pool[1])
+            if codes is not None:
+                packed, nbytes = _PoolIndices(t, pool[1], codes), codes.numel()
+            elif _narrowable(t, self.min_numel):
+                kind = "narrow"
+        if kind == "narrow":
+            packed = _Narrowed(t)
+            if packed.small is t:  # no narrower dtype holds it
+                packed = None
+            else:
+                nbytes = packed.small.numel() * packed.small.element_size()
+        elif kind == "bits":
+            packed = _Bits(t)
+            nbytes = packed.nbytes
+        elif kind == "mask":
+            value = _two_valued(t.detach())
+            if value is None:
+                return None
+            packed = _Bits(t, value)
+            nbytes = packed.nbytes
+        if packed is None:
             self._count_kept(t)
             return _Kept(t)
         key = id(t)
         self._seen[key] = (weakref.ref(t, lambda _r, k=key, s=self._seen: s.pop(k, None)), t._version, weakref.ref(packed))
         self.stats["packed"] += 1
         self.stats["packed_bytes"] += t.numel() * t.element_size()
-        self.stats["packed_nbytes"] += packed.small.numel() * packed.small.element_size()
+        self.stats["packed_nbytes"] += nbytes
         return packed
 
     def _warn_compiled(self) -> None:

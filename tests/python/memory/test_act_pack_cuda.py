@@ -57,3 +57,27 @@ def test_resnet_gradients_and_memory_on_cuda():
     cos = min(float(F.cosine_similarity(ref[k].view(1, -1), got[k].view(1, -1))) for k in ref if ref[k].norm() > 0)
     assert cos >= 0.999
     assert held8 <= 0.6 * held_ref, (held8, held_ref)
+
+
+def test_lossless_forms_on_cuda():
+    """Max-pool indices in one byte and dropout's bool mask in one bit, with
+    no host sync: gradients equal the uncompressed step's exactly."""
+    import math
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(4, 16, 57, 43, device="cuda", generator=g).requires_grad_()
+    w = torch.randn(4, 16, 29, 22, device="cuda", generator=g)
+    pool = torch.nn.MaxPool2d(3, 2, 1, ceil_mode=True)
+    ref = torch.autograd.grad((pool(x) * w).sum(), x)[0]
+    with compressed_activations(min_numel=1) as ctx:
+        loss = (pool(x) * w).sum()
+    assert torch.equal(torch.autograd.grad(loss, x)[0], ref)
+    assert ctx.stats["packed"] == 1 and ctx.stats["packed_nbytes"] == w.numel()
+
+    torch.manual_seed(4)
+    ref = torch.autograd.grad(F.dropout(x, 0.3, training=True).sum(), x)[0]
+    torch.manual_seed(4)
+    with compressed_activations(min_numel=1) as ctx:
+        loss = F.dropout(x, 0.3, training=True).sum()
+    assert torch.equal(torch.autograd.grad(loss, x)[0], ref)
+    assert ctx.stats["packed"] == 1 and ctx.stats["packed_nbytes"] == math.ceil(x.numel() / 8)

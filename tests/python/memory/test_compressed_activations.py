@@ -295,9 +295,103 @@ def test_maxpool_indices_narrowed_losslessly():
         y = F.max_pool2d(h, 3, 2, 1)
         loss = (y * 1.5).sum()  # saves nothing of y
     got = torch.autograd.grad(loss, x)[0]
-    # max-pool's backward reads only its indices (int64 -> int16 here): exact.
+    # max-pool's backward reads only its indices (int64 -> one byte each): exact.
     assert torch.equal(got, torch.autograd.grad(F.max_pool2d(x * 1.0, 3, 2, 1).sum() * 1.5, x)[0])
-    assert ctx.stats["packed"] == 2  # h (codes) and the indices (int16)
+    assert ctx.stats["packed"] == 2  # h (codes) and the indices (uint8)
     idx_bytes = 4 * 16 * 32 * 32
     assert ctx.stats["packed_bytes"] == 4 * 16 * 64 * 64 * 4 + idx_bytes * 8
     assert ref is not None
+
+
+# ---- lossless forms: max-pool indices in one byte, masks in one bit --------------
+
+_POOLS = [
+    # (kernel, stride, padding, dilation, ceil_mode, H, W, channels_last, functional)
+    (3, 2, 1, 1, False, 56, 56, False, False),  # ResNet's stem
+    (3, 2, 1, 1, True, 57, 43, False, True),
+    (2, 2, 0, 1, False, 32, 48, True, False),
+    ((3, 2), (2, 1), (1, 0), (2, 1), True, 33, 40, False, True),
+    (1, 2, 0, 1, False, 64, 64, False, True),  # FPN's LastLevelMaxPool
+    (16, 16, 0, 1, False, 128, 128, False, False),  # a 256-element window: still one byte
+]
+
+
+@pytest.mark.parametrize("k,s,p,d,ceil,H,W,cl,functional", _POOLS)
+def test_maxpool_indices_in_one_byte(k, s, p, d, ceil, H, W, cl, functional):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 8, H, W, generator=g)
+    if cl:
+        x = x.to(memory_format=torch.channels_last)
+    x.requires_grad_()
+    pool = (lambda t: F.max_pool2d(t, k, s, p, d, ceil_mode=ceil)) if functional else nn.MaxPool2d(k, s, p, d, ceil_mode=ceil)
+    w = torch.randn(pool(x).shape, generator=g)
+    ref = torch.autograd.grad((pool(x) * w).sum(), x)[0]
+    with compressed_activations(min_numel=1) as ctx:
+        y = pool(x)  # saves x (a leaf: kept) and its indices
+        loss = (y * w).sum()  # saves w (no history, not two-valued: kept)
+    got = torch.autograd.grad(loss, x)[0]
+    assert torch.equal(got, ref)  # the indices came back exact
+    assert ctx.stats["packed"] == 1 and ctx.stats["kept"] == 1
+    assert ctx.stats["packed_bytes"] == 8 * y.numel() and ctx.stats["packed_nbytes"] == y.numel()
+
+
+def test_maxpool_indices_of_large_windows_are_narrowed():
+    x = torch.randn(2, 4, 40, 40, requires_grad=True)
+    with compressed_activations(min_numel=1) as ctx:
+        y = F.max_pool2d(x, 17, 1)  # 289-element windows: not one byte; in-plane positions fit int16
+        loss = y.sum()
+    assert ctx.stats["packed_nbytes"] == 2 * y.numel()
+    assert torch.equal(torch.autograd.grad(loss, x)[0], torch.autograd.grad(F.max_pool2d(x, 17, 1).sum(), x)[0])
+
+
+def test_maxpool_indices_are_still_checked_for_inplace_changes():
+    x = torch.randn(2, 4, 16, 16, requires_grad=True)
+    with compressed_activations(min_numel=1):
+        y, idx = F.max_pool2d(x, 2, return_indices=True)
+        loss = y.sum()
+    idx.add_(0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+@pytest.mark.filterwarnings("error")  # torch warns if the mask comes back as uint8
+@pytest.mark.parametrize("shape,cl", [((5, 7, 9, 11), False), ((4, 16, 8, 8), True), ((3,) * 8, False)])
+def test_bool_masks_in_one_bit(shape, cl):
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(shape, generator=g)
+    mask = torch.rand(shape, generator=g) < 0.4
+    if cl:
+        x, mask = x.to(memory_format=torch.channels_last), mask.to(memory_format=torch.channels_last)
+    x.requires_grad_()
+    w = torch.randn(shape, generator=g)
+    ref = torch.autograd.grad((torch.where(mask, x, 0.0) * w).sum(), x)[0]
+    with compressed_activations(min_numel=1) as ctx:
+        loss = (torch.where(mask, x, 0.0) * w).sum()  # where saves the mask
+    got = torch.autograd.grad(loss, x)[0]
+    assert torch.equal(got, ref)
+    assert ctx.stats["packed"] == 1 and ctx.stats["packed_nbytes"] == math.ceil(mask.numel() / 8)
+    back = mixprec.memory._Bits(mask).unpack()
+    assert back.dtype == torch.bool and back.stride() == mask.stride() and torch.equal(back, mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_dropout_mask_in_one_bit(dtype):
+    x = torch.randn(32, 3000, dtype=dtype, requires_grad=True)
+    torch.manual_seed(7)
+    ref = torch.autograd.grad(F.dropout(x, 0.3, training=True).sum(), x)[0]
+    torch.manual_seed(7)
+    with compressed_activations(min_numel=1) as ctx:
+        loss = F.dropout(x, 0.3, training=True).sum()  # saves x (a leaf: kept) and the mask x is multiplied by
+    got = torch.autograd.grad(loss, x)[0]
+    assert torch.equal(got, ref)
+    assert 0.2 < float((ref == 0).float().mean()) < 0.4
+    assert ctx.stats["packed"] == 1 and ctx.stats["packed_nbytes"] == math.ceil(x.numel() / 8)
+
+
+def test_tensors_without_history_that_are_not_masks_are_kept():
+    x = torch.randn(64, 300)  # an input batch: no history, many values
+    w = torch.randn(300, 10, requires_grad=True)
+    with compressed_activations(min_numel=1) as ctx:
+        loss = (x @ w).sum()
+    assert ctx.stats["packed"] == 0 and ctx.stats["kept"] == 1
+    torch.testing.assert_close(torch.autograd.grad(loss, w)[0], x.sum(0, keepdim=True).T.expand(300, 10))
