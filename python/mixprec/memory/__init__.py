@@ -368,6 +368,20 @@ def _two_valued(t: torch.Tensor) -> torch.Tensor | None:
 
 _POOL_FUNCS = frozenset({torch.nn.functional.max_pool2d, torch.nn.functional.max_pool2d_with_indices, torch.max_pool2d})
 
+# Normalisation layers: what they save (their input) gets ``norm_bits``.
+_NORM_FUNCS = frozenset(
+    {
+        torch.nn.functional.batch_norm,
+        torch.batch_norm,
+        torch.nn.functional.group_norm,
+        torch.group_norm,
+        torch.nn.functional.layer_norm,
+        torch.layer_norm,
+        torch.nn.functional.instance_norm,
+        torch.instance_norm,
+    }
+)
+
 
 def _pool_geometry(args, kwargs):
     """((input shape but H, W), (W, kH, kW, sH, sW, pH, pW, dH, dW)) of a
@@ -392,7 +406,8 @@ def _pool_geometry(args, kwargs):
 
 class _PoolGeometry(TorchFunctionMode):
     """Tells the hooks the geometry of the max_pool2d running now (nn.MaxPool2d
-    and F.max_pool2d alike), so its indices can be coded in its windows."""
+    and F.max_pool2d alike), so its indices can be coded in its windows, and
+    whether a normalisation layer is running (its input gets ``norm_bits``)."""
 
     def __init__(self, ctx):
         super().__init__()
@@ -400,13 +415,19 @@ class _PoolGeometry(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func not in _POOL_FUNCS:
-            return func(*args, **kwargs)
-        self.ctx._pool = _pool_geometry(args, kwargs)
-        try:
-            return func(*args, **kwargs)
-        finally:
-            self.ctx._pool = None
+        if func in _POOL_FUNCS:
+            self.ctx._pool = _pool_geometry(args, kwargs)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.ctx._pool = None
+        if func in _NORM_FUNCS:
+            self.ctx._in_norm += 1
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.ctx._in_norm -= 1
+        return func(*args, **kwargs)
 
 
 class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
@@ -421,6 +442,14 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
         seed: the stochastic rounding's seed; with the same seed and program
             the codes are the same on any thread count or device.
         min_numel: tensors with fewer elements are kept as they are.
+        norm_bits: the code width for what normalisation layers save (the
+            inputs of BatchNorm / GroupNorm / LayerNorm / InstanceNorm):
+            4, 8, or 16 to keep them as they are; default ``bits``. Almost
+            all of the gradient error comes from these (their backward
+            re-normalises the input): on ResNet-50 (16 x 224, BF16) ``bits=4,
+            norm_bits=8`` raises the worst per-layer gradient cosine from
+            0.981 to 0.992 for 1.26x the bytes of ``bits=4``; ``bits=8,
+            norm_bits=16`` from 0.996 to 1.0000 for 1.44x those of ``bits=8``.
 
     After the block, ``stats`` holds what was saved: ``packed`` / ``kept``
     (tensors, each storage once; parameters not counted), ``packed_bytes``
@@ -429,10 +458,20 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
     kept_bytes``.
     """
 
-    def __init__(self, bits: int = 8, *, block: int | None = None, seed: int = 0, min_numel: int = 16384):
+    def __init__(
+        self, bits: int = 8, *, block: int | None = None, seed: int = 0, min_numel: int = 16384,
+        norm_bits: int | None = None,
+    ):
         self.bits = as_int(_WHERE, "bits", bits)
         if self.bits not in (8, 4):
             raise ValueError(f"{_WHERE}: bits must be 8 or 4, got {bits!r}")
+        if norm_bits is None:
+            self.norm_bits = self.bits
+        else:
+            self.norm_bits = as_int(_WHERE, "norm_bits", norm_bits)
+            if self.norm_bits not in (4, 8, 16):
+                raise ValueError(f"{_WHERE}: norm_bits must be 4, 8, 16 (kept as they are) or None, got {norm_bits!r}")
+        self._block_given = block is not None
         if block is None:
             self.block = _DEFAULT_BLOCK[self.bits]
         else:
@@ -449,13 +488,14 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
         self._kept_ids: dict[int, Any] = {}
         self._warned_compiled = False
         self._pool: tuple | None = None  # (input shape but H, W; geometry) of the max_pool2d running now
+        self._in_norm = 0  # > 0 while a normalisation layer runs
         self._mode = None
         super().__init__(self._pack, self._unpack)
 
     def __enter__(self):
         self._seen.clear()
         self._kept_ids.clear()
-        self._pool = None
+        self._pool, self._in_norm = None, 0
         # Max-pool indices are coded relative to their windows: the pool's
         # geometry is read from the call (a thread-local torch-function mode).
         self._mode = _PoolGeometry(self)
@@ -513,7 +553,14 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
             packed = entry[2]()
             if packed is not None:
                 return packed
-        packed = _Packed(t, self.bits, self.block, self._seed())
+        bits, block = self.bits, self.block
+        if self._in_norm and self.norm_bits != self.bits:
+            if self.norm_bits == 16:
+                self._count_kept(t)
+                return _Kept(t)
+            bits = self.norm_bits
+            block = self.block if self._block_given else _DEFAULT_BLOCK[bits]
+        packed = _Packed(t, bits, block, self._seed())
         key = id(t)
         self._seen[key] = (weakref.ref(t, lambda _r, k=key, s=self._seen: s.pop(k, None)), t._version, weakref.ref(packed))
         self.stats["packed"] += 1

@@ -259,6 +259,8 @@ def test_half_model_with_grad_scaler():
         ({"block": 8192}, ValueError, "block must be a power of two"),
         ({"min_numel": -1}, ValueError, "min_numel must be >= 0"),
         ({"seed": 2.5}, TypeError, "seed must be an integer"),
+        ({"norm_bits": 32}, ValueError, "norm_bits must be 4, 8, 16"),
+        ({"norm_bits": "8"}, TypeError, "norm_bits must be an integer"),
     ],
 )
 def test_bad_arguments(kwargs, exc, msg):
@@ -395,3 +397,46 @@ def test_tensors_without_history_that_are_not_masks_are_kept():
         loss = (x @ w).sum()
     assert ctx.stats["packed"] == 0 and ctx.stats["kept"] == 1
     torch.testing.assert_close(torch.autograd.grad(loss, w)[0], x.sum(0, keepdim=True).T.expand(300, 10))
+
+
+# ---- norm_bits: what normalisation layers save ---------------------------------
+
+
+def _conv_bn_relu():
+    torch.manual_seed(8)
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 4, 1))
+
+
+def test_norm_inputs_kept_exactly_with_norm_bits_16():
+    model = _conv_bn_relu()
+    g = torch.Generator().manual_seed(9)
+    x, w = torch.randn(4, 3, 32, 32, generator=g), torch.randn(4, 4, 32, 32, generator=g)
+
+    def grads(ctx):
+        model.zero_grad(set_to_none=True)
+        with ctx:
+            loss = (model(x) * w).sum()
+        loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    ref = grads(torch.autocast("cpu", enabled=False))
+    # BN's input kept, ReLU's output packed (its mask is exact; the last conv's weight gradient is not)
+    got = grads(compressed_activations(bits=8, norm_bits=16, min_numel=1))
+    for r, g_ in list(zip(ref, got))[:4]:  # conv1 and BN: exact
+        assert torch.equal(r, g_)
+    lossy = grads(compressed_activations(bits=8, min_numel=1))
+    assert not all(torch.equal(r, g_) for r, g_ in list(zip(ref, lossy))[:4])
+
+
+@pytest.mark.parametrize("norm", ["batch", "group", "layer"])
+def test_norm_bits_8_under_bits_4(norm):
+    torch.manual_seed(10)
+    layer = {"batch": nn.BatchNorm2d(16), "group": nn.GroupNorm(4, 16), "layer": nn.LayerNorm([16, 16, 16])}[norm]
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), layer, nn.ReLU())
+    x = torch.randn(4, 3, 16, 16)
+    n = 4 * 16 * 16 * 16
+    with compressed_activations(bits=4, norm_bits=8, min_numel=1024) as ctx:  # not the statistics
+        model(x).sum()
+    # the norm's input at 8 bits (block 256), the ReLU output at 4 (block 32)
+    assert ctx.stats["packed"] == 2
+    assert ctx.stats["packed_nbytes"] == (n + 4 * n // 256) + (n // 2 + 4 * n // 32)
