@@ -76,6 +76,10 @@ RECIPE_NAMES = ("amp-bf16", "amp-bf16 + 8-bit act", "amp-bf16 + 4-bit act", "amp
 RECIPES = [r for name in RECIPE_NAMES for r in mm.RECIPES if r.name == name]
 SHORT = {"amp-bf16": "amp-bf16", "amp-bf16 + 8-bit act": "+ 8-bit act", "amp-bf16 + 4-bit act": "+ 4-bit act",
          "amp-bf16 + checkpoint": "+ checkpoint"}
+# mixprec's recipe: the activations of the 8- / 4-bit rows with the lean optimizer state (8 B/param:
+# BF16 params + grads, 16-bit remainders, 8-bit moments) instead of torch AdamW's 16 B/param.
+LEAN = {"amp-bf16 + 8-bit act": "+ 8-bit act + lean state", "amp-bf16 + 4-bit act": "+ 4-bit act + lean state"}
+LEAN_STATE_BYTES = 8
 
 
 def set_threads(n: int) -> None:
@@ -282,6 +286,20 @@ def _sum_losses(d):
     return sum(d.values())
 
 
+def _ce_loss():
+    """Cross-entropy on random class labels (drawn inside the loss, from a
+    fixed generator): a classifier's loss on (N, C) logits and a segmenter's
+    on DeepLab's (N, C, H, W) "out". The labels are counted as the step's."""
+    g = torch.Generator().manual_seed(1)
+
+    def loss(out):
+        o = out["out"] if isinstance(out, dict) else out
+        y = torch.randint(0, o.shape[1], (o.shape[0],) + tuple(o.shape[2:]), generator=g)
+        return F.cross_entropy(o, y)
+
+    return loss
+
+
 def bytes_cases(quick: bool, deeplab_res: int):
     """(label, factory, plan kwargs, resolution note)."""
     tvm = torchvision.models
@@ -298,11 +316,14 @@ def bytes_cases(quick: bool, deeplab_res: int):
         ]
     dl = deeplab_res
     return [
-        ("resnet50", lambda: tvm.resnet50(weights=None), dict(input_shape=(3, 224, 224), batches=(2, 4)), "224x224"),
-        ("vit_b_16", lambda: tvm.vit_b_16(weights=None), dict(input_shape=(3, 224, 224), batches=(2, 4)), "224x224"),
+        ("resnet50", lambda: tvm.resnet50(weights=None), dict(input_shape=(3, 224, 224), batches=(2, 4),
+                                                               loss_fn=_ce_loss()), "224x224"),
+        ("vit_b_16", lambda: tvm.vit_b_16(weights=None), dict(input_shape=(3, 224, 224), batches=(2, 4),
+                                                              loss_fn=_ce_loss()), "224x224"),
         # BatchNorm after ASPP's global pooling needs 2 samples: batches (2, 3).
         ("deeplabv3_resnet50", lambda: tvm.segmentation.deeplabv3_resnet50(weights=None, weights_backbone=None),
-         dict(input_shape=(3, dl, dl), batches=(2, 3)), f"{dl}x{dl}" + (" (512: too slow here)" if dl < 512 else "")),
+         dict(input_shape=(3, dl, dl), batches=(2, 3), loss_fn=_ce_loss()),
+         f"{dl}x{dl}" + (" (512: too slow here)" if dl < 512 else "")),
         ("maskrcnn_resnet50_fpn (train)",
          lambda: tvm.detection.maskrcnn_resnet50_fpn(weights=None, weights_backbone=None),
          dict(make_batch=_maskrcnn_batch(800), loss_fn=_sum_losses, batches=(1, 2)), "800x800"),
@@ -377,6 +398,7 @@ def section_bytes(args) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(tab), flush=True)
     notes = []
+    lean_rows = {}
     for label, factory, kw, res in bytes_cases(args.quick, args.deeplab_res):
         t0 = time.perf_counter()
         check = args.check_batch if "input_shape" in kw and label in ("resnet50", "vit_b_16") else 0
@@ -400,12 +422,98 @@ def section_bytes(args) -> list[str]:
                        f"| {r.step_seconds:.1f} |")
             tab.append(row)
             print(row, flush=True)
+            if name in LEAN and not isinstance(r, Exception) and not isinstance(ref, Exception):
+                state = n * LEAN_STATE_BYTES
+                largest = int((ref.total - state - r.peak_fixed) // r.peak_per_sample)
+                lean_rows[(label, name)] = largest
+                row = (f"| {desc} | {res} | {LEAN[name]} | same | | same | | {r.peak_fixed / 1e6:.0f} | **{largest}** "
+                       f"({largest / 16:.2f}x) | state {state / 1e6:.0f} MB instead of {r.state / 1e6:.0f} | |")
+                tab.append(row)
+                print(row, flush=True)
         budget = f"budget {ref.total / 2**30:.2f} GiB" if not isinstance(ref, Exception) else "no budget (amp-bf16 failed)"
         notes.append(f"- {label} at {res}: {budget}; {wall:.0f} s to plan")
         print(notes[-1], flush=True)
         del rows
         gc.collect()
+    args._lean_rows = lean_rows
     return lines + notes + [""] + tab
+
+
+# ---- 2b. the largest batch, confirmed by real training steps ---------------------
+
+def _train_step_bytes(model, x, loss_fn, opt, bits, native) -> tuple[int, int]:
+    """One training step (forward under BF16 autocast, backward, optimizer
+    step) under LiveTracker: (tracked peak, parameter bytes). The parameters
+    exist before the tracker starts; gradients, optimizer state (made at the
+    first step) and activations are tracked."""
+    model.zero_grad(set_to_none=True)
+    gc.collect()
+    params = sum(p.untyped_storage().nbytes() for p in model.parameters())
+    ca = mm.compressed_activations(bits=bits) if bits else contextlib.nullcontext()
+    with kernels(native):
+        with mm.LiveTracker() as tr:
+            with torch.autocast("cpu", dtype=torch.bfloat16), ca:
+                loss = loss_fn(model(x))
+            loss.backward()
+            del loss
+            opt.step()
+            model.zero_grad(set_to_none=True)
+    return tr.peak, params
+
+
+def section_confirm(args) -> list[str]:
+    set_threads(2)
+    tvm = torchvision.models
+    dl = 64 if args.quick else args.deeplab_res
+    res = 32 if args.quick else 224
+    cases = [("resnet50", lambda: tvm.resnet50(weights=None), res),
+             ("deeplabv3_resnet50", lambda: tvm.segmentation.deeplabv3_resnet50(weights=None, weights_backbone=None), dl)]
+    planned = getattr(args, "_lean_rows", {})
+    lines = ["One real training step per row (forward under BF16 autocast, backward, optimizer step; random inputs, "
+             "cross-entropy on random labels) under mixprec.memory.LiveTracker; 'total' = parameter bytes + the "
+             "tracked peak (gradients, optimizer state made at the step, activations, temporaries). The budget row "
+             "is torch's recipe at batch 16: FP32 parameters, BF16 autocast, torch.optim.AdamW. mixprec's rows: "
+             "the model in BF16, `mixprec.optim.AdamW(param_remainders=True, exp_avg_dtype=exp_avg_sq_dtype="
+             "torch.uint8)` (8 B/param) and `compressed_activations(bits)`, at the largest batch the planner gave "
+             "(the bytes section's lean rows; else 2x and 3x of 16).", "",
+             "| model | input | recipe | batch | x 16 | params MB | tracked peak MB | total MB | of the budget |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    print("\n".join(lines[-2:]), flush=True)
+    for label, factory, r in cases:
+        torch.manual_seed(0)
+        ref_model = factory()
+        ref_model.train()
+        loss_fn = _ce_loss()
+        x = torch.randn(16, 3, r, r)
+        opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-4)
+        t0 = time.perf_counter()
+        peak, params = _train_step_bytes(ref_model, x, loss_fn, opt, None, args.native_bf16)
+        budget = params + peak
+        row = (f"| {label} | {r}x{r} | amp-bf16 + torch AdamW (the budget) | 16 | 1.00 | {params / 1e6:.0f} "
+               f"| {peak / 1e6:.0f} | {budget / 1e6:.0f} | 1.00 |")
+        lines.append(row)
+        print(row, f"({time.perf_counter() - t0:.0f} s)", flush=True)
+        del opt, x
+        model = ref_model.to(torch.bfloat16)
+        for bits, name in ((8, "amp-bf16 + 8-bit act"), (4, "amp-bf16 + 4-bit act")):
+            batch = planned.get((label, name)) or (32 if bits == 8 else 48)
+            if args.quick:
+                batch = min(batch, 8)
+            opt = mixprec.optim.AdamW(model.parameters(), lr=1e-4, param_remainders=True,
+                                      exp_avg_dtype=torch.uint8, exp_avg_sq_dtype=torch.uint8)
+            x = torch.randn(batch, 3, r, r, dtype=torch.bfloat16)
+            t0 = time.perf_counter()
+            peak, params = _train_step_bytes(model, x, loss_fn, opt, bits, args.native_bf16)
+            total = params + peak
+            row = (f"| {label} | {r}x{r} | {LEAN[name]} | {batch} | {batch / 16:.2f} | {params / 1e6:.0f} "
+                   f"| {peak / 1e6:.0f} | {total / 1e6:.0f} | {total / budget:.2f} |")
+            lines.append(row)
+            print(row, f"({time.perf_counter() - t0:.0f} s)", flush=True)
+            del opt, x
+            gc.collect()
+        del model, ref_model
+        gc.collect()
+    return lines
 
 
 # ---- 3. step time ---------------------------------------------------------------
@@ -468,12 +576,14 @@ def section_step(args) -> list[str]:
 
 # ---- 4. gradient fidelity -------------------------------------------------------
 
-def _grads(model, x, y, bits=None, autocast=True):
+def _grads(model, x, y, bits=None, autocast=True, norm_bits=None, stats=None):
     model.zero_grad(set_to_none=True)
-    ca = mm.compressed_activations(bits=bits) if bits else contextlib.nullcontext()
+    ca = mm.compressed_activations(bits=bits, norm_bits=norm_bits) if bits else contextlib.nullcontext()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), ca:
         loss = F.cross_entropy(model(x).float(), y)
     loss.backward()
+    if stats is not None and bits:
+        stats.append(ca.stats["packed_nbytes"] + ca.stats["kept_bytes"])
     return {n: p.grad.detach().double().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
@@ -505,9 +615,11 @@ def section_grad(args) -> list[str]:
              "train mode; vit_b_16's zero-initialised head is given trunc_normal(0.02) weights, or nothing below "
              "it would get a gradient). 'worst weight' = the worst conv / linear weight (a '.weight' of 2-D and up). "
              "'FP32 vs BF16' = the uncompressed FP32 step against the same BF16 step: how far autocast itself "
-             "moves the gradients.", ""]
-    tab = ["| model | batch x input | compared | params | worst cosine (parameter) | worst weight (parameter) | median |",
-           "|---|---|---|---|---|---|---|"]
+             "moves the gradients. 'norm_bits' = compressed_activations(norm_bits=): the code width of what "
+             "BatchNorm / LayerNorm save (16: kept as they are).", ""]
+    tab = ["| model | batch x input | compared | saved MB (packed + kept) | params | worst cosine (parameter) "
+           "| worst weight (parameter) | median |",
+           "|---|---|---|---|---|---|---|---|"]
     print("\n".join(tab), flush=True)
     for name, factory, batch, res in cases:
         torch.manual_seed(0)
@@ -519,7 +631,14 @@ def section_grad(args) -> list[str]:
         t0 = time.perf_counter()
         with kernels(args.native_bf16):
             ref = _grads(model, x, y)
-            got = {"8-bit": _grads(model, x, y, bits=8), "4-bit": _grads(model, x, y, bits=4)}
+            nb = {}
+            got = {}
+            for label, kw in (("8-bit", dict(bits=8)), ("4-bit", dict(bits=4)),
+                              ("4-bit, norm_bits=8", dict(bits=4, norm_bits=8)),
+                              ("8-bit, norm_bits=16", dict(bits=8, norm_bits=16))):
+                st = []
+                got[label] = _grads(model, x, y, stats=st, **kw)
+                nb[label] = st[0]
         got["FP32 vs BF16"] = _grads(model, x, y, autocast=False)
         keys = [k for k in ref if ref[k].norm() > 0]
         for label, gr in got.items():
@@ -527,7 +646,8 @@ def section_grad(args) -> list[str]:
             worst = min(keys, key=cos.get)
             weights = [k for k in keys if k.endswith("weight") and ref[k].dim() >= 2]
             worst_w = min(weights, key=cos.get)
-            row = (f"| {name} | {batch} x {res}x{res} | {label} | {len(keys)} | {cos[worst]:.4f} ({worst}) "
+            saved = f"{nb[label] / 1e6:.0f}" if label in nb else "-"
+            row = (f"| {name} | {batch} x {res}x{res} | {label} | {saved} | {len(keys)} | {cos[worst]:.4f} ({worst}) "
                    f"| {cos[worst_w]:.4f} ({worst_w}) | {med(list(cos.values())):.4f} |")
             tab.append(row)
             print(row, flush=True)
@@ -542,6 +662,7 @@ def section_grad(args) -> list[str]:
 SECTIONS = {
     "speed": ("Pack / unpack speed", section_speed),
     "bytes": ("Bytes per sample (mixprec.memory.plan)", section_bytes),
+    "confirm": ("The largest batch, confirmed by a training step", section_confirm),
     "step": ("Step time", section_step),
     "grad": ("Gradient fidelity", section_grad),
 }
@@ -550,7 +671,7 @@ SECTIONS = {
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, few rounds (smoke run)")
-    ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections: speed,bytes,step,grad")
+    ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections: speed,bytes,confirm,step,grad")
     ap.add_argument("--reps", type=int, default=None, help="rounds (speed: 9, step: 3; quick: 3 / 2)")
     ap.add_argument("--native-bf16", action="store_true",
                     help="torch's own BF16 kernels everywhere (no FP32Kernels; slow without AVX-512 BF16)")
