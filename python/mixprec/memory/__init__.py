@@ -361,7 +361,7 @@ class _Bits:
 def _two_valued(t: torch.Tensor) -> torch.Tensor | None:
     """The positive value c if ``t`` (a CPU float tensor) holds only 0 and c."""
     c = t.max()
-    if not bool(c > 0):
+    if not bool((c > 0) & c.isfinite()):  # inf * 0 would not come back as 0
         return None
     return c if bool(((t == 0) | (t == c)).all()) else None
 

@@ -390,6 +390,17 @@ def test_cpu_dropout_mask_in_one_bit(dtype):
     assert ctx.stats["packed"] == 1 and ctx.stats["packed_nbytes"] == math.ceil(x.numel() / 8)
 
 
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), -2.0])
+def test_zero_or_nonfinite_masks_are_kept(value):
+    mask = torch.zeros(64, 300)
+    mask[::3] = value
+    x = torch.randn(64, 300, requires_grad=True)
+    with compressed_activations(min_numel=1) as ctx:
+        loss = (x * mask).sum()
+    assert ctx.stats["packed"] == 0 and ctx.stats["kept"] == 1
+    torch.testing.assert_close(torch.autograd.grad(loss, x)[0], mask, rtol=0, atol=0, equal_nan=True)
+
+
 def test_tensors_without_history_that_are_not_masks_are_kept():
     x = torch.randn(64, 300)  # an input batch: no history, many values
     w = torch.randn(300, 10, requires_grad=True)
