@@ -400,6 +400,8 @@ def section_bytes(args) -> list[str]:
     notes = []
     lean_rows = {}
     for label, factory, kw, res in bytes_cases(args.quick, args.deeplab_res):
+        if args.models and not any(label.startswith(m) for m in args.models.split(",")):
+            continue
         t0 = time.perf_counter()
         check = args.check_batch if "input_shape" in kw and label in ("resnet50", "vit_b_16") else 0
         rows, checks, n = _plan(factory, args.native_bf16, check, **kw)
@@ -441,24 +443,37 @@ def section_bytes(args) -> list[str]:
 
 # ---- 2b. the largest batch, confirmed by real training steps ---------------------
 
-def _train_step_bytes(model, x, loss_fn, opt, bits, native) -> tuple[int, int]:
-    """One training step (forward under BF16 autocast, backward, optimizer
-    step) under LiveTracker: (tracked peak, parameter bytes). The parameters
-    exist before the tracker starts; gradients, optimizer state (made at the
-    first step) and activations are tracked."""
-    model.zero_grad(set_to_none=True)
-    gc.collect()
-    params = sum(p.untyped_storage().nbytes() for p in model.parameters())
-    ca = mm.compressed_activations(bits=bits) if bits else contextlib.nullcontext()
+def _train_step_bytes(model, x, loss_fn, opt, bits, native) -> tuple[int, int, int]:
+    """A training step as from the second one on: a first step on 2 samples
+    makes the optimizer's state (untracked), then one step (forward under
+    BF16 autocast, backward, optimizer step) under LiveTracker. Returns
+    (tracked peak, parameter bytes, optimizer-state bytes): the parameters
+    and the state exist before the tracker starts; gradients, activations and
+    temporaries are tracked."""
+    ca = (lambda: mm.compressed_activations(bits=bits)) if bits else contextlib.nullcontext
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16), ca():
+            loss = loss_fn(model(xb))
+        loss.backward()
+        del loss
+        opt.step()
+        model.zero_grad(set_to_none=True)
+
     with kernels(native):
+        xb = x[:2]
+        step()
+        gc.collect()
+        params = sum(p.untyped_storage().nbytes() for p in model.parameters())
+        seen = {}
+        for st in opt.state.values():
+            for v in st.values():
+                if isinstance(v, torch.Tensor):
+                    seen[v.untyped_storage().data_ptr()] = v.untyped_storage().nbytes()
+        xb = x
         with mm.LiveTracker() as tr:
-            with torch.autocast("cpu", dtype=torch.bfloat16), ca:
-                loss = loss_fn(model(x))
-            loss.backward()
-            del loss
-            opt.step()
-            model.zero_grad(set_to_none=True)
-    return tr.peak, params
+            step()
+    return tr.peak, params, sum(seen.values())
 
 
 def section_confirm(args) -> list[str]:
@@ -470,14 +485,16 @@ def section_confirm(args) -> list[str]:
              ("deeplabv3_resnet50", lambda: tvm.segmentation.deeplabv3_resnet50(weights=None, weights_backbone=None), dl)]
     planned = getattr(args, "_lean_rows", {})
     lines = ["One real training step per row (forward under BF16 autocast, backward, optimizer step; random inputs, "
-             "cross-entropy on random labels) under mixprec.memory.LiveTracker; 'total' = parameter bytes + the "
-             "tracked peak (gradients, optimizer state made at the step, activations, temporaries). The budget row "
+             "cross-entropy on random labels) under mixprec.memory.LiveTracker, after a first step on 2 samples "
+             "that made the optimizer's state; 'total' = parameter bytes + optimizer-state bytes + the tracked peak "
+             "(gradients, activations, temporaries). The budget row "
              "is torch's recipe at batch 16: FP32 parameters, BF16 autocast, torch.optim.AdamW. mixprec's rows: "
              "the model in BF16, `mixprec.optim.AdamW(param_remainders=True, exp_avg_dtype=exp_avg_sq_dtype="
              "torch.uint8)` (8 B/param) and `compressed_activations(bits)`, at the largest batch the planner gave "
              "(the bytes section's lean rows; else 2x and 3x of 16).", "",
-             "| model | input | recipe | batch | x 16 | params MB | tracked peak MB | total MB | of the budget |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| model | input | recipe | batch | x 16 | params MB | optimizer state MB | tracked peak MB | total MB "
+             "| of the budget |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines[-2:]), flush=True)
     for label, factory, r in cases:
         torch.manual_seed(0)
@@ -487,10 +504,10 @@ def section_confirm(args) -> list[str]:
         x = torch.randn(16, 3, r, r)
         opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-4)
         t0 = time.perf_counter()
-        peak, params = _train_step_bytes(ref_model, x, loss_fn, opt, None, args.native_bf16)
-        budget = params + peak
+        peak, params, state = _train_step_bytes(ref_model, x, loss_fn, opt, None, args.native_bf16)
+        budget = params + state + peak
         row = (f"| {label} | {r}x{r} | amp-bf16 + torch AdamW (the budget) | 16 | 1.00 | {params / 1e6:.0f} "
-               f"| {peak / 1e6:.0f} | {budget / 1e6:.0f} | 1.00 |")
+               f"| {state / 1e6:.0f} | {peak / 1e6:.0f} | {budget / 1e6:.0f} | 1.00 |")
         lines.append(row)
         print(row, f"({time.perf_counter() - t0:.0f} s)", flush=True)
         del opt, x
@@ -503,10 +520,10 @@ def section_confirm(args) -> list[str]:
                                       exp_avg_dtype=torch.uint8, exp_avg_sq_dtype=torch.uint8)
             x = torch.randn(batch, 3, r, r, dtype=torch.bfloat16)
             t0 = time.perf_counter()
-            peak, params = _train_step_bytes(model, x, loss_fn, opt, bits, args.native_bf16)
-            total = params + peak
+            peak, params, state = _train_step_bytes(model, x, loss_fn, opt, bits, args.native_bf16)
+            total = params + state + peak
             row = (f"| {label} | {r}x{r} | {LEAN[name]} | {batch} | {batch / 16:.2f} | {params / 1e6:.0f} "
-                   f"| {peak / 1e6:.0f} | {total / 1e6:.0f} | {total / budget:.2f} |")
+                   f"| {state / 1e6:.0f} | {peak / 1e6:.0f} | {total / 1e6:.0f} | {total / budget:.2f} |")
             lines.append(row)
             print(row, f"({time.perf_counter() - t0:.0f} s)", flush=True)
             del opt, x
@@ -681,6 +698,7 @@ def main():
                     help="resnet50 / vit_b_16: also measure the peak at this batch against the planner's line (0: not)")
     ap.add_argument("--deeplab-res", type=int, default=512,
                     help="deeplabv3_resnet50's resolution in the bytes table (default 512)")
+    ap.add_argument("--models", default="", help="bytes section: only these models (comma-separated prefixes)")
     ap.add_argument("--grad-res", type=int, default=224, help="resnet18 / resnet50 resolution in the grad table")
     ap.add_argument("--speed-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help="write the Markdown results here")

@@ -9,8 +9,9 @@ peak of forward + backward are each a line in the batch size, extrapolated
 to the batch asked. The training state (parameters, gradients, optimizer
 state) is counted from the parameter count at the recipe's bytes per
 parameter (torch AdamW on FP32 parameters: 16; mixprec's lean state: 8),
-and the gradients backward allocates are taken out of the tracked peak so
-they are not counted twice.
+and the peak is taken over the run without the gradients backward leaves
+in ``.grad`` (``LiveTracker.peak_excluding``), so they are not counted
+twice and the peak is found where it falls without them.
 """
 
 from __future__ import annotations
@@ -131,11 +132,13 @@ def _measure(model, recipe, make_batch, batch, loss_fn):
             tr.mark("forward")
             loss.backward()
         del loss
-        grads = sum(p.grad.untyped_storage().nbytes() for p in model.parameters() if p.grad is not None)
     seconds = time.perf_counter() - t0
+    # The gradients are in the training state (counted per parameter): the
+    # peak is taken over the run without them, wherever it falls.
+    peak = tr.peak_excluding([p.grad for p in model.parameters() if p.grad is not None])
     for p in model.parameters():
         p.grad = None
-    return tr.marks["forward"], tr.peak - grads, seconds
+    return tr.marks["forward"], peak, seconds
 
 
 def plan(

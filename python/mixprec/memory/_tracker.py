@@ -33,14 +33,36 @@ class LiveTracker(TorchDispatchMode):
         self.peak = 0
         self.marks: dict[str, int] = {}
         self._live: dict[int, int] = {}  # storage key -> bytes
+        self._serial: dict[int, int] = {}  # storage key -> the number of its allocation
+        self._events: list[tuple[int, int]] = []  # (allocation number, +bytes / -bytes) in order
 
     def mark(self, name: str) -> None:
         self.marks[name] = self.current
+
+    def peak_excluding(self, tensors) -> int:
+        """The peak of the bytes alive without the storages of ``tensors``
+        (still alive now; e.g. the gradients backward made, which a planner
+        counts elsewhere), at whatever point of the run it falls."""
+        skip = set()
+        for t in tensors:
+            try:
+                serial = self._serial.get(t.untyped_storage().data_ptr())
+            except (RuntimeError, NotImplementedError):
+                continue
+            if serial is not None:
+                skip.add(serial)
+        cur = peak = 0
+        for serial, delta in self._events:
+            if serial not in skip:
+                cur += delta
+                peak = max(peak, cur)
+        return peak
 
     def _free(self, key: int) -> None:
         nbytes = self._live.pop(key, None)
         if nbytes is not None:
             self.current -= nbytes
+            self._events.append((self._serial.pop(key), -nbytes))
 
     def _track(self, t: torch.Tensor) -> None:
         try:
@@ -56,6 +78,8 @@ class LiveTracker(TorchDispatchMode):
         except TypeError:
             return
         self._live[key] = nbytes
+        self._serial[key] = len(self._events)
+        self._events.append((len(self._events), nbytes))
         self.current += nbytes
         self.peak = max(self.peak, self.current)
 

@@ -35,6 +35,19 @@ def test_tracker_counts_storages_once_until_freed():
     assert b.numel() == 10**6
 
 
+def test_tracker_peak_excluding_tensors_still_alive():
+    with mm.LiveTracker() as t:
+        a = torch.empty(1000)  # 4000 B, alive to the end (a "gradient")
+        b = torch.empty(2000)  # 8000 B
+        del b
+        c = torch.empty(500)  # 2000 B, reuses nothing of a's key
+    assert t.peak == 12000
+    assert t.peak_excluding([a]) == 8000  # b alone, before c
+    assert t.peak_excluding([]) == 12000
+    assert t.peak_excluding([torch.empty(3)]) == 12000  # not tracked: nothing taken out
+    del a, c
+
+
 def test_plan_recipes_and_extrapolation():
     model = _cnn()
     names = ["amp-bf16", "amp-bf16 + 8-bit act", "amp-bf16 + 4-bit act", "amp-bf16 + 8-bit act + lean state"]
