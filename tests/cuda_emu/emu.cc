@@ -99,7 +99,18 @@ size_t dyn_smem = 0, smem_used = 0;
 alignas(64) unsigned char smem[kSmemLimit];
 std::vector<std::pair<const void *, size_t>> svars;
 cudaError_t sticky = cudaSuccess;
-std::mt19937_64 rng;
+/* xorshift64*: cheap enough to redraw a block's thread order every pass. */
+struct Rng {
+  using result_type = uint64_t;
+  uint64_t x = 1;
+  static constexpr uint64_t min() { return 0; }
+  static constexpr uint64_t max() { return ~0ull; }
+  uint64_t operator()() {
+    x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+    return x * 0x2545f4914f6cdd1dull;
+  }
+  void seed(uint64_t s) { x = s * 0x9e3779b97f4a7c15ull | 1; }
+} rng;
 long long seed_v = -2;
 
 long long seed() {
@@ -118,12 +129,42 @@ void describe_thread(FILE *f) {
           launch_site.file, launch_site.line, seed());
 }
 
+/* The current pass over the block: threads[order[pos..]] are still to be
+ * resumed. A thread that waits or exits switches straight to the next
+ * runnable one (one switch, not two through the scheduler). */
+std::vector<int> order, ready_next; /* this pass; made runnable for the next */
+size_t pos = 0;
+std::vector<int> dirty;             /* warps with a lane newly waiting or exited */
+std::vector<char> is_dirty;
+int n_bar = 0, n_amask = 0;
+
+void make_ready(Thread &t) {
+  t.state = RUN;
+  ready_next.push_back(t.lin);
+}
+void mark_dirty(int w) {
+  if (!is_dirty[w]) is_dirty[w] = 1, dirty.push_back(w);
+}
+
+void *next_sp() {
+  while (pos < order.size()) {
+    Thread &t = threads[order[pos++]];
+    if (t.state == RUN) {
+      cur = &t;
+      return t.sp;
+    }
+  }
+  cur = nullptr;
+  return sched_sp;
+}
+
 void fiber_main() {
   Thread *t = cur;
   (*body)();
   t->state = DONE;
   live--;
-  emu_swap(&t->sp, sched_sp);
+  mark_dirty(t->warp);
+  emu_swap(&t->sp, next_sp());
   __builtin_unreachable();
 }
 
@@ -146,16 +187,16 @@ void *fresh_stack(int i) {
 
 void wait_here() {
   Thread *t = cur;
-  emu_swap(&t->sp, sched_sp);
+  emu_swap(&t->sp, next_sp());
 }
 
 struct SiteLess {
   bool operator()(const Site &a, const Site &b) const {
-    int c = strcmp(a.file, b.file);
+    int c = a.file == b.file ? 0 : strcmp(a.file, b.file);
     return c ? c < 0 : a.line < b.line;
   }
 };
-bool same_site(const Site &a, const Site &b) { return a.line == b.line && !strcmp(a.file, b.file); }
+bool same_site(const Site &a, const Site &b) { return a.line == b.line && (a.file == b.file || !strcmp(a.file, b.file)); }
 
 /* Every waiting thread's place, grouped, then abort. */
 [[noreturn]] void dump_and_abort(const char *what) {
@@ -247,16 +288,15 @@ bool resolve_warp(int w) {
       cur = nullptr;
     }
     for (int j = 0; j < nl; j++)
-      if ((m >> j) & 1u) threads[base + j].state = RUN;
+      if ((m >> j) & 1u) make_ready(threads[base + j]);
     progress = true;
   }
   return progress;
 }
 
 bool resolve_barrier() {
-  int nb = 0;
-  for (auto &t : threads) nb += t.state == BAR;
-  if (nb == 0 || nb != live) return false;
+  if (n_bar == 0 || n_bar != live) return false;
+  n_bar = 0;
   const Thread *first = nullptr;
   int agg_or = 0, agg_and = 1, count = 0;
   for (auto &t : threads) {
@@ -268,12 +308,13 @@ bool resolve_barrier() {
   for (auto &t : threads) {
     if (t.state != BAR) continue;
     t.result = t.kind == 0 ? agg_or : t.kind == 1 ? agg_and : count;
-    t.state = RUN;
+    make_ready(t);
   }
   return true;
 }
 
 bool resolve_activemask() {
+  if (n_amask == 0) return false;
   bool progress = false;
   for (auto &t : threads) {
     if (t.state != AMASK) continue;
@@ -284,7 +325,7 @@ bool resolve_activemask() {
       if (u.state == AMASK && same_site(u.at, t.at)) m |= 1u << j;
     }
     for (int j = 0; j < nl; j++)
-      if ((m >> j) & 1u) threads[base + j].result = m, threads[base + j].state = RUN;
+      if ((m >> j) & 1u) threads[base + j].result = m, make_ready(threads[base + j]), n_amask--;
     progress = true;
   }
   return progress;
@@ -297,29 +338,38 @@ void run_block(uint3 b, int order_seed) {
   svars.clear();
   memset(smem, fill_byte(), dyn_smem);
   threads.assign(n_threads, Thread{});
+  const int n_warps = (n_threads + 31) / 32;
+  is_dirty.assign(n_warps, 0);
+  dirty.clear();
+  ready_next.clear();
+  n_bar = n_amask = 0;
   for (int i = 0; i < n_threads; i++) {
+    ready_next.push_back(order_seed < 0 ? n_threads - 1 - i : i);
     Thread &t = threads[i];
     t.lin = i, t.lane = i % 32, t.warp = i / 32, t.state = RUN;
     t.tid = uint3{i % block_dim.x, (i / block_dim.x) % block_dim.y, i / (block_dim.x * block_dim.y)};
     t.sp = fresh_stack(i);
   }
   live = n_threads;
-  const int n_warps = (n_threads + 31) / 32;
-  std::vector<int> order(n_threads);
-  for (int i = 0; i < n_threads; i++) order[i] = order_seed < 0 ? n_threads - 1 - i : i;
   for (;;) {
     bool progress = false;
+    order.swap(ready_next);
+    ready_next.clear();
     if (order_seed > 0) std::shuffle(order.begin(), order.end(), rng);
-    for (int i : order) {
-      Thread &t = threads[i];
-      if (t.state != RUN) continue;
-      cur = &t;
-      emu_swap(&sched_sp, t.sp);
-      cur = nullptr;
+    else if (order_seed < 0) std::sort(order.begin(), order.end(), std::greater<int>());
+    else std::sort(order.begin(), order.end());
+    pos = 0;
+    void *sp = next_sp();
+    if (sp != sched_sp) {
+      emu_swap(&sched_sp, sp);
       progress = true;
     }
     if (live == 0) break;
-    for (int w = 0; w < n_warps; w++) progress |= resolve_warp(w);
+    for (size_t i = 0; i < dirty.size(); i++) {
+      is_dirty[dirty[i]] = 0;
+      progress |= resolve_warp(dirty[i]);
+    }
+    dirty.clear();
     if (!progress) progress = resolve_barrier();
     if (!progress) progress = resolve_activemask();
     if (!progress) dump_and_abort("deadlock");
@@ -402,6 +452,7 @@ int syncthreads_red(int pred, int op, Site at) {
   Thread *t = cur;
   if (!t) fail(at, "__syncthreads outside a kernel");
   t->state = BAR, t->kind = op, t->val = (uint64_t)pred, t->at = at;
+  n_bar++;
   wait_here();
   return (int)t->result;
 }
@@ -410,6 +461,7 @@ uint64_t warp_op(int kind, unsigned mask, uint64_t value, int arg, int width, Si
   Thread *t = cur;
   if (!t) fail(at, "warp operation outside a kernel");
   t->state = WARP, t->kind = kind, t->mask = mask, t->val = value, t->arg = arg, t->width = width, t->at = at;
+  mark_dirty(t->warp);
   wait_here();
   return t->result;
 }
@@ -418,6 +470,7 @@ unsigned activemask(Site at) {
   Thread *t = cur;
   if (!t) fail(at, "__activemask outside a kernel");
   t->state = AMASK, t->at = at;
+  n_amask++;
   wait_here();
   return (unsigned)t->result;
 }

@@ -105,9 +105,10 @@ template <class... P> struct Launcher {
   template <class S> Launcher &cfg(dim3 grid, dim3 block, size_t shared, S *s) {
     return cfg(grid, block, shared, (void *)s);
   }
-  template <class... A> void operator()(A &&...a) {
-    static_assert(sizeof...(A) == sizeof...(P), "kernel argument count");
-    auto args = std::make_shared<std::tuple<std::decay_t<P>...>>(std::forward<A>(a)...);
+  /* The parameters' own types: the call converts the arguments as a call of
+   * the kernel would (NULL to a pointer, int64_t to int). */
+  void operator()(std::decay_t<P>... a) {
+    auto args = std::make_shared<std::tuple<std::decay_t<P>...>>(std::move(a)...);
     auto fn = k;
     submit(at, g, b, smem, stream, [fn, args] { std::apply(fn, *args); });
   }
