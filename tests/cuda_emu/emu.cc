@@ -431,7 +431,8 @@ uint8_t fill_byte() {
 }
 
 void fail(Site at, const char *fmt, ...) {
-  fprintf(stderr, "cuda_emu: %s:%d: ", at.file, at.line);
+  if (at.line > 0) fprintf(stderr, "cuda_emu: %s:%d: ", at.file, at.line);
+  else fprintf(stderr, "cuda_emu: ");
   va_list ap;
   va_start(ap, fmt);
   vfprintf(stderr, fmt, ap);
