@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of mixprec from a fresh checkout: installs what it needs,
 # builds the libraries (CUDA too when nvcc is present), runs GoogleTest
-# (ctest) on a normal and on an ASan+UBSan build of the C API, fuzzes the C
+# (ctest) on a normal and on an ASan+UBSan build of the C API, runs every
+# CUDA kernel's C tests on the CPU under tests/cuda_emu, fuzzes the C
 # entry points for 20 s each (scripts/fuzz.sh, libFuzzer), checks the
 # torch libraries use no unstable torch symbols, builds the sdist and the
 # wheel and installs the wheel in a fresh venv on torch 2.13.0
@@ -22,7 +23,11 @@ stage "build (build/)"
 # still compile and link the CUDA library.
 CUDA_ARG=()
 command -v nvcc >/dev/null && CUDA_ARG=(-DMIXPREC_CUDA=ON)
-cmake -S . -B build -DPython3_EXECUTABLE="$PY" -DCMAKE_BUILD_TYPE=Release "${CUDA_ARG[@]}" >/dev/null
+# Every CUDA kernel also runs on the CPU through the project's emulator
+# (tests/cuda_emu: g++ and python3 only; its fiber switch is x86-64).
+EMU_ARG=()
+[ "$(uname -m)" = x86_64 ] && EMU_ARG=(-DMIXPREC_CUDA_EMU=ON)
+cmake -S . -B build -DPython3_EXECUTABLE="$PY" -DCMAKE_BUILD_TYPE=Release "${CUDA_ARG[@]}" "${EMU_ARG[@]}" >/dev/null
 cmake --build build -j "$JOBS"
 
 stage "stable-ABI check"
@@ -30,7 +35,13 @@ bash scripts/check_abi.sh build
 
 if [ -x build/mixprec_c_tests ]; then
   stage "GoogleTest (release)"
-  ctest --test-dir build --output-on-failure -j "$JOBS"
+  ctest --test-dir build --output-on-failure -j "$JOBS" -LE cuda_emu
+  if [ ${#EMU_ARG[@]} -gt 0 ]; then
+    stage "CUDA kernels and their C tests under emulation, and the mutation check (tests/cuda_emu)"
+    ctest --test-dir build --output-on-failure -j "$JOBS" -L cuda_emu
+  elif [ "${CI:-}" = true ]; then
+    echo "CI needs the CUDA emulation (x86-64)" >&2; exit 1
+  fi
   stage "GoogleTest (ASan + UBSan)"
   cmake -S . -B build-asan -DMIXPREC_SANITIZE=ON -DMIXPREC_TORCH=OFF -DMIXPREC_CUDA=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
