@@ -448,8 +448,9 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
             all of the gradient error comes from these (their backward
             re-normalises the input): on ResNet-50 (16 x 224, BF16) ``bits=4,
             norm_bits=8`` raises the worst per-layer gradient cosine from
-            0.981 to 0.992 for 1.26x the bytes of ``bits=4``; ``bits=8,
-            norm_bits=16`` from 0.996 to 1.0000 for 1.44x those of ``bits=8``.
+            0.975-0.981 to 0.992 for 1.26x the bytes of ``bits=4``;
+            ``bits=8, norm_bits=16`` from 0.995-0.996 to 1.0000 for 1.44x
+            those of ``bits=8`` (bench/results/memory_cpu_grad.md).
 
     After the block, ``stats`` holds what was saved: ``packed`` / ``kept``
     (tensors, each storage once; parameters not counted), ``packed_bytes``
