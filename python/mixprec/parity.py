@@ -35,10 +35,12 @@ CLI: ``python -m mixprec.parity pkg.module:setup --recipe fp16 --steps 20
 from __future__ import annotations
 
 import argparse
+import collections.abc
 import copy
 import ctypes
 import importlib
 import math
+import os
 import statistics
 import sys
 import time
@@ -49,6 +51,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from ._args import as_int
 
 __all__ = ["parity", "ParityResult", "RunResult"]
 
@@ -219,6 +223,60 @@ def _run(name, model, batches, loss_fn, make_opt, device, recipe, guard_on):
     return result, guard
 
 
+def _check_parity_args(make_model, batches, recipe, loss_fn, optimizer, steps, guard, device, png) -> int:
+    """Every argument of ``parity`` checked before anything trains; returns the step count."""
+    w = "mixprec.parity"
+    if not isinstance(recipe, str):
+        raise TypeError(f"{w}: recipe must be a str, one of {sorted(_RECIPES)}, got {type(recipe).__name__} {recipe!r}")
+    if recipe not in _RECIPES:
+        raise ValueError(f"{w}: recipe must be one of {sorted(_RECIPES)}, got {recipe!r}")
+    if isinstance(make_model, torch.nn.Module) or not callable(make_model):
+        raise TypeError(
+            f"{w}: make_model must be a function that returns a new model (e.g. lambda: Net()), got "
+            f"{type(make_model).__name__}" + (" (a model: each run needs its own copy)" if isinstance(make_model, torch.nn.Module) else "")
+        )
+    if not isinstance(batches, collections.abc.Sequence) or isinstance(batches, (str, bytes)):
+        raise TypeError(
+            f"{w}: batches must be a list or tuple of (input, target) pairs, got {type(batches).__name__}"
+            + (" (a generator or iterator: pass list(...) so both runs see the same batches)"
+               if isinstance(batches, collections.abc.Iterator) else "")
+        )
+    if len(batches) == 0:
+        raise ValueError(f"{w}: batches is empty")
+    for i, b in enumerate(batches):
+        if not isinstance(b, (tuple, list)) or len(b) != 2:
+            raise TypeError(f"{w}: batches[{i}] must be an (input, target) pair, got {type(b).__name__}")
+    if not callable(loss_fn):
+        raise TypeError(f"{w}: loss_fn must be callable (output, target) -> loss, got {type(loss_fn).__name__}")
+    if optimizer is not None and (isinstance(optimizer, torch.optim.Optimizer) or not callable(optimizer)):
+        raise TypeError(
+            f"{w}: optimizer must be a function params -> optimizer (e.g. lambda ps: torch.optim.AdamW(ps)), got "
+            f"{type(optimizer).__name__}" + (" (an optimizer instance: each run needs its own)"
+                                            if isinstance(optimizer, torch.optim.Optimizer) else "")
+        )
+    steps = len(batches) if steps is None else as_int(w, "steps", steps, low=1)
+    if not isinstance(guard, bool):
+        raise TypeError(f"{w}: guard must be a bool, got {type(guard).__name__} {guard!r}")
+    if device is not None:
+        if not isinstance(device, (str, torch.device)):
+            raise TypeError(f"{w}: device must be a str or torch.device, got {type(device).__name__}")
+        try:
+            torch.device(device)
+        except RuntimeError as e:
+            raise ValueError(f"{w}: device {device!r} is not a device: {e}") from None
+    if png is not None:
+        if not isinstance(png, (str, os.PathLike)):
+            raise TypeError(f"{w}: png must be a path (str or os.PathLike), got {type(png).__name__}")
+        parent = os.path.dirname(os.path.abspath(os.fspath(png)))
+        if not os.path.isdir(parent):
+            raise ValueError(f"{w}: png's directory {parent!r} does not exist")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise RuntimeError(f"{w}: png needs matplotlib (pip install matplotlib)") from None
+    return steps
+
+
 def parity(
     make_model: Callable[[], torch.nn.Module],
     batches: Sequence[Any],
@@ -234,11 +292,7 @@ def parity(
     """Trains ``make_model()`` in FP32 and with ``recipe`` from the same
     initial weights on the same ``batches`` (``(input, target)`` pairs,
     reused cyclically up to ``steps``); see the module docstring."""
-    if recipe not in _RECIPES:
-        raise ValueError(f"mixprec.parity: recipe must be one of {sorted(_RECIPES)}, got {recipe!r}")
-    if not batches:
-        raise ValueError("mixprec.parity: batches is empty")
-    steps = steps or len(batches)
+    steps = _check_parity_args(make_model, batches, recipe, loss_fn, optimizer, steps, guard, device, png)
     data = [batches[i % len(batches)] for i in range(steps)]
     make_opt = optimizer or (lambda ps: torch.optim.AdamW(ps, lr=1e-3))
     probe = _heap_probe()

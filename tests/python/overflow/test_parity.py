@@ -52,3 +52,50 @@ def test_cli(capsys):
     assert main(["_models:setup", "--steps", "3", "--guard"]) == 0
     out = capsys.readouterr().out
     assert "parity of fp16 with FP32 over 3 steps" in out and "forward overflow in blocks.1.attn" in out
+
+
+# ---- arguments: checked before anything trains, errors name the argument -----------
+
+
+def _bad_parity_calls(tmp_path):
+    data = batches(2)
+    gen = (b for b in data)
+    return [
+        (dict(recipe=16), TypeError, "recipe must be a str"),
+        (dict(recipe="fp8"), ValueError, "recipe must be one of"),
+        (dict(make_model=None), TypeError, "make_model must be a function"),
+        (dict(make_model=torch.nn.Linear(2, 2)), TypeError, "a model: each run needs its own copy"),
+        (dict(batches=None), TypeError, "batches must be a list or tuple"),
+        (dict(batches=gen), TypeError, "pass list"),
+        (dict(batches=[]), ValueError, "batches is empty"),
+        (dict(batches=[data[0], torch.zeros(3)]), TypeError, r"batches\[1\] must be an \(input, target\) pair"),
+        (dict(batches=[(1, 2, 3)]), TypeError, r"batches\[0\] must be an \(input, target\) pair"),
+        (dict(steps=0), ValueError, "steps must be >= 1, got 0"),
+        (dict(steps=2.5), TypeError, "steps must be an integer"),
+        (dict(steps="3"), TypeError, "steps must be an integer"),
+        (dict(loss_fn="ce"), TypeError, "loss_fn must be callable"),
+        (dict(optimizer=torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)), TypeError,
+         "an optimizer instance"),
+        (dict(optimizer="adamw"), TypeError, "optimizer must be a function"),
+        (dict(guard="yes"), TypeError, "guard must be a bool"),
+        (dict(device=3.5), TypeError, "device must be a str or torch.device"),
+        (dict(device="gpu0"), ValueError, "is not a device"),
+        (dict(png=str(tmp_path / "missing" / "curves.png")), ValueError, "png's directory .* does not exist"),
+        (dict(png=5), TypeError, "png must be a path"),
+    ]
+
+
+def test_bad_arguments_are_refused_before_training(tmp_path):
+    calls = []
+
+    def factory():
+        calls.append(1)
+        return vit()
+
+    for kw, exc, msg in _bad_parity_calls(tmp_path):
+        args = dict(make_model=factory, batches=batches(2))
+        args.update(kw)
+        make_model, data = args.pop("make_model"), args.pop("batches")
+        with pytest.raises(exc, match="mixprec.parity: .*" + msg):
+            parity(make_model, data, **args)
+        assert calls == [], kw  # nothing was built or trained
