@@ -91,6 +91,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from . import _overflow
+from ._args import as_int
 from ._library import FLOAT_DTYPES as _FLOAT
 
 __all__ = ["ForwardGuard", "OverflowReport", "FallbackEvent"]
@@ -262,8 +263,26 @@ class ForwardGuard:
         move_params: bool | None = None,
         process_group=None,
     ) -> None:
-        if after < 1:
-            raise ValueError(f"mixprec.guard.ForwardGuard: after must be >= 1, got {after}")
+        w = "mixprec.guard.ForwardGuard"
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"{w}: model must be a torch.nn.Module, got {type(model).__name__}")
+        after = as_int(w, "after", after, low=1)
+        for name, flag in (("fallback", fallback), ("backward", backward)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{w}: {name} must be a bool, got {type(flag).__name__} {flag!r}")
+        if move_params is not None and not isinstance(move_params, bool):
+            raise TypeError(f"{w}: move_params must be a bool or None, got {type(move_params).__name__} {move_params!r}")
+        if not isinstance(fallback_dtype, torch.dtype):
+            raise TypeError(f"{w}: fallback_dtype must be a torch.dtype, got {type(fallback_dtype).__name__}")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            if isinstance(optimizer, (str, bytes, nn.Module)) or not isinstance(optimizer, (list, tuple)):
+                raise TypeError(
+                    f"{w}: optimizer must be a torch.optim.Optimizer, a list of them or None, got "
+                    f"{type(optimizer).__name__}"
+                )
+            for i, o in enumerate(optimizer):
+                if not isinstance(o, torch.optim.Optimizer):
+                    raise TypeError(f"{w}: optimizer[{i}] must be a torch.optim.Optimizer, got {type(o).__name__}")
         if fallback_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(
                 f"mixprec.guard.ForwardGuard: fallback_dtype must be torch.float32 or torch.bfloat16, "

@@ -345,3 +345,43 @@ def test_dropout_passthroughs_are_not_checked_nor_taken_for_in_place():
     with torch.autocast("cpu", dtype=torch.float16):
         model(x)
     assert {guard._names[i] for i in guard._order} == {"0", "1", "2"} and not guard._inplace_seen
+
+
+# ---- constructor arguments: checked first, named --------------------------------
+
+
+@pytest.mark.parametrize(
+    "kw,exc,msg",
+    [
+        (dict(after=float("nan")), ValueError, "after must be an integer, got nan"),
+        (dict(after=1.5), TypeError, "after must be an integer, got the non-integral 1.5"),
+        (dict(after=0), ValueError, "after must be >= 1, got 0"),
+        (dict(after="2"), TypeError, "after must be an integer"),
+        (dict(fallback="yes"), TypeError, "fallback must be a bool"),
+        (dict(backward=1), TypeError, "backward must be a bool"),
+        (dict(move_params="no"), TypeError, "move_params must be a bool or None"),
+        (dict(fallback_dtype="float32"), TypeError, "fallback_dtype must be a torch.dtype"),
+        (dict(fallback_dtype=torch.float16), ValueError, "fallback_dtype must be torch.float32 or torch.bfloat16"),
+        (dict(optimizer="adamw"), TypeError, "optimizer must be a torch.optim.Optimizer, a list of them or None"),
+        (dict(optimizer="MODEL"), TypeError, "optimizer must be a torch.optim.Optimizer, a list of them or None"),
+        (dict(optimizer=["MODEL"]), TypeError, r"optimizer\[0\] must be a torch.optim.Optimizer, got Linear"),
+    ],
+)
+def test_constructor_refuses_bad_arguments(kw, exc, msg):
+    model = torch.nn.Linear(4, 4)
+    kw = {k: (model if v == "MODEL" else [model] if v == ["MODEL"] else v) for k, v in kw.items()}
+    with pytest.raises(exc, match="mixprec.guard.ForwardGuard: " + msg):
+        ForwardGuard(model, **kw)
+
+
+@pytest.mark.parametrize("model", [None, torch.zeros(3), [torch.nn.Linear(2, 2)], torch.nn.Linear, lambda: 1])
+def test_constructor_refuses_a_model_that_is_not_a_module(model):
+    with pytest.raises(TypeError, match="mixprec.guard.ForwardGuard: model must be a torch.nn.Module"):
+        ForwardGuard(model)
+
+
+def test_constructor_takes_integral_floats_and_tuples_of_optimizers():
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = ForwardGuard(model, after=2.0, optimizer=(opt,))
+    assert guard.after == 2 and isinstance(guard.after, int)
