@@ -450,6 +450,20 @@ class ForwardGuard:
         counts it and, with the fallback on, moves modules that reached
         ``after`` overflows to the fallback dtype for the next step. Returns
         the step's report, or None for a healthy step. Clears the record."""
+        w = "mixprec.guard.ForwardGuard.step"
+        if found_inf is not None:
+            if isinstance(found_inf, torch.Tensor):
+                if found_inf.numel() != 1:
+                    raise ValueError(
+                        f"{w}: found_inf must be a one-element tensor (the scaler's), got shape {tuple(found_inf.shape)}"
+                    )
+            elif isinstance(found_inf, bool) or not isinstance(found_inf, (int, float)):
+                raise TypeError(
+                    f"{w}: found_inf must be a one-element tensor or a number (0: healthy), got "
+                    f"{type(found_inf).__name__} {found_inf!r}"
+                )
+        elif loss is not None and not isinstance(loss, torch.Tensor):
+            raise TypeError(f"{w}: loss must be a tensor, got {type(loss).__name__}")
         group = self._group()
         if found_inf is not None:
             bad = bool(found_inf != 0) if isinstance(found_inf, torch.Tensor) else found_inf != 0

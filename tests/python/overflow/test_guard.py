@@ -385,3 +385,24 @@ def test_constructor_takes_integral_floats_and_tuples_of_optimizers():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     guard = ForwardGuard(model, after=2.0, optimizer=(opt,))
     assert guard.after == 2 and isinstance(guard.after, int)
+
+
+@pytest.mark.parametrize(
+    "kw,exc,msg",
+    [
+        (dict(found_inf="1"), TypeError, "found_inf must be a one-element tensor or a number"),
+        (dict(found_inf=[0.0]), TypeError, "found_inf must be a one-element tensor or a number"),
+        (dict(found_inf=True), TypeError, "found_inf must be a one-element tensor or a number"),
+        (dict(found_inf=torch.zeros(2)), ValueError, r"found_inf must be a one-element tensor \(the scaler's\)"),
+        (dict(loss=1.0), TypeError, "loss must be a tensor, got float"),
+        (dict(loss=[torch.tensor(1.0)]), TypeError, "loss must be a tensor, got list"),
+    ],
+)
+def test_step_refuses_bad_arguments_and_changes_nothing(kw, exc, msg):
+    model = torch.nn.Linear(4, 4)
+    guard = ForwardGuard(model)
+    with pytest.raises(exc, match="mixprec.guard.ForwardGuard.step: " + msg):
+        guard.step(**kw)
+    assert guard.steps == 0
+    assert guard.step(found_inf=torch.zeros(1)) is None and guard.step(found_inf=0.0) is None
+    assert guard.steps == 2
