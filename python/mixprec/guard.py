@@ -559,8 +559,17 @@ class ForwardGuard:
         """Runs module ``name`` (as in ``model.named_modules()``; ``"<model>"``
         for the root) in ``dtype`` (default: the guard's fallback dtype)
         from now on."""
+        w = "mixprec.guard.ForwardGuard.fallback"
+        if not isinstance(name, str):
+            raise TypeError(f"{w}: name must be a module's name (a str), got {type(name).__name__}")
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise TypeError(f"{w}: dtype must be a torch.dtype or None, got {type(dtype).__name__}")
+        if dtype is not None and dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"{w}: dtype must be torch.float32 or torch.bfloat16 (as the guard's fallback_dtype), got {dtype}")
+        if not isinstance(why, str):
+            raise TypeError(f"{w}: why must be a str, got {type(why).__name__}")
         if name not in self._index:
-            raise KeyError(f"mixprec.guard.ForwardGuard.fallback: no module named {name!r} in the model")
+            raise KeyError(f"{w}: no module named {name!r} in the model")
         if name in self.fallback_set:
             return
         self._apply(self._index[name], dtype or self.fallback_dtype, why)

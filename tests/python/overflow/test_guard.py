@@ -406,3 +406,23 @@ def test_step_refuses_bad_arguments_and_changes_nothing(kw, exc, msg):
     assert guard.steps == 0
     assert guard.step(found_inf=torch.zeros(1)) is None and guard.step(found_inf=0.0) is None
     assert guard.steps == 2
+
+
+@pytest.mark.parametrize(
+    "args,exc,msg",
+    [
+        (("0", torch.float16), ValueError, "dtype must be torch.float32 or torch.bfloat16"),
+        (("0", torch.int32), ValueError, "dtype must be torch.float32 or torch.bfloat16"),
+        (("0", "float32"), TypeError, "dtype must be a torch.dtype or None"),
+        ((0,), TypeError, "name must be a module's name"),
+        (("nope",), KeyError, "no module named 'nope'"),
+    ],
+)
+def test_fallback_refuses_bad_arguments_and_changes_nothing(args, exc, msg):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    guard = ForwardGuard(model)
+    forward = model[0].forward
+    with pytest.raises(exc, match="mixprec.guard.ForwardGuard.fallback: " + msg):
+        guard.fallback(*args)
+    assert guard.fallback_set == set() or not guard.fallback_set
+    assert model[0].forward == forward
