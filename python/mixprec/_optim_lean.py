@@ -705,7 +705,16 @@ class LeanState:
         FP32 master, joined from the remainder in remainder mode; for
         master-free and FP32 params the param widened) and ``ema`` when
         kept. New tensors (DTensors for DTensor params): writing them
-        changes nothing here."""
+        changes nothing here. A tensor that is not one of the optimizer's
+        parameters raises (before its first step a parameter has no moments:
+        only ``master``)."""
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"mixprec.optim.{type(self).__name__}.fp32_state: p must be a parameter (a tensor), got {type(p).__name__}")
+        if not any(q is p for g in self.param_groups for q in g["params"]):
+            raise ValueError(
+                f"mixprec.optim.{type(self).__name__}.fp32_state: p (a tensor of shape {tuple(p.shape)}) is not one of this "
+                "optimizer's parameters"
+            )
         st = self.state.get(p, {})
         out: dict[str, Any] = {}
         for key, v in st.items():

@@ -710,3 +710,15 @@ def test_state_formats_saved_by_name_and_loaded_either_way(cls):
         q.grad = grads[1]
         o2.step()
         assert torch.equal(q.view(torch.int16), p.view(torch.int16)), form
+
+
+def test_fp32_state_of_a_tensor_the_optimizer_does_not_hold_raises():
+    model = torch.nn.Linear(8, 8).to(torch.bfloat16)
+    opt = AdamW(model.parameters(), lr=1e-3, param_remainders=True)
+    other = torch.nn.Parameter(torch.zeros(8, 8, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"mixprec.optim.AdamW.fp32_state: p \(a tensor of shape \(8, 8\)\) is not one"):
+        opt.fp32_state(other)
+    with pytest.raises(TypeError, match="mixprec.optim.AdamW.fp32_state: p must be a parameter"):
+        opt.fp32_state("weight")
+    st = opt.fp32_state(model.weight)  # held, before the first step: the master only
+    assert set(st) == {"master"} and torch.equal(st["master"], model.weight.float())
