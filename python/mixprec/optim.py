@@ -92,10 +92,15 @@ class _FusedMasterWeightOptimizer(LeanState, _StateAndCheckpoints, _RoundingSeed
         and gets its stochastic-rounding seed now (drawn from torch's default
         generator when not given, so torch.manual_seed makes it
         reproducible)."""
+        n = len(self.param_groups)
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        self._check_group_args(group)
-        self._check_lean_group(group)
+        try:
+            self._check_group_args(group)
+            self._check_lean_group(group)
+        except BaseException:
+            del self.param_groups[n:]  # a refused group is not kept
+            raise
         self._draw_seed(group)
 
     @staticmethod

@@ -722,3 +722,26 @@ def test_fp32_state_of_a_tensor_the_optimizer_does_not_hold_raises():
         opt.fp32_state("weight")
     st = opt.fp32_state(model.weight)  # held, before the first step: the master only
     assert set(st) == {"master"} and torch.equal(st["master"], model.weight.float())
+
+
+@pytest.mark.parametrize(
+    "extra,exc",
+    [
+        (dict(exp_avg_dtype=torch.int8), (ValueError, TypeError)),
+        (dict(param_remainders=True, dtype=torch.float16), (ValueError, RuntimeError, TypeError)),
+    ],
+)
+def test_refused_param_group_is_not_kept(extra, exc):
+    model = torch.nn.Linear(8, 8).to(torch.bfloat16)
+    opt = AdamW(model.parameters(), lr=1e-3)
+    dtype = extra.pop("dtype", torch.bfloat16)
+    p = torch.nn.Parameter(torch.randn(8, 8).to(dtype))
+    with pytest.raises(exc):
+        opt.add_param_group(dict(params=[p], **extra))
+    assert len(opt.param_groups) == 1
+    # the optimizer still steps, and the param can go into a valid group
+    model.weight.grad = torch.randn_like(model.weight)
+    model.bias.grad = torch.randn_like(model.bias)
+    opt.step()
+    opt.add_param_group(dict(params=[p.detach().to(torch.bfloat16).requires_grad_()]))
+    assert len(opt.param_groups) == 2
