@@ -129,7 +129,7 @@ class Progress:
         if sys.stdout.isatty():
             from tqdm import tqdm  # scripts/requirements.txt; only needed on a terminal
 
-            self.bar = tqdm(total=total, desc=f"  {name:<11}", unit="step", file=sys.stdout,
+            self.bar = tqdm(total=total, desc=f"  {name:<16} ", unit="step", file=sys.stdout,
                             dynamic_ncols=True, leave=True,
                             bar_format="{desc}{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
 
