@@ -277,6 +277,19 @@ class _PoolIndices:
         wo = torch.arange(shape[-1], device=device, dtype=torch.int64).mul_(sW).sub_(pW)
         return ho, wo
 
+    # Elements per slice of the index arithmetic (whole leading-dim slices):
+    # its int64 temporaries stay small whatever the batch, so they add no
+    # per-sample memory.
+    _CHUNK = 1 << 12
+
+    @classmethod
+    def _slices(cls, shape):
+        per = 1
+        for d in shape[1:]:
+            per *= d
+        step = max(1, cls._CHUNK // max(per, 1))
+        return [(s, min(s + step, shape[0])) for s in range(0, shape[0], step)]
+
     @classmethod
     def encode(cls, t: torch.Tensor, geom: tuple) -> torch.Tensor | None:
         """The codes, or None where they would not be exact (checked on the
@@ -284,15 +297,21 @@ class _PoolIndices:
         W, kH, kW, sH, sW, pH, pW, dH, dW = geom
         idx = t.detach()
         ho, wo = cls._origins(idx.shape, geom, idx.device)
+        codes = torch.empty_like(idx, dtype=torch.uint8)
         with torch.no_grad():
-            h = torch.div(idx, W, rounding_mode="floor")
-            w = idx - h * W
-            h.sub_(ho).div_(dH, rounding_mode="floor")
-            w.sub_(wo).div_(dW, rounding_mode="floor")
-            codes = h.mul_(kW).add_(w).to(torch.uint8)
-            del h, w
-            if idx.device.type == "cpu" and not torch.equal(cls._decode(codes, geom, ho, wo), idx):
-                return None
+            for a, b in cls._slices(idx.shape):
+                i = idx[a:b]
+                h = torch.div(i, W, rounding_mode="floor")
+                w = i - h * W
+                h.sub_(ho).div_(dH, rounding_mode="floor")
+                w.sub_(wo).div_(dW, rounding_mode="floor")
+                code = h.mul_(kW).add_(w)
+                del w
+                codes[a:b].copy_(code)
+                del code
+                # A code outside [0, 256) wrapped in uint8 and does not decode back.
+                if idx.device.type == "cpu" and not torch.equal(cls._decode(codes[a:b], geom, ho, wo), i):
+                    return None
         return codes
 
     @staticmethod
@@ -307,9 +326,9 @@ class _PoolIndices:
         if self.alias._version != self.version:
             raise _inplace_error(f"torch.LongTensor {list(self.shape)}", self.version, self.alias._version)
         ho, wo = self._origins(self.shape, self.geom, self.codes.device)
-        idx = self._decode(self.codes, self.geom, ho, wo)
-        if idx.stride() != self.strides:
-            idx = torch.empty_strided(self.shape, self.strides, dtype=idx.dtype, device=idx.device).copy_(idx)
+        idx = torch.empty_strided(self.shape, self.strides, dtype=torch.int64, device=self.codes.device)
+        for a, b in self._slices(self.shape):
+            idx[a:b].copy_(self._decode(self.codes[a:b], self.geom, ho, wo))
         return idx
 
 
