@@ -251,6 +251,10 @@ class _Narrowed:
         self.version = t._version
         self.alias = _version_alias(t) if self.small is not t else None
 
+    @property
+    def nbytes(self) -> int:
+        return self.small.numel() * self.small.element_size()
+
     def unpack(self) -> torch.Tensor:
         if self.alias._version != self.version:
             raise _inplace_error(f"{self.dtype} {list(self.small.shape)}", self.version, self.alias._version)
@@ -269,6 +273,10 @@ class _PoolIndices:
         self.shape, self.strides = tuple(t.shape), t.stride()
         self.version = t._version
         self.alias = _version_alias(t)
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.numel()
 
     @staticmethod
     def _origins(shape, geom, device):
@@ -568,11 +576,9 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
         if caller == _CHECKPOINT_FILE or not self._packable(t):
             self._count_kept(t)
             return _Kept(t)
-        entry = self._seen.get(id(t))
-        if entry is not None and entry[0]() is t and entry[1] == t._version:
-            packed = entry[2]()
-            if packed is not None:
-                return packed
+        packed = self._cached(t)
+        if packed is not None:
+            return packed
         bits, block = self.bits, self.block
         if self._in_norm and self.norm_bits != self.bits:
             if self.norm_bits == 16:
@@ -580,7 +586,17 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
                 return _Kept(t)
             bits = self.norm_bits
             block = self.block if self._block_given else _DEFAULT_BLOCK[bits]
-        packed = _Packed(t, bits, block, self._seed())
+        return self._remember(t, _Packed(t, bits, block, self._seed()))
+
+    def _cached(self, t: torch.Tensor):
+        """The packed form of ``t`` at its current version, if it was packed (saved by an earlier op)."""
+        entry = self._seen.get(id(t))
+        if entry is not None and entry[0]() is t and entry[1] == t._version:
+            return entry[2]()
+        return None
+
+    def _remember(self, t: torch.Tensor, packed):
+        """Counts ``packed`` (the form of ``t`` that is saved) and keeps it for the next op saving ``t``."""
         key = id(t)
         self._seen[key] = (weakref.ref(t, lambda _r, k=key, s=self._seen: s.pop(k, None)), t._version, weakref.ref(packed))
         self.stats["packed"] += 1
@@ -605,40 +621,30 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
             kind = "mask"  # CPU dropout's mask: zeros and 1 / (1 - p), no history
         else:
             return None
-        entry = self._seen.get(id(t))
-        if entry is not None and entry[0]() is t and entry[1] == t._version and entry[2]() is not None:
-            return entry[2]()
-        packed = None
+        packed = self._cached(t)
+        if packed is not None:
+            return packed
         if kind == "pool":
             codes = _PoolIndices.encode(t, pool[1])
             if codes is not None:
-                packed, nbytes = _PoolIndices(t, pool[1], codes), codes.numel()
+                packed = _PoolIndices(t, pool[1], codes)
             elif _narrowable(t, self.min_numel):
                 kind = "narrow"
         if kind == "narrow":
             packed = _Narrowed(t)
             if packed.small is t:  # no narrower dtype holds it
                 packed = None
-            else:
-                nbytes = packed.small.numel() * packed.small.element_size()
         elif kind == "bits":
             packed = _Bits(t)
-            nbytes = packed.nbytes
         elif kind == "mask":
             value = _two_valued(t.detach())
             if value is None:
                 return None
             packed = _Bits(t, value)
-            nbytes = packed.nbytes
         if packed is None:
             self._count_kept(t)
             return _Kept(t)
-        key = id(t)
-        self._seen[key] = (weakref.ref(t, lambda _r, k=key, s=self._seen: s.pop(k, None)), t._version, weakref.ref(packed))
-        self.stats["packed"] += 1
-        self.stats["packed_bytes"] += t.numel() * t.element_size()
-        self.stats["packed_nbytes"] += nbytes
-        return packed
+        return self._remember(t, packed)
 
     def _warn_compiled(self) -> None:
         if not self._warned_compiled:
