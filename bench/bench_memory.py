@@ -502,55 +502,43 @@ def section_confirm(args) -> list[str]:
              "| of the budget |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines[-2:]), flush=True)
+    def measure(label, r, recipe, model, opt, x, loss_fn, bits, budget=None):
+        """One row: the step's bytes at x's batch; budget None = this row is the budget."""
+        t0 = time.perf_counter()
+        peak, params, state = _train_step_bytes(model, x, loss_fn, opt, bits, args.native_bf16)
+        total = params + state + peak
+        batch = x.shape[0]
+        row = (f"| {label} | {r}x{r} | {recipe} | {batch} | {batch / 16:.2f} | {params / 1e6:.0f} "
+               f"| {state / 1e6:.0f} | {peak / 1e6:.0f} | {total / 1e6:.0f} | {total / (budget or total):.2f} |")
+        lines.append(row)
+        print(row, f"({time.perf_counter() - t0:.0f} s)", flush=True)
+        gc.collect()
+        return peak, params, state, total
+
+    def lean_opt(model):
+        return mixprec.optim.AdamW(model.parameters(), lr=1e-4, param_remainders=True,
+                                   exp_avg_dtype=torch.uint8, exp_avg_sq_dtype=torch.uint8)
+
     for label, factory, r in cases:
         torch.manual_seed(0)
         ref_model = factory()
         ref_model.train()
         loss_fn = _ce_loss()
-        x = torch.randn(16, 3, r, r)
-        opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-4)
-        t0 = time.perf_counter()
-        peak, params, state = _train_step_bytes(ref_model, x, loss_fn, opt, None, args.native_bf16)
-        budget = params + state + peak
-        row = (f"| {label} | {r}x{r} | amp-bf16 + torch AdamW (the budget) | 16 | 1.00 | {params / 1e6:.0f} "
-               f"| {state / 1e6:.0f} | {peak / 1e6:.0f} | {budget / 1e6:.0f} | 1.00 |")
-        lines.append(row)
-        print(row, f"({time.perf_counter() - t0:.0f} s)", flush=True)
-        del opt, x
+        budget = measure(label, r, "amp-bf16 + torch AdamW (the budget)", ref_model,
+                         torch.optim.AdamW(ref_model.parameters(), lr=1e-4), torch.randn(16, 3, r, r), loss_fn, None)[3]
         model = ref_model.to(torch.bfloat16)
         for bits, name in ((8, "amp-bf16 + 8-bit act"), (4, "amp-bf16 + 4-bit act")):
             batch = planned.get((label, name)) or (32 if bits == 8 else 48)
             if args.quick:
                 batch = min(batch, 8)
-            opt = mixprec.optim.AdamW(model.parameters(), lr=1e-4, param_remainders=True,
-                                      exp_avg_dtype=torch.uint8, exp_avg_sq_dtype=torch.uint8)
-            x = torch.randn(batch, 3, r, r, dtype=torch.bfloat16)
-            t0 = time.perf_counter()
-            peak, params, state = _train_step_bytes(model, x, loss_fn, opt, bits, args.native_bf16)
-            total = params + state + peak
-            row = (f"| {label} | {r}x{r} | {LEAN[name]} | {batch} | {batch / 16:.2f} | {params / 1e6:.0f} "
-                   f"| {state / 1e6:.0f} | {peak / 1e6:.0f} | {total / 1e6:.0f} | {total / budget:.2f} |")
-            lines.append(row)
-            print(row, f"({time.perf_counter() - t0:.0f} s)", flush=True)
-            del opt, x
-            gc.collect()
+            peak, params, state, total = measure(label, r, LEAN[name], model, lean_opt(model),
+                                                 torch.randn(batch, 3, r, r, dtype=torch.bfloat16), loss_fn, bits, budget)
             if total > budget and not args.quick:
                 # Over the budget: the batch the step's own bytes say fits (the tracked peak taken as
                 # proportional to the batch, which errs small), run again to show it.
                 fit = int(batch * (budget - params - state) / peak)
-                opt = mixprec.optim.AdamW(model.parameters(), lr=1e-4, param_remainders=True,
-                                          exp_avg_dtype=torch.uint8, exp_avg_sq_dtype=torch.uint8)
-                x = torch.randn(fit, 3, r, r, dtype=torch.bfloat16)
-                t0 = time.perf_counter()
-                peak, params, state = _train_step_bytes(model, x, loss_fn, opt, bits, args.native_bf16)
-                total = params + state + peak
-                row = (f"| {label} | {r}x{r} | {LEAN[name]}, the batch that fits | {fit} | {fit / 16:.2f} "
-                       f"| {params / 1e6:.0f} | {state / 1e6:.0f} | {peak / 1e6:.0f} | {total / 1e6:.0f} "
-                       f"| {total / budget:.2f} |")
-                lines.append(row)
-                print(row, f"({time.perf_counter() - t0:.0f} s)", flush=True)
-                del opt, x
-                gc.collect()
+                measure(label, r, f"{LEAN[name]}, the batch that fits", model, lean_opt(model),
+                        torch.randn(fit, 3, r, r, dtype=torch.bfloat16), loss_fn, bits, budget)
         del model, ref_model
         gc.collect()
     return lines
