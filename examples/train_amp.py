@@ -211,10 +211,11 @@ def train(mode, init_state, data, epochs, device, seed=0, batch=64, clip=1.0, lr
     fp32_norms = []
     bits = ACT_BITS.get(mode)
 
-    def act_ctx():
+    def act_ctx(step):
         if bits is None:
             return contextlib.nullcontext()
-        return mixprec.memory.compressed_activations(bits=bits, seed=seed)
+        # A seed per run and step: each step rounds with new bits, and the run is reproducible.
+        return mixprec.memory.compressed_activations(bits=bits, seed=seed * 2**32 + step)
 
     n_batches = (len(xtr) + batch - 1) // batch
     bar = Progress(f"{mode} s{seed}", epochs * n_batches)
@@ -226,7 +227,7 @@ def train(mode, init_state, data, epochs, device, seed=0, batch=64, clip=1.0, lr
         for i in range(0, len(xtr), batch):
             idx = perm[i : i + batch]
             opt.zero_grad(set_to_none=True)
-            with act_ctx():
+            with act_ctx(steps):
                 logits = model(xtr[idx].to(amp_dtype or torch.float32))
                 loss = loss_fn(logits, ytr[idx])
             scaler.scale(loss).backward()
@@ -248,7 +249,7 @@ def train(mode, init_state, data, epochs, device, seed=0, batch=64, clip=1.0, lr
     if bits is None:
         mem_act = activation_bytes(model, xb, lambda out: loss_fn(out, ytr[:batch]))
     else:
-        with act_ctx() as ctx:
+        with act_ctx(steps) as ctx:
             loss_fn(model(xb), ytr[:batch])
         mem_act = ctx.stats["packed_nbytes"] + ctx.stats["kept_bytes"]
     model.eval()

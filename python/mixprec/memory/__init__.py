@@ -63,7 +63,6 @@ the packed values are not the forward's.
 
 from __future__ import annotations
 
-import itertools
 import sys
 import warnings
 import weakref
@@ -123,11 +122,6 @@ _CHECKPOINT_FILE = torch.utils.checkpoint.__file__
 # wrapper, as plain tensors with no autograd history: parameters, weight
 # casts and activations look alike there, so they are all kept (and said so).
 _AOT_MARK = "_aot_autograd"
-
-# Per-process stream of pack calls: every packed tensor draws its own
-# stochastic-rounding bits, reproducibly for a given program and seed.
-_CALLS = itertools.count()
-
 
 def _from_parameter(t: torch.Tensor) -> bool:
     node = t.grad_fn
@@ -466,7 +460,13 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
             (about a quarter; a larger gradient error).
         block: elements per float32 scale, a power of two in [32, 4096];
             default 256 for 8 bits, 32 for 4 bits.
-        seed: the stochastic rounding's seed; with the same seed and program
+        seed: the stochastic rounding's seed. None (default): each ``with``
+            draws one from torch's default generator (as a dropout layer
+            does), so ``torch.manual_seed`` makes a run reproducible and
+            every step rounds with new bits. An int: the ``with`` block's
+            k-th packed tensor always rounds with the same bits (pass a
+            different seed per step, e.g. the step number, or the steps'
+            rounding errors are correlated); with the same seed and program
             the codes are the same on any thread count or device.
         min_numel: tensors with fewer elements are kept as they are.
         norm_bits: the code width for what normalisation layers save (the
@@ -487,7 +487,7 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
     """
 
     def __init__(
-        self, bits: int = 8, *, block: int | None = None, seed: int = 0, min_numel: int = 16384,
+        self, bits: int = 8, *, block: int | None = None, seed: int | None = None, min_numel: int = 16384,
         norm_bits: int | None = None,
     ):
         self.bits = as_int(_WHERE, "bits", bits)
@@ -509,7 +509,8 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
                     f"{_WHERE}: block must be a power of two in [{_act_pack.BLOCK_MIN}, {_act_pack.BLOCK_MAX}], "
                     f"got {block!r}"
                 )
-        self.seed = as_int(_WHERE, "seed", seed, low=-(2**63), high=2**64 - 1) & (2**64 - 1)
+        self.seed = None if seed is None else as_int(_WHERE, "seed", seed, low=-(2**63), high=2**64 - 1) & (2**64 - 1)
+        self._base, self._calls = 0, 0  # this block's seed and its pack calls so far
         self.min_numel = as_int(_WHERE, "min_numel", min_numel, low=0)
         self.stats: dict[str, int] = {"packed": 0, "kept": 0, "packed_bytes": 0, "packed_nbytes": 0, "kept_bytes": 0}
         self._seen: dict[int, tuple[Any, int, Any]] = {}
@@ -522,6 +523,8 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
 
     def __enter__(self):
         self._seen.clear()
+        self._calls = 0
+        self._base = self.seed if self.seed is not None else int(torch.empty((), dtype=torch.int64).random_())
         self._kept_ids.clear()
         self._pool, self._in_norm = None, 0
         # Max-pool indices are coded relative to their windows: the pool's
@@ -559,8 +562,9 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
         return type(t.grad_fn).__name__ not in _EXACT_OUTPUTS and not _act_pack.marked_exact(t)
 
     def _seed(self) -> int:
-        k = next(_CALLS)
-        s = (self.seed * 0x9E3779B97F4A7C15 + k * 0xBF58476D1CE4E5B9 + 1) & (2**64 - 1)
+        k = self._calls
+        self._calls += 1
+        s = (self._base * 0x9E3779B97F4A7C15 + k * 0xBF58476D1CE4E5B9 + 1) & (2**64 - 1)
         return s - 2**64 if s >= 2**63 else s  # the op's int is int64
 
     def _pack(self, t: torch.Tensor):
