@@ -794,24 +794,13 @@ class LeanState:
 
     def _check_loading(self, state_dict: dict[str, Any]) -> None:
         """Before torch's loader installs anything (after the user's
-        pre-hooks): saved 8-bit moments that do not fit their params raise
-        a RuntimeError naming the keys, the optimizer left as it was."""
-        params = [p for g in self.param_groups for p in g["params"]]
-        keys = (k for g in state_dict.get("param_groups", []) for k in g.get("params", []))
-        id_map = dict(zip(keys, params))
-        for key, st in state_dict.get("state", {}).items():
-            p = id_map.get(key)
-            if p is None or not isinstance(st, dict):
-                continue
-            if REMAINDER_BITS in st:
-                bits = remainder_of_bits(st[REMAINDER_BITS], type(self).__name__, key)
-                if tuple(bits.shape) != tuple(p.shape):
-                    raise RuntimeError(
-                        f"{type(self).__name__}.load_state_dict: state[{key!r}][{REMAINDER_BITS!r}] has shape "
-                        f"{tuple(bits.shape)}, its parameter {tuple(p.shape)}")
-            for m in self._MOMENTS:
-                if q8_key(m) in st or q8_scale_key(m) in st:
-                    check_saved_moment(type(self).__name__, m, p, st.get(q8_key(m)), st.get(q8_scale_key(m)))
+        pre-hooks): the whole state dict is checked (groups, their options
+        against the params' dtypes, each param's saved state: see
+        ``_optim_load``); a refusal names the key and leaves the optimizer
+        as it was."""
+        from ._optim_load import check_state_dict
+
+        check_state_dict(self, state_dict)
 
     def _restore_fp32_state(self, state_dict: dict[str, Any]) -> None:
         """Inside load_state_dict, on the state dict the pre-hooks made and

@@ -43,11 +43,13 @@ evaluation; :func:`ema_model` builds a separate EMA module.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from typing_extensions import Unpack
 
+from . import _optim_load as _load
 from ._amp_grads import is_dense
 from ._distributed import local
 from ._optim_args import (
@@ -292,6 +294,19 @@ class AdamW(_FusedMasterWeightOptimizer):
         )
         super().__init__(params, defaults)
 
+    @staticmethod
+    def _check_loaded_hyper(group: dict[str, Any]) -> None:
+        """A loaded group's own hyper-parameters, in ``__init__``'s ranges."""
+        betas = group.get("betas", (0.9, 0.999))
+        if isinstance(betas, (str, bytes)) or not isinstance(betas, Sequence) or len(betas) != 2:
+            raise TypeError(f"betas must be a pair of numbers, got {type(betas).__name__} {betas!r}")
+        for i, b in enumerate(betas):
+            _load.real(f"betas[{i}]", b, low=0.0, below=1.0)
+        _load.real("eps", group.get("eps", 1e-8), low=0.0)
+        _load.real("weight_decay", group.get("weight_decay", 0.0), low=0.0)
+        for k in ("amsgrad", "maximize"):
+            _load.flag(k, group.get(k, False))
+
     def _step_device(self, group, params, op_params, states, grads, masters, steps, lr, lr_tensor, grad_scale,
                      found_inf, sr_seed, unscale_grads, ema) -> None:
         for p, st in zip(params, states):
@@ -358,6 +373,19 @@ class SGD(_FusedMasterWeightOptimizer):
             nesterov=nesterov, maximize=maximize, **shared,
         )
         super().__init__(params, defaults)
+
+    @staticmethod
+    def _check_loaded_hyper(group: dict[str, Any]) -> None:
+        """A loaded group's own hyper-parameters, in ``__init__``'s ranges."""
+        momentum = _load.real("momentum", group.get("momentum", 0.0), low=0.0)
+        dampening = _load.real("dampening", group.get("dampening", 0.0))
+        if not math.isfinite(dampening):
+            raise ValueError(f"dampening must be finite, got {dampening}")
+        _load.real("weight_decay", group.get("weight_decay", 0.0), low=0.0)
+        for k in ("nesterov", "maximize"):
+            _load.flag(k, group.get(k, False))
+        if group.get("nesterov", False) and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
 
     def _after_load(self) -> None:
         # torch's SGD keeps no step count: a loaded momentum buffer means the
