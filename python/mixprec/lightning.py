@@ -24,6 +24,13 @@ mixprec's GradScaler (FP16 grads accepted, no host sync).
 Pass it instead of ``precision=``; Lightning's own plugin stays in use for
 every other optimizer's behaviour (this one only changes what it does for
 optimizers with the flag). Import ``lightning`` (2.x) before using it.
+
+Lightning's own plugins (``precision="bf16-mixed"``, its 16-mixed one) now
+train mixprec's optimizers with clipping too: to Lightning's code their
+flag reads False ([note: lightning's reading of the flag] in
+``mixprec/optim.py``). This plugin remains for torch's fused optimizers
+(which Lightning still refuses) and for mixprec's GradScaler as the
+16-mixed default.
 """
 
 from __future__ import annotations

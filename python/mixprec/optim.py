@@ -43,6 +43,7 @@ evaluation; :func:`ema_model` builds a separate EMA module.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,6 +66,31 @@ from ._optim_writes import _OutsideWrites
 __all__ = ["AdamW", "SGD", "ema_model", "MemoryReport"]
 
 
+# [note: lightning's reading of the flag] ``_step_supports_amp_scaling``
+# tells a GradScaler (torch's, mixprec's) that the step takes ``grad_scale``
+# and ``found_inf`` and skips itself on the device: True for them. Lightning
+# reads the same flag as "this optimizer unscales inside its step and cannot
+# be clipped": its MixedPrecision plugin then neither unscales the grads
+# nor allows ``gradient_clip_val``, with a scaler (16-mixed) and without one
+# (bf16-mixed, which scales nothing), so ``Trainer(precision="bf16-mixed",
+# gradient_clip_val=1.0)`` refused mixprec's optimizers. To Lightning's code
+# (the reading function's module is lightning's) the flag reads False, and
+# its plugin drives them as it drives torch.optim.AdamW: it unscales through
+# the scaler after the closure, clips, then calls scaler.step, where the
+# scaler (reading True) hands over found_inf and no grad_scale after that
+# unscale_ (the grads are only read). Everyone else reads True.
+_LIGHTNING_MODULES = ("lightning.", "pytorch_lightning.", "lightning_fabric.")
+
+
+class _AmpScalingFlag:
+    """The class attribute ``_step_supports_amp_scaling``: see [note:
+    lightning's reading of the flag]."""
+
+    def __get__(self, obj, cls=None) -> bool:
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        return not caller.startswith(_LIGHTNING_MODULES)
+
+
 class _FusedMasterWeightOptimizer(LeanState, _StateAndCheckpoints, _RoundingSeeds, _OutsideWrites, _WeightsEma,
                                   _ParamChecks, torch.optim.Optimizer):
     """Shared machinery: per-device grouping, GradScaler hand-over and the
@@ -73,7 +99,7 @@ class _FusedMasterWeightOptimizer(LeanState, _StateAndCheckpoints, _RoundingSeed
     (``_optim_ema``), the param checks (``_optim_args``) and the lean state
     formats (``_optim_lean``) are mixed in."""
 
-    _step_supports_amp_scaling = True
+    _step_supports_amp_scaling = _AmpScalingFlag()
     # FP32 master weights and state: float16 gradients are safe here (see
     # mixprec.amp.GradScaler.unscale_).
     _accepts_fp16_grads = True
