@@ -413,15 +413,16 @@ class SGD(_FusedMasterWeightOptimizer):
         if group.get("nesterov", False) and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
 
-    def _after_load(self) -> None:
-        # torch's SGD keeps no step count: a loaded momentum buffer means the
-        # first step is behind us.
-        for st in self.state.values():
-            if not isinstance(st, dict):
-                continue  # an entry a load_state_dict hook added (torch's own tests add some)
-            buf = st.get("momentum_buffer")
-            if isinstance(buf, torch.Tensor) and "step" not in st:
-                st["step"] = torch.ones((), dtype=torch.float32, device=buf.device)
+    def _base_state(self, p: torch.Tensor, master_weights: bool = True) -> dict[str, torch.Tensor]:
+        # torch's SGD keeps no step count, so a state loaded from it (or
+        # edited by a load hook) has a momentum buffer and no "step": the
+        # first step is behind us, the count starts at 1 here, at the step.
+        # Not at load time, so that after load_state_dict the state has
+        # torch's keys, as torch's SGD holds it (issue 39).
+        st = self.state[p]
+        if "step" not in st and isinstance(st.get("momentum_buffer"), torch.Tensor):
+            st["step"] = torch.ones((), dtype=torch.float32, device=p.device)
+        return super()._base_state(p, master_weights)
 
     def _step_device(self, group, params, op_params, states, grads, masters, steps, lr, lr_tensor, grad_scale,
                      found_inf, sr_seed, unscale_grads, ema) -> None:
