@@ -105,6 +105,8 @@ def _check_group(opt, where: str, sg: Mapping, g: dict[str, Any]) -> dict[str, A
             group[k] = dtype_of(group[k])
     try:
         if "lr" in sg:
+            if not isinstance(sg["lr"], torch.Tensor):
+                real("lr", sg["lr"])
             _check_lr(sg["lr"])
         group.update(_own_group_keys(group))
         check_group(cls, group, opt._MOMENTS.values())
@@ -177,8 +179,10 @@ def real(name: str, v, *, low: float | None = None, below: float | None = None) 
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {_kind(v)}")
     x = float(v)
-    if math.isnan(x) or (low is not None and x < low) or (below is not None and not x < below):
-        rng = f"[{low}, {below})" if below is not None else f">= {low}"
+    if math.isnan(x):
+        raise ValueError(f"{name} must be a number, got {v!r}")
+    if (low is not None and x < low) or (below is not None and not x < below):
+        rng = f"in [{low}, {below})" if below is not None else f">= {low}"
         raise ValueError(f"{name} must be {rng}, got {v!r}")
     return x
 
