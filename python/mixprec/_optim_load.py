@@ -108,6 +108,13 @@ def _check_group(opt, where: str, sg: Mapping, g: dict[str, Any]) -> dict[str, A
             if not isinstance(sg["lr"], torch.Tensor):
                 real("lr", sg["lr"])
             _check_lr(sg["lr"])
+        for k in ("capturable", "differentiable"):
+            flag(k, group.get(k, False))
+        for k in ("foreach", "fused"):
+            if group.get(k) is not None:
+                flag(k, group[k])
+        if group.get("differentiable", False):
+            raise ValueError("differentiable=True (autograd through the optimizer step) is not supported")
         group.update(_own_group_keys(group))
         check_group(cls, group, opt._MOMENTS.values())
         opt._check_group_mode(group)

@@ -27,7 +27,9 @@ def same(a, b):
         return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b or (a != a and b != b)
+    if isinstance(a, (bool, int, float, str, bytes, type(None), torch.dtype)):
+        return a == b or (a != a and b != b)
+    return type(a) is type(b)  # a module or other object: a deep copy is another object
 
 
 def build(kind, dtype, **kw):
@@ -109,6 +111,10 @@ CASES = {
     "negative lr": (("adamw", BF16, {}), None, _edit_group("lr", -1.0), ValueError, "learning rate"),
     "beta of 1": (("adamw", BF16, {}), None, _edit_group("betas", (0.9, 1.0)), ValueError, r"betas\[1\]"),
     "betas a string": (("adamw", BF16, {}), None, _edit_group("betas", "0.9"), TypeError, "betas"),
+    "capturable a tensor": (
+        ("adamw", BF16, {}), None, _edit_group("capturable", torch.zeros(2)), TypeError, "capturable"),
+    "differentiable": (("adamw", BF16, {}), None, _edit_group("differentiable", True), ValueError, "differentiable"),
+    "lr a module": (("adamw", BF16, {}), None, _edit_group("lr", torch.nn.Linear(1, 1)), TypeError, "lr"),
     "one group too many": (
         ("adamw", BF16, {}), None, lambda sd: sd["param_groups"].append(copy.deepcopy(sd["param_groups"][0])),
         ValueError, "param_groups.*2 groups"),
