@@ -169,3 +169,23 @@ def test_the_flag_still_reads_true_to_grad_scalers():
     scaler.step(opt)
     scaler.update()
     assert torch.equal(p.grad, torch.ones(4).half())  # unscaled by the step, written back
+
+
+@pytest.mark.parametrize("args,exc,msg", [
+    (("bf16",), ValueError, "precision must be '16-mixed' or 'bf16-mixed', got 'bf16'"),
+    ((16,), TypeError, "precision must be '16-mixed' or 'bf16-mixed', got int"),
+    (("bf16-mixed", 3), TypeError, "device must be a device type"),
+    (("16-mixed", "nodevice"), ValueError, "device must be a device type"),
+    (("16-mixed", "cpu", "x"), TypeError, "scaler must be a GradScaler"),
+    (("16-mixed", "cpu", torch.zeros(1)), TypeError, "scaler must be a GradScaler"),
+    (("16-mixed", "cpu", torch.amp.GradScaler), TypeError, "scaler must be a GradScaler"),
+    (("bf16-mixed", "cpu", torch.amp.GradScaler("cpu")), ValueError, "precision='bf16-mixed' scales nothing and takes no scaler"),
+])
+def test_plugin_refuses_bad_arguments(args, exc, msg):
+    with pytest.raises(exc, match="mixprec.lightning.MixedPrecision: " + msg):
+        MixedPrecision(*args)
+
+
+def test_plugin_takes_a_device_with_an_index():
+    assert MixedPrecision("bf16-mixed", "cpu").device == "cpu"
+    assert MixedPrecision("bf16-mixed", torch.device("cuda", 1)).device == "cuda"
