@@ -150,8 +150,8 @@ def remainder_of_bits(bits: torch.Tensor, cls: str, key) -> torch.Tensor:
     """The int16 remainder of a saved ``remainder_bits`` (a view)."""
     if not isinstance(bits, torch.Tensor) or bits.dtype not in (torch.bfloat16, torch.int16):
         raise RuntimeError(
-            f"mixprec.optim.{cls}.load_state_dict: state[{key!r}][{REMAINDER_BITS!r}] must be a bfloat16 tensor (a remainder's "
-            f"bits, [note: remainders saved as bits]), got "
+            f"mixprec.optim.{cls}.load_state_dict: state[{key!r}][{REMAINDER_BITS!r}] must be a bfloat16 tensor "
+            f"(a remainder's bits, [note: remainders saved as bits]), got "
             f"{bits.dtype if isinstance(bits, torch.Tensor) else type(bits).__name__}")
     return _like(bits, local(bits).view(torch.int16))
 
@@ -468,8 +468,8 @@ def saved_moment(st: dict[str, Any], key: str) -> dict[str, torch.Tensor]:
 def check_saved_moment(cls: str, key: str, p: torch.Tensor, codes, rows) -> None:
     """A RuntimeError naming the keys when a saved row-form 8-bit moment
     (codes, row scales) does not fit ``p``."""
-    where = (f"mixprec.optim.{cls}.load_state_dict: the saved {q8_key(key)} / {q8_scale_key(key)} of a parameter of shape "
-             f"{tuple(p.shape)}")
+    where = (f"mixprec.optim.{cls}.load_state_dict: the saved {q8_key(key)} / {q8_scale_key(key)} of a parameter "
+             f"of shape {tuple(p.shape)}")
     if not isinstance(codes, torch.Tensor) or not isinstance(rows, torch.Tensor):
         raise RuntimeError(f"{where}: both must be tensors (one of the pair is missing)")
     if codes.dtype != torch.uint8 or tuple(codes.shape) != tuple(p.shape) or is_dtensor(codes) != is_dtensor(p):

@@ -179,7 +179,8 @@ def test_the_flag_still_reads_true_to_grad_scalers():
     (("16-mixed", "cpu", "x"), TypeError, "scaler must be a GradScaler"),
     (("16-mixed", "cpu", torch.zeros(1)), TypeError, "scaler must be a GradScaler"),
     (("16-mixed", "cpu", torch.amp.GradScaler), TypeError, "scaler must be a GradScaler"),
-    (("bf16-mixed", "cpu", torch.amp.GradScaler("cpu")), ValueError, "precision='bf16-mixed' scales nothing and takes no scaler"),
+    (("bf16-mixed", "cpu", torch.amp.GradScaler("cpu")), ValueError,
+     "precision='bf16-mixed' scales nothing and takes no scaler"),
 ])
 def test_plugin_refuses_bad_arguments(args, exc, msg):
     with pytest.raises(exc, match="mixprec.lightning.MixedPrecision: " + msg):

@@ -452,7 +452,8 @@ def _guarded_half_model():
         # one good entry before the bad one, or a bad key after: nothing moves
         ({"fallback": {"0": "float32", "1": "float16"}}, ValueError, r"state\['fallback'\]\['1'\]"),
         ({"fallback": {"0": "float32", "nope": "float32"}}, KeyError, "no modules named"),
-        ({"fallback": {"0": "float32"}, "counts": {"0": "x"}}, TypeError, r"state\['counts'\]\['0'\] must be an integer"),
+        ({"fallback": {"0": "float32"}, "counts": {"0": "x"}}, TypeError,
+         r"state\['counts'\]\['0'\] must be an integer"),
         ({"fallback": {"0": "float32"}, "counts": {"0": -1}}, ValueError, r"state\['counts'\]\['0'\] must be >= 0"),
         ({"fallback": {"0": "float32"}, "counts": {"9": 1}}, KeyError, "no modules named"),
         ({"fallback": {"0": "float32"}, "steps": 1.5}, TypeError, r"state\['steps'\] must be an integer"),
