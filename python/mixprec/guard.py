@@ -129,6 +129,11 @@ _DTYPES_BY_NAME = {v: k for k, v in _DTYPE_NAMES.items()}
 _MAX = {torch.float16: 65504.0, torch.bfloat16: 3.3895313892515355e38, torch.float32: 3.4028234663852886e38}
 
 
+class _NoSuchModule(KeyError, ValueError):
+    """A module name the guarded model does not have: a KeyError (as it
+    always was) that is also the ValueError of the other argument checks."""
+
+
 class FallbackEvent(NamedTuple):
     """A module moved to ``dtype`` before step ``step + 1`` (steps count from 0)."""
 
@@ -571,7 +576,7 @@ class ForwardGuard:
         if not isinstance(why, str):
             raise TypeError(f"{w}: why must be a str, got {type(why).__name__}")
         if name not in self._index:
-            raise KeyError(f"{w}: no module named {name!r} in the model")
+            raise _NoSuchModule(f"{w}: no module named {name!r} in the model")
         if name in self.fallback_set:
             return
         self._apply(self._index[name], dtype or self.fallback_dtype, why)
@@ -717,7 +722,7 @@ class ForwardGuard:
             fallback[name] = dtype
         missing = [n for n in fallback if n not in self._index]
         if missing:
-            raise KeyError(f"{w}: no modules named {missing} in the model")
+            raise _NoSuchModule(f"{w}: no modules named {missing} in the model")
         for name, dtype in fallback.items():
             if name in self.fallback_set and self.fallback_set[name] != dtype:
                 raise ValueError(
@@ -737,7 +742,7 @@ class ForwardGuard:
                 counts[name] = as_int(w, f"state['counts'][{name!r}]", c, low=0)
             missing = [n for n in counts if n not in self._index]
             if missing:
-                raise KeyError(f"{w}: no modules named {missing} in the model (state['counts'])")
+                raise _NoSuchModule(f"{w}: no modules named {missing} in the model (state['counts'])")
         events = None
         if "events" in state:
             saved = state["events"]

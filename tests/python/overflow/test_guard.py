@@ -276,6 +276,8 @@ def test_state_dict_pins_the_fallback_set():
         assert torch.equal(model(x), model2(x))
     with pytest.raises(KeyError, match="no modules named"):
         ForwardGuard(vit()).load_state_dict({"fallback": {"nope": "float32"}})
+    with pytest.raises(ValueError, match="no modules named"):  # the argument checks' error type too
+        ForwardGuard(vit()).load_state_dict({"fallback": {"nope": "float32"}})
 
 
 def test_attach_needs_a_diagnostics_scaler():
