@@ -191,8 +191,59 @@ def grad_norm(
     fold unscaling and clipping into the optimizer step
     (``GradScaler.clip_grad_norm_(..., fold=True)``). The gradients are only
     read: one may be listed twice (counted twice), as ``torch._foreach_norm``
-    takes it."""
-    return torch.ops.mixprec.grad_norm(list(grads), found_inf, inv_scale)
+    takes it. An expanded gradient (stride-0 dimensions, such as
+    ``g.expand(...)``) is read in place, each stored element counted as
+    often as it appears (no dense copy of its logical size is made); one
+    whose elements overlap otherwise (``as_strided``) and whose dense copy
+    would be far larger than the memory it views is refused, naming it."""
+    grads = list(grads)
+    views, counts = [], []
+    for i, g in enumerate(grads):
+        v, m = _without_broadcast_dims(g)
+        if isinstance(v, torch.Tensor) and v.layout is torch.strided and not v.is_contiguous():
+            _check_copy_size(i, v)
+        views.append(v)
+        counts.append(m)
+    if all(m == 1 for m in counts):
+        return torch.ops.mixprec.grad_norm(views, found_inf, inv_scale)
+    per, _ = torch.ops.mixprec.grad_norm(views, found_inf, inv_scale)
+    # ||g|| = sqrt(m) ||v|| for g = v repeated m times; the total as the
+    # kernel's, the square root of the sum of the squared norms (float64
+    # here, so no square overflows on the way).
+    per64 = per.double() * torch.tensor([math.sqrt(m) for m in counts], dtype=torch.float64, device=per.device)
+    return per64.float(), per64.square().sum().sqrt().float()
+
+
+def _without_broadcast_dims(g):
+    """(``g`` without its stride-0 dimensions: index 0 there, kept as size-1
+    dimensions; how many times each of its elements appears in ``g``)."""
+    if not isinstance(g, torch.Tensor) or g.layout is not torch.strided or g.numel() == 0:
+        return g, 1
+    dims = [d for d in range(g.dim()) if g.stride(d) == 0 and g.size(d) > 1]
+    if not dims:
+        return g, 1
+    m = 1
+    for d in dims:
+        m *= g.size(d)
+    return g[tuple(slice(0, 1) if d in dims else slice(None) for d in range(g.dim()))], m
+
+
+#: A dense copy of an overlapping gradient (what the op makes of one) is
+#: refused above this size when it is also more than 4x the memory it views.
+_COPY_LIMIT = 1 << 28
+
+
+def _check_copy_size(i: int, v: torch.Tensor) -> None:
+    nbytes = v.numel() * v.element_size()
+    if nbytes <= _COPY_LIMIT:
+        return
+    span = 1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride()))
+    if nbytes > 4 * span * v.element_size():
+        raise ValueError(
+            f"mixprec.ops.grad_norm: grads[{i}] has overlapping elements (shape {tuple(v.shape)}, strides "
+            f"{tuple(v.stride())}) and would be read through a dense copy of {nbytes} bytes, more than 4x the "
+            f"{span * v.element_size()} bytes it views; pass a tensor without overlapping elements"
+        )
 
 
 def update_scale_(

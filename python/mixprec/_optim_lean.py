@@ -150,8 +150,8 @@ def remainder_of_bits(bits: torch.Tensor, cls: str, key) -> torch.Tensor:
     """The int16 remainder of a saved ``remainder_bits`` (a view)."""
     if not isinstance(bits, torch.Tensor) or bits.dtype not in (torch.bfloat16, torch.int16):
         raise RuntimeError(
-            f"{cls}.load_state_dict: state[{key!r}][{REMAINDER_BITS!r}] must be a bfloat16 tensor (a remainder's "
-            f"bits, [note: remainders saved as bits]), got "
+            f"mixprec.optim.{cls}.load_state_dict: state[{key!r}][{REMAINDER_BITS!r}] must be a bfloat16 tensor "
+            f"(a remainder's bits, [note: remainders saved as bits]), got "
             f"{bits.dtype if isinstance(bits, torch.Tensor) else type(bits).__name__}")
     return _like(bits, local(bits).view(torch.int16))
 
@@ -468,8 +468,8 @@ def saved_moment(st: dict[str, Any], key: str) -> dict[str, torch.Tensor]:
 def check_saved_moment(cls: str, key: str, p: torch.Tensor, codes, rows) -> None:
     """A RuntimeError naming the keys when a saved row-form 8-bit moment
     (codes, row scales) does not fit ``p``."""
-    where = (f"{cls}.load_state_dict: the saved {q8_key(key)} / {q8_scale_key(key)} of a parameter of shape "
-             f"{tuple(p.shape)}")
+    where = (f"mixprec.optim.{cls}.load_state_dict: the saved {q8_key(key)} / {q8_scale_key(key)} of a parameter "
+             f"of shape {tuple(p.shape)}")
     if not isinstance(codes, torch.Tensor) or not isinstance(rows, torch.Tensor):
         raise RuntimeError(f"{where}: both must be tensors (one of the pair is missing)")
     if codes.dtype != torch.uint8 or tuple(codes.shape) != tuple(p.shape) or is_dtensor(codes) != is_dtensor(p):
@@ -794,24 +794,13 @@ class LeanState:
 
     def _check_loading(self, state_dict: dict[str, Any]) -> None:
         """Before torch's loader installs anything (after the user's
-        pre-hooks): saved 8-bit moments that do not fit their params raise
-        a RuntimeError naming the keys, the optimizer left as it was."""
-        params = [p for g in self.param_groups for p in g["params"]]
-        keys = (k for g in state_dict.get("param_groups", []) for k in g.get("params", []))
-        id_map = dict(zip(keys, params))
-        for key, st in state_dict.get("state", {}).items():
-            p = id_map.get(key)
-            if p is None or not isinstance(st, dict):
-                continue
-            if REMAINDER_BITS in st:
-                bits = remainder_of_bits(st[REMAINDER_BITS], type(self).__name__, key)
-                if tuple(bits.shape) != tuple(p.shape):
-                    raise RuntimeError(
-                        f"{type(self).__name__}.load_state_dict: state[{key!r}][{REMAINDER_BITS!r}] has shape "
-                        f"{tuple(bits.shape)}, its parameter {tuple(p.shape)}")
-            for m in self._MOMENTS:
-                if q8_key(m) in st or q8_scale_key(m) in st:
-                    check_saved_moment(type(self).__name__, m, p, st.get(q8_key(m)), st.get(q8_scale_key(m)))
+        pre-hooks): the whole state dict is checked (groups, their options
+        against the params' dtypes, each param's saved state: see
+        ``_optim_load``); a refusal names the key and leaves the optimizer
+        as it was."""
+        from ._optim_load import check_state_dict
+
+        check_state_dict(self, state_dict)
 
     def _restore_fp32_state(self, state_dict: dict[str, Any]) -> None:
         """Inside load_state_dict, on the state dict the pre-hooks made and

@@ -5,6 +5,7 @@ like the param) and how a state dict loads (FP32 state stays FP32).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -25,13 +26,18 @@ class _StateAndCheckpoints:
         older torch or mixprec steps. Inside :meth:`load_state_dict` (torch's
         loader calls this with the state it built) the FP32 state is put
         back: see [note: load hooks]."""
+        loading = self.__dict__.get("_mixprec_loading")
+        snap = self.__dict__.get("_mixprec_installing") if loading else None
+        if snap is not None:
+            snap["installing"] = True
         super().__setstate__(state)
         for group in self.param_groups:
             for k, v in getattr(self, "defaults", {}).items():
                 group.setdefault(k, v)
-        loading = self.__dict__.get("_mixprec_loading")
         if loading:
             self._restore_fp32_state(loading.pop())
+        if snap is not None:
+            snap["installing"] = False
 
     def _base_state(self, p: torch.Tensor, master_weights: bool = True) -> dict[str, torch.Tensor]:
         state = self.state[p]
@@ -87,21 +93,59 @@ class _StateAndCheckpoints:
         same kind, through torch's loader and its hooks. torch casts
         floating state to each parameter's dtype; this keeps FP32 state (and
         master weights) in FP32, exactly ([note: load hooks])."""
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(
+                f"mixprec.optim.{type(self).__name__}.load_state_dict: state_dict must be a dict (as state_dict() "
+                f"returns), got {type(state_dict).__name__}"
+            )
+        if not isinstance(state_dict, dict):
+            state_dict = dict(state_dict)
         loading: list[dict[str, Any]] = []
 
         def keep(optimizer, sd):
-            self._check_loading(sd)
+            self._check_loading(sd)  # everything checked before torch's loader installs anything
             loading.append(sd)
 
         hooks = self._optimizer_load_state_dict_pre_hooks
         handle = torch.utils.hooks.RemovableHandle(hooks)
         hooks[handle.id] = keep
         self.__dict__["_mixprec_loading"] = loading
+        before = self._load_snapshot()
         try:
             super().load_state_dict(state_dict)
+        except BaseException:
+            # Not expected after the checks; should the install itself fail,
+            # the optimizer goes back to what it held (the installed state
+            # is new dicts and tensors: the old ones are untouched). A
+            # post-hook's failure (after the install) is left as torch
+            # leaves it.
+            if before["installing"]:
+                self._load_rollback(before)
+            raise
         finally:
             handle.remove()
             self.__dict__.pop("_mixprec_loading", None)
+            self.__dict__.pop("_mixprec_installing", None)
+
+    def _load_snapshot(self) -> dict[str, Any]:
+        versions = self.__dict__.get("_mixprec_versions")
+        seeds = self.__dict__.get("_mixprec_drawn_seeds")
+        snap = dict(
+            state=self.state, param_groups=self.param_groups, installing=False,
+            versions=None if versions is None else {**versions, "by_id": dict(versions.get("by_id", {}))},
+            seeds=None if seeds is None else list(seeds),
+        )
+        self.__dict__["_mixprec_installing"] = snap
+        return snap
+
+    def _load_rollback(self, snap: dict[str, Any]) -> None:
+        self.__dict__["state"] = snap["state"]
+        self.__dict__["param_groups"] = snap["param_groups"]
+        for key, name in (("versions", "_mixprec_versions"), ("seeds", "_mixprec_drawn_seeds")):
+            if snap[key] is None:
+                self.__dict__.pop(name, None)
+            else:
+                self.__dict__[name] = snap[key]
 
     def _restore_fp32_state(self, state_dict: dict[str, Any]) -> None:
         """The FP32 state and the step counts of the state dict torch's
@@ -140,6 +184,10 @@ class _StateAndCheckpoints:
 
     def _check_loading(self, state_dict: dict[str, Any]) -> None:
         """Checks of the incoming state dict before anything is installed."""
+
+    @staticmethod
+    def _check_loaded_hyper(group: dict[str, Any]) -> None:
+        """A loaded group's own hyper-parameters (the subclass's)."""
 
     def _after_load(self) -> None:
         pass

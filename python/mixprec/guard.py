@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -124,7 +125,13 @@ def _range_safe(m: nn.Module) -> bool:
 # overflow FP16, and are checked.
 _DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_DTYPES_BY_NAME = {v: k for k, v in _DTYPE_NAMES.items()}
 _MAX = {torch.float16: 65504.0, torch.bfloat16: 3.3895313892515355e38, torch.float32: 3.4028234663852886e38}
+
+
+class _NoSuchModule(KeyError, ValueError):
+    """A module name the guarded model does not have: a KeyError (as it
+    always was) that is also the ValueError of the other argument checks."""
 
 
 class FallbackEvent(NamedTuple):
@@ -569,7 +576,7 @@ class ForwardGuard:
         if not isinstance(why, str):
             raise TypeError(f"{w}: why must be a str, got {type(why).__name__}")
         if name not in self._index:
-            raise KeyError(f"{w}: no module named {name!r} in the model")
+            raise _NoSuchModule(f"{w}: no module named {name!r} in the model")
         if name in self.fallback_set:
             return
         self._apply(self._index[name], dtype or self.fallback_dtype, why)
@@ -668,15 +675,89 @@ class ForwardGuard:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a ``state_dict()``: the listed modules move to their
         fallback dtype now (call it before loading the model's and the
-        optimizer's state). Modules of the set already in fallback stay."""
-        unknown = [n for n in state.get("fallback", {}) if n not in self._index]
-        if unknown:
-            raise KeyError(f"mixprec.guard.ForwardGuard.load_state_dict: no modules named {unknown} in the model")
-        for name, dt in state.get("fallback", {}).items():
+        optimizer's state). Modules of the set already in fallback (in the
+        same dtype) stay. Everything is checked first (types, module names,
+        the dtypes the constructor allows): a refused dict changes
+        nothing."""
+        w = "mixprec.guard.ForwardGuard.load_state_dict"
+        fallback, counts, events, steps = self._checked_state(w, state)
+        for name, dt in fallback.items():
             if name not in self.fallback_set:
-                self._apply(self._index[name], getattr(torch, dt), "restored from a checkpoint")
-                self.events.pop()
-        self.counts = [int(state.get("counts", {}).get(n, 0)) for n in self._names]
-        self.events = [FallbackEvent(*e) for e in state.get("events", [])]
-        self.steps = int(state.get("steps", self.steps))
+                self._apply(self._index[name], dt, "restored from a checkpoint")
+        # As before: counts and events are the dict's (none when absent; the
+        # restored fallbacks add no event), the step count kept when absent.
+        self.counts = [(counts or {}).get(n, 0) for n in self._names]
+        self.events = events or []
+        if steps is not None:
+            self.steps = steps
 
+    def _checked_state(self, w: str, state):
+        """The parts of a ``state_dict()`` (None where a key is absent),
+        converted and checked: TypeError / ValueError naming the key,
+        KeyError for a module the model does not have."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"{w}: state must be a dict (as state_dict() returns), got {type(state).__name__}")
+        unknown = [k for k in state if k not in ("fallback", "counts", "events", "steps")]
+        if unknown:
+            raise ValueError(
+                f"{w}: unexpected keys {unknown} (a guard's state_dict() has 'fallback', 'counts', 'events' and "
+                "'steps'; was a model's or an optimizer's state dict passed?)"
+            )
+        fallback: dict[str, torch.dtype] = {}
+        saved = state.get("fallback", {})
+        if not isinstance(saved, Mapping):
+            raise TypeError(f"{w}: state['fallback'] must be a dict of module name -> dtype name, got "
+                            f"{type(saved).__name__}")
+        for name, dt in saved.items():
+            if not isinstance(name, str):
+                raise TypeError(f"{w}: state['fallback'] keys must be module names (str), got {type(name).__name__}")
+            dtype = dt if isinstance(dt, torch.dtype) else (
+                _DTYPES_BY_NAME.get(dt.removeprefix("torch.")) if isinstance(dt, str) else None)
+            if dtype is None and not isinstance(dt, str):
+                raise TypeError(f"{w}: state['fallback'][{name!r}] must be a dtype name ('float32' or 'bfloat16'), "
+                                f"got {type(dt).__name__} {dt!r}")
+            if dtype not in (torch.float32, torch.bfloat16):
+                raise ValueError(f"{w}: state['fallback'][{name!r}] must be 'float32' or 'bfloat16' (the fallback "
+                                 f"dtypes the constructor allows), got {dt!r}")
+            fallback[name] = dtype
+        missing = [n for n in fallback if n not in self._index]
+        if missing:
+            raise _NoSuchModule(f"{w}: no modules named {missing} in the model")
+        for name, dtype in fallback.items():
+            if name in self.fallback_set and self.fallback_set[name] != dtype:
+                raise ValueError(
+                    f"{w}: state['fallback'][{name!r}] is {_DTYPE_NAMES[dtype]} but the module already runs in "
+                    f"{_DTYPE_NAMES[self.fallback_set[name]]} (a fallback is not undone: load into a new guard)"
+                )
+        counts = None
+        if "counts" in state:
+            saved = state["counts"]
+            if not isinstance(saved, Mapping):
+                raise TypeError(f"{w}: state['counts'] must be a dict of module name -> count, got "
+                                f"{type(saved).__name__}")
+            counts = {}
+            for name, c in saved.items():
+                if not isinstance(name, str):
+                    raise TypeError(f"{w}: state['counts'] keys must be module names (str), got {type(name).__name__}")
+                counts[name] = as_int(w, f"state['counts'][{name!r}]", c, low=0)
+            missing = [n for n in counts if n not in self._index]
+            if missing:
+                raise _NoSuchModule(f"{w}: no modules named {missing} in the model (state['counts'])")
+        events = None
+        if "events" in state:
+            saved = state["events"]
+            if not isinstance(saved, (list, tuple)):
+                raise TypeError(f"{w}: state['events'] must be a list of (module, step, dtype, why), got "
+                                f"{type(saved).__name__}")
+            events = []
+            for i, e in enumerate(saved):
+                if not isinstance(e, (list, tuple)) or len(e) != 4:
+                    raise TypeError(f"{w}: state['events'][{i}] must be a (module, step, dtype, why) tuple, got {e!r}")
+                module, step, dt, why = e
+                if not (isinstance(module, str) and isinstance(dt, str) and isinstance(why, str)):
+                    raise TypeError(f"{w}: state['events'][{i}] must hold (str, int, str, str), got {e!r}")
+                if _DTYPES_BY_NAME.get(dt) not in (torch.float32, torch.bfloat16):
+                    raise ValueError(f"{w}: state['events'][{i}]'s dtype must be 'float32' or 'bfloat16', got {dt!r}")
+                events.append(FallbackEvent(module, as_int(w, f"state['events'][{i}] step", step, low=0), dt, why))
+        steps = as_int(w, "state['steps']", state["steps"], low=0) if "steps" in state else None
+        return fallback, counts, events, steps

@@ -24,6 +24,13 @@ mixprec's GradScaler (FP16 grads accepted, no host sync).
 Pass it instead of ``precision=``; Lightning's own plugin stays in use for
 every other optimizer's behaviour (this one only changes what it does for
 optimizers with the flag). Import ``lightning`` (2.x) before using it.
+
+Lightning's own plugins (``precision="bf16-mixed"``, its 16-mixed one) now
+train mixprec's optimizers with clipping too: to Lightning's code their
+flag reads False ([note: lightning's reading of the flag] in
+``mixprec/optim.py``). This plugin remains for torch's fused optimizers
+(which Lightning still refuses) and for mixprec's GradScaler as the
+16-mixed default.
 """
 
 from __future__ import annotations
@@ -53,6 +60,26 @@ class MixedPrecision(_LightningMixedPrecision):
     bf16-mixed takes none."""
 
     def __init__(self, precision: str, device: str = "cuda", scaler: Any = None) -> None:
+        w = "mixprec.lightning.MixedPrecision"
+        if not isinstance(precision, str):
+            raise TypeError(f"{w}: precision must be '16-mixed' or 'bf16-mixed', got {type(precision).__name__}")
+        if precision not in ("16-mixed", "bf16-mixed"):
+            raise ValueError(f"{w}: precision must be '16-mixed' or 'bf16-mixed', got {precision!r}")
+        if not isinstance(device, (str, torch.device)):
+            raise TypeError(f"{w}: device must be a device type such as 'cuda' or 'cpu', got {type(device).__name__}")
+        try:
+            device = torch.device(device).type  # torch.autocast takes the type ("cuda:1" -> "cuda")
+        except RuntimeError:
+            raise ValueError(f"{w}: device must be a device type such as 'cuda' or 'cpu', got {device!r}") from None
+        if scaler is not None:
+            missing = [m for m in ("scale", "unscale_", "step", "update", "state_dict", "load_state_dict")
+                       if not callable(getattr(scaler, m, None))]
+            if missing or isinstance(scaler, type):
+                raise TypeError(f"{w}: scaler must be a GradScaler (torch.amp.GradScaler or mixprec.amp.GradScaler) "
+                                f"or None, got {type(scaler).__name__}")
+            if precision == "bf16-mixed":
+                raise ValueError(f"{w}: precision='bf16-mixed' scales nothing and takes no scaler, got "
+                                 f"{type(scaler).__name__}")
         if scaler is None and precision == "16-mixed":
             scaler = GradScaler(device)
         super().__init__(precision, device, scaler)  # type: ignore[arg-type]

@@ -43,11 +43,14 @@ evaluation; :func:`ema_model` builds a separate EMA module.
 from __future__ import annotations
 
 import math
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from typing_extensions import Unpack
 
+from . import _optim_load as _load
 from ._amp_grads import is_dense
 from ._distributed import local
 from ._optim_args import (
@@ -63,6 +66,31 @@ from ._optim_writes import _OutsideWrites
 __all__ = ["AdamW", "SGD", "ema_model", "MemoryReport"]
 
 
+# [note: lightning's reading of the flag] ``_step_supports_amp_scaling``
+# tells a GradScaler (torch's, mixprec's) that the step takes ``grad_scale``
+# and ``found_inf`` and skips itself on the device: True for them. Lightning
+# reads the same flag as "this optimizer unscales inside its step and cannot
+# be clipped": its MixedPrecision plugin then neither unscales the grads
+# nor allows ``gradient_clip_val``, with a scaler (16-mixed) and without one
+# (bf16-mixed, which scales nothing), so ``Trainer(precision="bf16-mixed",
+# gradient_clip_val=1.0)`` refused mixprec's optimizers. To Lightning's code
+# (the reading function's module is lightning's) the flag reads False, and
+# its plugin drives them as it drives torch.optim.AdamW: it unscales through
+# the scaler after the closure, clips, then calls scaler.step, where the
+# scaler (reading True) hands over found_inf and no grad_scale after that
+# unscale_ (the grads are only read). Everyone else reads True.
+_LIGHTNING_MODULES = ("lightning.", "pytorch_lightning.", "lightning_fabric.")
+
+
+class _AmpScalingFlag:
+    """The class attribute ``_step_supports_amp_scaling``: see [note:
+    lightning's reading of the flag]."""
+
+    def __get__(self, obj, cls=None) -> bool:
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        return not caller.startswith(_LIGHTNING_MODULES)
+
+
 class _FusedMasterWeightOptimizer(LeanState, _StateAndCheckpoints, _RoundingSeeds, _OutsideWrites, _WeightsEma,
                                   _ParamChecks, torch.optim.Optimizer):
     """Shared machinery: per-device grouping, GradScaler hand-over and the
@@ -71,7 +99,7 @@ class _FusedMasterWeightOptimizer(LeanState, _StateAndCheckpoints, _RoundingSeed
     (``_optim_ema``), the param checks (``_optim_args``) and the lean state
     formats (``_optim_lean``) are mixed in."""
 
-    _step_supports_amp_scaling = True
+    _step_supports_amp_scaling = _AmpScalingFlag()
     # FP32 master weights and state: float16 gradients are safe here (see
     # mixprec.amp.GradScaler.unscale_).
     _accepts_fp16_grads = True
@@ -292,6 +320,19 @@ class AdamW(_FusedMasterWeightOptimizer):
         )
         super().__init__(params, defaults)
 
+    @staticmethod
+    def _check_loaded_hyper(group: dict[str, Any]) -> None:
+        """A loaded group's own hyper-parameters, in ``__init__``'s ranges."""
+        betas = group.get("betas", (0.9, 0.999))
+        if isinstance(betas, (str, bytes)) or not isinstance(betas, Sequence) or len(betas) != 2:
+            raise TypeError(f"betas must be a pair of numbers, got {type(betas).__name__} {betas!r}")
+        for i, b in enumerate(betas):
+            _load.real(f"betas[{i}]", b, low=0.0, below=1.0)
+        _load.real("eps", group.get("eps", 1e-8), low=0.0)
+        _load.real("weight_decay", group.get("weight_decay", 0.0), low=0.0)
+        for k in ("amsgrad", "maximize"):
+            _load.flag(k, group.get(k, False))
+
     def _step_device(self, group, params, op_params, states, grads, masters, steps, lr, lr_tensor, grad_scale,
                      found_inf, sr_seed, unscale_grads, ema) -> None:
         for p, st in zip(params, states):
@@ -359,15 +400,29 @@ class SGD(_FusedMasterWeightOptimizer):
         )
         super().__init__(params, defaults)
 
-    def _after_load(self) -> None:
-        # torch's SGD keeps no step count: a loaded momentum buffer means the
-        # first step is behind us.
-        for st in self.state.values():
-            if not isinstance(st, dict):
-                continue  # an entry a load_state_dict hook added (torch's own tests add some)
-            buf = st.get("momentum_buffer")
-            if isinstance(buf, torch.Tensor) and "step" not in st:
-                st["step"] = torch.ones((), dtype=torch.float32, device=buf.device)
+    @staticmethod
+    def _check_loaded_hyper(group: dict[str, Any]) -> None:
+        """A loaded group's own hyper-parameters, in ``__init__``'s ranges."""
+        momentum = _load.real("momentum", group.get("momentum", 0.0), low=0.0)
+        dampening = _load.real("dampening", group.get("dampening", 0.0))
+        if not math.isfinite(dampening):
+            raise ValueError(f"dampening must be finite, got {dampening}")
+        _load.real("weight_decay", group.get("weight_decay", 0.0), low=0.0)
+        for k in ("nesterov", "maximize"):
+            _load.flag(k, group.get(k, False))
+        if group.get("nesterov", False) and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+
+    def _base_state(self, p: torch.Tensor, master_weights: bool = True) -> dict[str, torch.Tensor]:
+        # torch's SGD keeps no step count, so a state loaded from it (or
+        # edited by a load hook) has a momentum buffer and no "step": the
+        # first step is behind us, the count starts at 1 here, at the step.
+        # Not at load time, so that after load_state_dict the state has
+        # torch's keys, as torch's SGD holds it (issue 39).
+        st = self.state[p]
+        if "step" not in st and isinstance(st.get("momentum_buffer"), torch.Tensor):
+            st["step"] = torch.ones((), dtype=torch.float32, device=p.device)
+        return super()._base_state(p, master_weights)
 
     def _step_device(self, group, params, op_params, states, grads, masters, steps, lr, lr_tensor, grad_scale,
                      found_inf, sr_seed, unscale_grads, ema) -> None:

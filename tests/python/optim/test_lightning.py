@@ -104,12 +104,89 @@ def test_without_clipping_hooks_see_unscaled_grads_as_with_torch():
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
-def test_lightning_own_plugin_refuses_clipping_as_for_torch_fused(precision):
-    """What the plugin is for: Lightning's refusal, the same for torch's
-    fused AdamW (the flag has torch's meaning)."""
+def test_lightning_own_plugin_still_refuses_clipping_torch_fused(precision):
+    """Lightning's refusal stays for torch's fused AdamW (it unscales inside
+    its step); mixprec's optimizers are not refused (below)."""
     # Lightning's plugin given as an object: precision="16-mixed" on the CPU
     # would quietly become bf16-mixed.
     scaler = torch.amp.GradScaler("cpu") if precision == "16-mixed" else None
-    for make in (OPTS["adamw"][0], lambda ps: torch.optim.AdamW(ps, lr=1e-2, fused=True)):
-        with pytest.raises(RuntimeError, match="does not allow for gradient clipping"):
-            _fit(make, 1.0, "norm", plugins=[L.plugins.precision.MixedPrecision(precision, "cpu", scaler)])
+    with pytest.raises(RuntimeError, match="does not allow for gradient clipping"):
+        _fit(lambda ps: torch.optim.AdamW(ps, lr=1e-2, fused=True), 1.0, "norm",
+             plugins=[L.plugins.precision.MixedPrecision(precision, "cpu", scaler)])
+
+
+# ---- Lightning's own plugins (issue 39): what users write ------------------------
+
+
+def _close(a, b, tol=1e-5):
+    assert a.trainer.global_step == b.trainer.global_step == STEPS
+    assert len(a.grad_norms) == STEPS and min(a.grad_norms) > 5  # the hook saw unscaled, unclipped grads
+    torch.testing.assert_close(torch.tensor(a.grad_norms), torch.tensor(b.grad_norms), rtol=1e-5, atol=0)
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+def test_precision_bf16_mixed_with_clipping_trains_like_torch(algorithm):
+    """``Trainer(precision="bf16-mixed", gradient_clip_val=1.0)`` with
+    mixprec's AdamW in configure_optimizers: Lightning refused it ("does
+    not allow for gradient clipping"), although bf16-mixed scales nothing.
+    It trains as torch.optim.AdamW does there (within 1e-5)."""
+    a = _fit(OPTS["adamw"][0], 1.0, algorithm, precision="bf16-mixed")
+    b = _fit(OPTS["adamw"][1], 1.0, algorithm, precision="bf16-mixed")
+    _close(a, b)
+
+
+@pytest.mark.parametrize("kind,algorithm,scaler", [
+    ("adamw", "norm", torch.amp.GradScaler), ("adamw", "value", torch.amp.GradScaler),
+    ("sgd", "norm", torch.amp.GradScaler), ("adamw", "norm", mixprec.amp.GradScaler),
+])
+def test_lightning_16_mixed_plugin_with_clipping_trains_like_torch(kind, algorithm, scaler):
+    """Lightning's own 16-mixed plugin (with torch's or mixprec's scaler):
+    the grads are unscaled before the hook and the clip, the step then only
+    reads them; as torch's optimizer under the same plugin."""
+    ours, theirs = OPTS[kind]
+    a = _fit(ours, 1.0, algorithm, plugins=[
+        L.plugins.precision.MixedPrecision("16-mixed", "cpu", scaler("cpu", init_scale=256.0))])
+    b = _fit(theirs, 1.0, algorithm, plugins=[
+        L.plugins.precision.MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=256.0))])
+    _close(a, b)
+
+
+def test_the_flag_still_reads_true_to_grad_scalers():
+    """torch's and mixprec's GradScaler (and everyone but Lightning) still
+    hand the loss scale to the fused step: see [note: lightning's reading
+    of the flag] in mixprec/optim.py."""
+    p = torch.nn.Parameter(torch.randn(4).half())
+    opt = mixprec.optim.AdamW([p], lr=1e-2)
+    assert opt._step_supports_amp_scaling is True and mixprec.optim.SGD._step_supports_amp_scaling is True
+    from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
+
+    assert _optimizer_handles_unscaling(opt) is False
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(torch.ones(()))  # the scale is made at the first scale()
+    p.grad = torch.full((4,), 1024.0).half()  # FP16 grads: only the fused step takes them
+    scaler.step(opt)
+    scaler.update()
+    assert torch.equal(p.grad, torch.ones(4).half())  # unscaled by the step, written back
+
+
+@pytest.mark.parametrize("args,exc,msg", [
+    (("bf16",), ValueError, "precision must be '16-mixed' or 'bf16-mixed', got 'bf16'"),
+    ((16,), TypeError, "precision must be '16-mixed' or 'bf16-mixed', got int"),
+    (("bf16-mixed", 3), TypeError, "device must be a device type"),
+    (("16-mixed", "nodevice"), ValueError, "device must be a device type"),
+    (("16-mixed", "cpu", "x"), TypeError, "scaler must be a GradScaler"),
+    (("16-mixed", "cpu", torch.zeros(1)), TypeError, "scaler must be a GradScaler"),
+    (("16-mixed", "cpu", torch.amp.GradScaler), TypeError, "scaler must be a GradScaler"),
+    (("bf16-mixed", "cpu", torch.amp.GradScaler("cpu")), ValueError,
+     "precision='bf16-mixed' scales nothing and takes no scaler"),
+])
+def test_plugin_refuses_bad_arguments(args, exc, msg):
+    with pytest.raises(exc, match="mixprec.lightning.MixedPrecision: " + msg):
+        MixedPrecision(*args)
+
+
+def test_plugin_takes_a_device_with_an_index():
+    assert MixedPrecision("bf16-mixed", "cpu").device == "cpu"
+    assert MixedPrecision("bf16-mixed", torch.device("cuda", 1)).device == "cuda"

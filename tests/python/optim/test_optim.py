@@ -236,7 +236,59 @@ def test_load_torch_sgd_state_dict_into_bf16_model(gen):
         st = ours.state[q]
         assert st["momentum_buffer"].dtype is torch.float32
         assert torch.equal(st["momentum_buffer"], torch_opt.state[p]["momentum_buffer"])
-        assert st["step"].item() == 1.0  # not the first step any more
+        assert set(st) == set(torch_opt.state[p])  # torch's keys: no step count added at load time
+    for p, q in zip(params, bf16):
+        p.grad = torch.randn(p.shape, generator=gen)
+        q.grad = p.grad.bfloat16()
+    ours.step()
+    for q in bf16:
+        assert ours.state[q]["step"].item() == 2.0  # the loaded buffer's first step was behind us
+
+
+@pytest.mark.parametrize("hook", [None, "edit", "replace", "drop"])
+@pytest.mark.parametrize("source", ["torch", "mixprec"])
+def test_sgd_state_keys_after_load_match_torch(gen, hook, source):
+    """After load_state_dict (with a pre-hook that edits, replaces or drops
+    part of the dict, or none) mixprec's SGD holds the keys torch's SGD
+    holds after the same load (it added a "step" count at load time), and
+    the steps that follow are torch's."""
+    def edit(opt, sd):
+        sd["param_groups"][0]["lr"] = 0.02
+
+    def replace(opt, sd):
+        sd = copy.deepcopy(sd)
+        sd["param_groups"][0]["lr"] = 0.03
+        return sd
+
+    def drop(opt, sd):
+        sd["state"] = {k: v for k, v in sd["state"].items() if k != 0}
+
+    shapes = [(5, 3), (7,)]
+    params = make_params(gen, torch.float32, shapes)
+    ours_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    src_cls = torch.optim.SGD if source == "torch" else SGD
+    src = src_cls([torch.nn.Parameter(p.detach().clone()) for p in params], lr=1e-2, momentum=0.9)
+    for _ in range(2):
+        for p in src.param_groups[0]["params"]:
+            p.grad = torch.randn(p.shape, generator=gen)
+        src.step()
+    ref = torch.optim.SGD(params, lr=1e-2, momentum=0.9)
+    ours = SGD(ours_params, lr=1e-2, momentum=0.9)
+    for o in (ref, ours):
+        if hook is not None:
+            o.register_load_state_dict_pre_hook({"edit": edit, "replace": replace, "drop": drop}[hook])
+        o.load_state_dict(copy.deepcopy(src.state_dict()))
+    for p, q in zip(params, ours_params):
+        assert set(ours.state.get(q, {})) == set(ref.state.get(p, {}))
+    assert ours.param_groups[0]["lr"] == ref.param_groups[0]["lr"]
+    for _ in range(3):
+        for p, q in zip(params, ours_params):
+            p.grad = torch.randn(p.shape, generator=gen)
+            q.grad = p.grad.clone()
+        ref.step()
+        ours.step()
+    for p, q in zip(params, ours_params):
+        torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7)
 
 
 def test_lr_scheduler_and_tensor_lr(gen):

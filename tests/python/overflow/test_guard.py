@@ -276,6 +276,8 @@ def test_state_dict_pins_the_fallback_set():
         assert torch.equal(model(x), model2(x))
     with pytest.raises(KeyError, match="no modules named"):
         ForwardGuard(vit()).load_state_dict({"fallback": {"nope": "float32"}})
+    with pytest.raises(ValueError, match="no modules named"):  # the argument checks' error type too
+        ForwardGuard(vit()).load_state_dict({"fallback": {"nope": "float32"}})
 
 
 def test_attach_needs_a_diagnostics_scaler():
@@ -426,3 +428,88 @@ def test_fallback_refuses_bad_arguments_and_changes_nothing(args, exc, msg):
         guard.fallback(*args)
     assert guard.fallback_set == set() or not guard.fallback_set
     assert model[0].forward == forward
+
+
+# ---- load_state_dict: checked whole before anything moves -------------------------
+
+
+def _guarded_half_model():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)).half()
+    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    return model, opt, ForwardGuard(model, optimizer=opt)
+
+
+@pytest.mark.parametrize(
+    "state,exc,msg",
+    [
+        ({"fallback": {"0": "float16"}}, ValueError, r"state\['fallback'\]\['0'\] must be 'float32' or 'bfloat16'"),
+        ({"fallback": {"0": torch.float16}}, ValueError, r"state\['fallback'\]\['0'\] must be 'float32' or 'bfloat16'"),
+        ({"fallback": {"0": "int32"}}, ValueError, r"state\['fallback'\]\['0'\] must be 'float32' or 'bfloat16'"),
+        ({"fallback": {"0": 3}}, TypeError, r"state\['fallback'\]\['0'\] must be a dtype name"),
+        ({"fallback": ["0"]}, TypeError, r"state\['fallback'\] must be a dict"),
+        # one good entry before the bad one, or a bad key after: nothing moves
+        ({"fallback": {"0": "float32", "1": "float16"}}, ValueError, r"state\['fallback'\]\['1'\]"),
+        ({"fallback": {"0": "float32", "nope": "float32"}}, KeyError, "no modules named"),
+        ({"fallback": {"0": "float32"}, "counts": {"0": "x"}}, TypeError,
+         r"state\['counts'\]\['0'\] must be an integer"),
+        ({"fallback": {"0": "float32"}, "counts": {"0": -1}}, ValueError, r"state\['counts'\]\['0'\] must be >= 0"),
+        ({"fallback": {"0": "float32"}, "counts": {"9": 1}}, KeyError, "no modules named"),
+        ({"fallback": {"0": "float32"}, "steps": 1.5}, TypeError, r"state\['steps'\] must be an integer"),
+        ({"fallback": {"0": "float32"}, "events": [("0", 1, "float32")]}, TypeError, r"state\['events'\]\[0\]"),
+        ({"fallback": {"0": "float32"}, "events": [("0", 1, "float16", "x")]}, ValueError, r"state\['events'\]\[0\]"),
+        ("MODEL_SD", ValueError, "unexpected keys"),
+        (None, TypeError, "state must be a dict"),
+        ([("fallback", {})], TypeError, "state must be a dict"),
+    ],
+)
+def test_load_state_dict_refuses_bad_state_and_changes_nothing(state, exc, msg):
+    model, opt, guard = _guarded_half_model()
+    guard.step(found_inf=0.0)
+    if state == "MODEL_SD":
+        state = model.state_dict()
+    given = copy.deepcopy(state)
+    before = (guard.state_dict(), dict(guard.fallback_set), copy.deepcopy(opt.state_dict()))
+    params = [(p.dtype, p.detach().clone()) for p in model.parameters()]
+    with pytest.raises(exc, match="mixprec.guard.ForwardGuard.load_state_dict: " + msg):
+        guard.load_state_dict(state)
+    assert guard.state_dict() == before[0] and guard.fallback_set == before[1]
+    assert all("forward" not in m.__dict__ for m in model)  # no module was put in fallback
+    assert all(d == p.dtype and torch.equal(v, p.detach()) for (d, v), p in zip(params, model.parameters()))
+    after = opt.state_dict()
+    for i, st in before[2]["state"].items():
+        assert all(torch.equal(v, after["state"][i][k]) for k, v in st.items())
+    if state is not None and not isinstance(state, list):
+        assert repr(state) == repr(given)  # the caller's dict is not touched
+
+
+def test_load_state_dict_refuses_a_fallback_in_another_dtype():
+    model, opt, guard = _guarded_half_model()
+    guard.fallback("0", torch.float32)
+    forward = model[0].forward
+    with pytest.raises(ValueError, match=r"load_state_dict: state\['fallback'\]\['0'\] is bfloat16 but the module "
+                                         "already runs in float32"):
+        guard.load_state_dict({"fallback": {"0": "bfloat16", "1": "float32"}})
+    assert guard.fallback_set == {"0": torch.float32} and model[0].forward is forward
+    assert model[1].weight.dtype is torch.float16
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_load_state_dict_round_trips(dtype):
+    model, opt, guard = _guarded_half_model()
+    guard.fallback("1", dtype, why="pinned")
+    for v in (0.0, 1.0, 0.0):
+        guard.step(found_inf=v)
+    sd = guard.state_dict()
+    assert sd["fallback"] == {"1": str(dtype).removeprefix("torch.")}
+    model2, opt2, guard2 = _guarded_half_model()
+    guard2.load_state_dict(copy.deepcopy(sd))
+    assert guard2.state_dict() == sd
+    assert guard2.fallback_set == {"1": dtype} and model2[1].weight.dtype is dtype
+    guard2.load_state_dict(sd)  # again: the module already in that fallback stays
+    assert guard2.state_dict() == sd
+    x = torch.randn(2, 4).half()
+    assert torch.equal(model(x), model2(x))
