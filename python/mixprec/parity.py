@@ -682,12 +682,16 @@ def _lr_rule(name, v) -> LrScale:
     return as_float(_W, name, v, above=0.0)
 
 
+_PAIRS = " (batches[i] is an (input, target) pair)"
+
+
 def _check_leaves(x, at: str) -> None:
     if isinstance(x, torch.Tensor):
         return
     if isinstance(x, (tuple, list)):
         if not x:
-            raise TypeError(f"{_W}: {at} must be a tensor or a tuple/list/dict of tensors, got an empty {type(x).__name__}")
+            raise TypeError(f"{_W}: {at} must be a tensor or a tuple/list/dict of tensors{_PAIRS}, got an empty "
+                            f"{type(x).__name__}")
         for i, v in enumerate(x):
             _check_leaves(v, f"{at}[{i}]")
         return
@@ -695,7 +699,7 @@ def _check_leaves(x, at: str) -> None:
         for key, v in x.items():
             _check_leaves(v, f"{at}[{key!r}]")
         return
-    raise TypeError(f"{_W}: {at} must be a tensor or a tuple/list/dict of tensors, got {type(x).__name__}")
+    raise TypeError(f"{_W}: {at} must be a tensor or a tuple/list/dict of tensors{_PAIRS}, got {type(x).__name__}")
 
 
 def _shape_sig(x, k: int, at: str):
@@ -755,8 +759,8 @@ def _check_parity_args(make_model, batches, recipe, loss_fn, optimizer, steps, g
     for i, b in enumerate(batches):
         if not isinstance(b, (tuple, list)) or len(b) != 2:
             raise TypeError(f"{w}: batches[{i}] must be an (input, target) pair, got {type(b).__name__}")
-        _check_leaves(b[0], f"batches[{i}][0] (the input)")
-        _check_leaves(b[1], f"batches[{i}][1] (the target)")
+        _check_leaves(b[0], f"batches[{i}][0]")
+        _check_leaves(b[1], f"batches[{i}][1]")
     if not callable(loss_fn):
         raise TypeError(f"{w}: loss_fn must be callable (output, target) -> loss, got {type(loss_fn).__name__}")
     if optimizer is not None and (isinstance(optimizer, torch.optim.Optimizer) or not callable(optimizer)):
