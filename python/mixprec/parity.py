@@ -41,7 +41,8 @@ one ``ParityResult`` per recipe):
   ``lambda lr, k: lr * k`` is the linear scaling rule, ``lambda lr, k: lr *
   k ** 0.5`` the square-root rule); unchanged without one. ``Recipe(...,
   lr_scale=...)`` sets it per recipe, ``parity(lr_scale=...)`` for recipes
-  with ``k > 1`` that set none.
+  with ``k > 1`` that set none. To check the rule before training,
+  ``optimizer`` is called once more, on a copy of the untrained model.
 
 ``Recipe(name, dtype, params_cast, act_bits, batch_multiplier, lr_scale)``
 builds any of these (``Recipe.parse("bf16+act8")`` is the named one).
@@ -95,7 +96,7 @@ bf16+2x --seeds 3 --target accuracy=0.005:higher --lr-scale 2 --steps 20
 --png out.png`` where ``setup()`` returns a dict with ``make_model``,
 ``batches`` and optionally ``loss_fn``, ``optimizer``, ``device``,
 ``evaluate``, ``targets``. ``--batch-multiplier k`` gives every recipe named
-``k`` times the batch (as ``+<k>x``).
+``k`` times the batch (as ``+<k>x``). Exit status 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -421,6 +422,8 @@ class ParityReport:
         if self.png:
             lines.append(f"  curves: {self.png}")
         return "\n".join(lines)
+
+
 # ---- peak memory ------------------------------------------------------------------
 
 
@@ -544,7 +547,10 @@ def _run(name, model, data, loss_fn, make_opt, device, spec: Recipe | None, guar
     peak = None
     n = len(data)
     for i, group in enumerate(data):
-        x, y = (group[0][0], group[0][1]) if k == 1 else (_concat([b[0] for b in group]), _concat([b[1] for b in group]))
+        if k == 1:
+            x, y = group[0]
+        else:
+            x, y = _concat([b[0] for b in group]), _concat([b[1] for b in group])
         x, y = _to(x, device, low if params_cast else None), _to(y, device)
         mode = _PeakHeap(probe) if (probe is not None and i == n - 1) else None
         if cuda:
@@ -605,7 +611,8 @@ def _evaluate(evaluate, model, spec: Recipe | None, device) -> dict[str, float]:
     modes = [(m, m.training) for m in model.modules()]
     handles = []
     if spec is not None and spec.params_cast:
-        handles.append(model.register_forward_pre_hook(lambda m, a, kw: (_cast(a, low), _cast(kw, low)), with_kwargs=True))
+        handles.append(model.register_forward_pre_hook(lambda m, a, kw: (_cast(a, low), _cast(kw, low)),
+                                                       with_kwargs=True))
         handles.append(model.register_forward_hook(lambda m, a, out: _cast(out, torch.float32)))
     model.eval()
     try:
@@ -658,9 +665,11 @@ def _specs(recipe, lr_scale) -> list[Recipe]:
             if not isinstance(r.name, str) or not r.name:
                 raise TypeError(f"{_W}: {at}.name must be a non-empty str, got {r.name!r}")
             if r.dtype not in (None, torch.float16, torch.bfloat16):
-                raise ValueError(f"{_W}: {at}.dtype must be None (FP32), torch.float16 or torch.bfloat16, got {r.dtype!r}")
+                raise ValueError(
+                    f"{_W}: {at}.dtype must be None (FP32), torch.float16 or torch.bfloat16, got {r.dtype!r}")
             if not isinstance(r.params_cast, bool) or (r.params_cast and r.dtype is None):
-                raise ValueError(f"{_W}: {at}.params_cast must be a bool, True only with a dtype, got {r.params_cast!r}")
+                raise ValueError(
+                    f"{_W}: {at}.params_cast must be a bool, True only with a dtype, got {r.params_cast!r}")
             if r.act_bits is not None and (isinstance(r.act_bits, bool) or r.act_bits not in (8, 4)):
                 raise ValueError(f"{_W}: {at}.act_bits must be None, 8 or 4, got {r.act_bits!r}")
             as_int(_W, f"{at}.batch_multiplier", r.batch_multiplier, low=1)
