@@ -672,7 +672,8 @@ def _specs(recipe, lr_scale) -> list[Recipe]:
                     f"{_W}: {at}.params_cast must be a bool, True only with a dtype, got {r.params_cast!r}")
             if r.act_bits is not None and (isinstance(r.act_bits, bool) or r.act_bits not in (8, 4)):
                 raise ValueError(f"{_W}: {at}.act_bits must be None, 8 or 4, got {r.act_bits!r}")
-            as_int(_W, f"{at}.batch_multiplier", r.batch_multiplier, low=1)
+            r = dataclasses.replace(r, batch_multiplier=as_int(_W, f"{at}.batch_multiplier", r.batch_multiplier, low=1),
+                                    act_bits=None if r.act_bits is None else int(r.act_bits))
             if r.lr_scale is not None:
                 r = dataclasses.replace(r, lr_scale=_lr_rule(f"{at}.lr_scale", r.lr_scale))
         if r.lr_scale is None and r.batch_multiplier > 1 and rule is not None:

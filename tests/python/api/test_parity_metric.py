@@ -397,3 +397,18 @@ def test_bad_arguments_are_refused_before_training(tmp_path):
             assert losses == [], kw  # no step ran
             assert len(built) == (builds if make_model is factory else 0), kw
             assert torch.equal(torch.get_rng_state(), state), kw  # the random state as it was
+
+
+def test_seeded_runs_share_the_dropout_stream():
+    class Drop(Net):
+        def __init__(self):
+            super().__init__()
+            self.body.insert(1, nn.Dropout(0.5))
+
+    data = make_data(4)
+    # unseeded make_model: the init, the batch order and the dropout masks all come from the seed
+    res = parity(Drop, data, recipe=["fp32"], seeds=2, evaluate=accuracy)
+    for r in res:
+        assert [x.losses for x in r.runs] == [b.losses for b in res.baselines]
+        assert r.metrics["accuracy"].diffs == [0.0, 0.0]
+    assert res.baselines[0].losses != res.baselines[1].losses
