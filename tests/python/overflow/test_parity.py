@@ -99,3 +99,20 @@ def test_bad_arguments_are_refused_before_training(tmp_path):
         with pytest.raises(exc, match="mixprec.parity: .*" + msg):
             parity(make_model, data, **args)
         assert calls == [], kw  # nothing was built or trained
+
+
+def test_evaluate_sees_the_recipe_as_trained():
+    """evaluate runs under the recipe's autocast, with the guard's fallbacks
+    in place: the FP16 forward of the overflowing model gives non-finite
+    logits unless the guard moved the attention to FP32."""
+    data = batches(3)
+    x_val = batches(1, seed=5)[0][0]
+
+    def finite_logits(model):
+        return {"finite": torch.isfinite(model(x_val)).all().float()}
+
+    plain = parity(vit, data, recipe="fp16", evaluate=finite_logits)
+    assert plain.baseline.metrics == {"finite": 1.0} and plain.recipe.metrics == {"finite": 0.0}
+    assert plain.metrics["finite"].mean_diff == -1.0 and plain.recipe.nonfinite_losses == 3
+    guarded = parity(vit, data, recipe="fp16", guard=True, evaluate=finite_logits, targets={"finite": 0.0})
+    assert guarded.recipe.metrics == {"finite": 1.0} and guarded.met is True
