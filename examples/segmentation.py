@@ -38,13 +38,17 @@ torch.cuda.max_memory_allocated), and mixprec.memory.plan's largest batch
 within what the bf16 recipe needs at batch 16.
 
 Sizes. The issue asks for 512x512 scenes; on the 2-core CPU this was written
-on that does not fit in the 10 minutes a full run may take: torch has no
-fast BF16 convolution for a CPU without AVX-512 (it falls back to
-aten::_slow_conv2d, about 4x FP32's time per image here), and one FP32
-training step of this Unet at 512x512 takes ~8 s per image. The default is
-therefore 64x64 (--size 64); pass --size 512 on a GPU (--device cuda) or with
-time to spare. A run this short is far from converged: its parity numbers
-measure recipes early in training, where seed-to-seed noise is large.
+on (an AMD EPYC that shows AVX2 but no AVX-512) that does not fit in the 10
+minutes a full run may take: one FP32 training step of this Unet at 512x512
+takes ~8 s per image, and torch's oneDNN BF16 convolution needs AVX-512
+(torch.ops.mkldnn._is_mkldnn_bf16_supported() is False there), so BF16
+convolutions fall back to aten::_slow_conv2d, 4-6x FP32's time per image.
+The default is therefore 64x64 (--size 64), batch 4, 24 steps, 2 seeds;
+pass --size 512 on a GPU (--device cuda) or with time to spare. A run this
+short (96 scenes per seed) is far from converged: its parity numbers compare
+the recipes early in training, where seed-to-seed noise is large. On a busy
+CPU, --threads 1 is several times faster than torch's default of one thread
+per core (OpenMP threads waiting on each other).
 
 Usage: python examples/segmentation.py [--quick] [--device cpu|cuda] [--seeds N] [--steps N]
            [--batch N] [--size N] [--lr LR] [--lr-2x LR] [--encoder resnet18|resnet34]
@@ -471,7 +475,7 @@ def run(args):
         lb = "-" if m["largest_batch"] is None else m["largest_batch"]
         print(f"| {m['recipe']} | {m['batch']} | {mb(m['fwd_bwd_peak'])} | {mb(m['step_peak'])} "
               f"| {m['planner_peak_per_sample'] / 2**20:.2f} | {mb(m['planner_total_16'])} | {lb} |")
-    if device.type == "cpu":
+    if device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         print("CPU note: without AVX-512 torch runs BF16 convolutions in its slow reference path, so bf16 is\n"
               "slower than fp32 here; steps/s measure torch's kernels on a shared CPU (noisy), not mixprec.")
     print(f"total time {time.perf_counter() - t_start:.0f} s")
