@@ -46,12 +46,13 @@ convolutions fall back to aten::_slow_conv2d, 4-6x FP32's time per image.
 The default is therefore 64x64 (--size 64), batch 4, 24 steps, 2 seeds;
 pass --size 512 on a GPU (--device cuda) or with time to spare. A run this
 short (96 scenes per seed) is far from converged: its parity numbers compare
-the recipes early in training, where seed-to-seed noise is large. On a busy
-CPU, --threads 1 is several times faster than torch's default of one thread
-per core (OpenMP threads waiting on each other).
+the recipes early in training, where seed-to-seed noise is large. It runs on
+one CPU thread unless --threads says otherwise: on the shared 2-core machine
+that is several times faster than torch's default of one thread per core
+(OpenMP threads waiting on each other while other jobs hold a core).
 
 Usage: python examples/segmentation.py [--quick] [--device cpu|cuda] [--seeds N] [--steps N]
-           [--batch N] [--size N] [--lr LR] [--lr-2x LR] [--encoder resnet18|resnet34]
+           [--batch N] [--size N] [--lr LR] [--lr-2x LR] [--encoder resnet18|resnet34] [--threads N]
 """
 
 from __future__ import annotations
@@ -365,7 +366,8 @@ def parse_args(argv):
                     help="learning rate of the 2x-batch recipe (default --lr * sqrt(2))")
     ap.add_argument("--encoder", default="resnet18", choices=("resnet18", "resnet34"))
     ap.add_argument("--threads", type=positive_int, default=None,
-                    help="torch CPU threads while it runs (default: torch's; 1 is faster on a busy machine)")
+                    help="torch CPU threads while it runs (default 1 on the CPU: on a 2-core machine shared with "
+                         "other jobs it is several times faster than 2; try 2 on a quiet one)")
     args = ap.parse_args(argv)
     q = args.quick
     args.seeds = args.seeds or (1 if q else 2)
@@ -377,6 +379,8 @@ def parse_args(argv):
         ap.error(f"--steps must be even (the 2x-batch recipe takes half as many), got {args.steps}")
     if args.size % 32:
         ap.error(f"--size must be a multiple of 32 (the Unet downsamples 5 times), got {args.size}")
+    if args.threads is None and args.device == "cpu":
+        args.threads = 1
     if args.lr_2x is None:
         args.lr_2x = args.lr * math.sqrt(2)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -467,9 +471,9 @@ def run(args):
     print(f"\n(b) memory of one training step at the recipe's batch, after a first step ({how});\n"
           f"planner (mixprec.memory.plan on the CPU at batches 2 and 4, extrapolated; no optimizer step, state\n"
           f"counted at 16 B/param): peak per sample, total at batch 16 and the largest batch within the bf16\n"
-          f"recipe's total at batch 16 ({mb(plan['amp-bf16'].total)} MB)")
-    print("| recipe | batch | fwd+bwd peak MB | step peak MB (with AdamW) | planner peak MB / sample "
-          "| planner total MB at 16 | largest batch |")
+          f"recipe's total at batch 16 ({mb(plan['amp-bf16'].total)} MiB)")
+    print("| recipe | batch | fwd+bwd peak MiB | step peak MiB (with AdamW) | planner peak MiB / sample "
+          "| planner total MiB at 16 | largest batch |")
     print("|---|---|---|---|---|---|---|")
     for m in mem:
         lb = "-" if m["largest_batch"] is None else m["largest_batch"]
