@@ -449,9 +449,16 @@ def run(args):
     for r in rows:
         base = r["recipe"] == "fp32"
         per = "-" if base else " ".join(f"{d:+.2f}" for d in r["diffs_pp"])
+        within = "-" if base else ("yes" if r["within"] else "NO")
         print(f"| {r['recipe']} | {r['batch']} x {r['steps']} | {r['lr']:.3g} | {100 * r['miou']:.2f}% "
-              f"| {'-' if base else format(r['diff_pp'], '+.2f')} | {per} | {'-' if base else ('yes' if r['within'] else 'NO')} "
+              f"| {'-' if base else format(r['diff_pp'], '+.2f')} | {per} | {within} "
               f"| {r['nonfinite']} | {r['steps_per_s']:.2f} | {r['samples_per_s']:.2f} | {r['final_loss']:.4f} |")
+    # What a model that has learned nothing but the class frequencies scores.
+    from torchmetrics.classification import MulticlassJaccardIndex
+
+    trivial = float(MulticlassJaccardIndex(num_classes=len(CLASSES), average="macro")(torch.zeros_like(val[1]), val[1]))
+    print(f"labelling every pixel background scores {100 * trivial:.2f}% mIoU on these scenes "
+          f"({100 * float((val[1] == 0).float().mean()):.1f}% of their pixels are background)")
     f_mious = rows[0]["mious"]
     if len(f_mious) > 1:
         print(f"FP32 alone, seed to seed: {', '.join(f'{100 * m:.2f}' for m in f_mious)} "
@@ -483,7 +490,7 @@ def run(args):
         print("CPU note: without AVX-512 torch runs BF16 convolutions in its slow reference path, so bf16 is\n"
               "slower than fp32 here; steps/s measure torch's kernels on a shared CPU (noisy), not mixprec.")
     print(f"total time {time.perf_counter() - t_start:.0f} s")
-    return {"parity": rows, "memory": mem, "args": vars(args)}
+    return {"parity": rows, "memory": mem, "trivial_miou": trivial, "args": vars(args)}
 
 
 if __name__ == "__main__":

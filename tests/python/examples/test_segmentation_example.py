@@ -28,6 +28,7 @@ def test_segmentation_quick_mode(capsys):
         assert math.isfinite(r["final_loss"]) and r["final_loss"] > 0, text
         assert r["steps_per_s"] > 0 and math.isfinite(r["diff_pp"]), text
     assert rows["fp32"]["diff_pp"] == 0.0
+    assert 0.0 < out["trivial_miou"] < 1.0
     assert rows["bf16"]["batch"] == rows["fp32"]["batch"] and rows["bf16"]["steps"] == rows["fp32"]["steps"]
     two = rows["bf16+act8 2x"]
     assert two["batch"] == 2 * rows["fp32"]["batch"] and two["steps"] == rows["fp32"]["steps"] // 2
