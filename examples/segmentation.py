@@ -196,10 +196,13 @@ def make_model(encoder: str, device, init_state=None):
     return model.to(device, memory_format=torch.channels_last)
 
 
-def recipe_contexts(recipe: str, device, seed: int):
-    """The autocast and activation-packing contexts of a recipe's forward."""
+def recipe_contexts(recipe: str, device, sr_seed: int):
+    """The autocast and activation-packing contexts of a recipe's forward.
+    `sr_seed`: the stochastic rounding's seed of this step (an int seed
+    rounds a block's k-th packed tensor with the same bits every time, so
+    each step gets its own)."""
     ac = (torch.autocast(device.type, dtype=torch.bfloat16) if recipe != "fp32" else contextlib.nullcontext())
-    ca = (mixprec.memory.compressed_activations(bits=8, seed=seed) if recipe == "bf16+act8 2x"
+    ca = (mixprec.memory.compressed_activations(bits=8, seed=sr_seed) if recipe == "bf16+act8 2x"
           else contextlib.nullcontext())
     return ac, ca
 
@@ -209,9 +212,9 @@ def loss_fn(logits, y):
     return mixprec.ops.cross_entropy(logits, y)
 
 
-def train_step(model, opt, recipe, x, y, device, seed):
+def train_step(model, opt, recipe, x, y, device, sr_seed):
     opt.zero_grad(set_to_none=True)
-    ac, ca = recipe_contexts(recipe, device, seed)
+    ac, ca = recipe_contexts(recipe, device, sr_seed)
     with ac, ca:
         loss = loss_fn(model(x), y)
     finite = bool(torch.isfinite(loss))
@@ -253,7 +256,7 @@ def train(recipe, init_state, stream, val, args, device, seed):
     for step in range(steps):
         x = xs[step * batch : (step + 1) * batch].to(device, memory_format=torch.channels_last)
         y = ys[step * batch : (step + 1) * batch].to(device)
-        loss, finite = train_step(model, opt, recipe, x, y, device, seed)
+        loss, finite = train_step(model, opt, recipe, x, y, device, seed * 2**32 + step)
         nonfinite += not finite
         losses.append(float(loss))
         bar.update(step + 1, losses[-1])
@@ -289,7 +292,7 @@ def step_peak(recipe, init_state, args, device, batch):
     x, y = x.to(device, memory_format=torch.channels_last), y.to(device)
     train_step(model, opt, recipe, x, y, device, 0)
     opt.zero_grad(set_to_none=True)
-    ac, ca = recipe_contexts(recipe, device, 0)
+    ac, ca = recipe_contexts(recipe, device, 1)
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
