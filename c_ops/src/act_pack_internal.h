@@ -65,8 +65,11 @@ MIXPREC__FORCE_INLINE float mixprec__act_pack_block(const float *v, int64_t len,
   const int32_t z = mixprec__act_zero_of(stored);
   const float inv = mixprec__act_inverse(mixprec__act_scale_of(stored));
   uint8_t *dst = bits == 8 ? codes : q;
-  for (int64_t i = 0; i < len; i++) {
-    const uint32_t r = mixprec__act_elem_bits(block_key, lo_first + (uint32_t)i);
+  /* 32-bit lane counters (len <= 4096): a 64-bit i vectorises into
+   * 64-bit lanes narrowed to 32 for the hash, twice the index work. */
+  const uint32_t len32 = (uint32_t)len;
+  for (uint32_t i = 0; i < len32; i++) {
+    const uint32_t r = mixprec__act_elem_bits(block_key, lo_first + i);
     dst[i] = (uint8_t)mixprec__act_encode(v[i], inv, z, qmax, r);
   }
   if (bits == 4) {
