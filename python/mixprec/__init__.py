@@ -3,6 +3,8 @@
 ``import mixprec`` loads the compiled libraries into torch (``torch.ops.mixprec``)
 and registers their fake kernels. The drop-in classes live in submodules:
 ``mixprec.amp.GradScaler``, ``mixprec.optim.AdamW``, ``mixprec.optim.SGD``.
+``mixprec.parity`` and ``mixprec.lightning`` (which needs Lightning) are
+imported on first use, so ``import mixprec`` stays light.
 """
 
 from __future__ import annotations
@@ -35,8 +37,27 @@ from . import nn  # noqa: E402
 from . import guard  # noqa: E402
 from . import memory  # noqa: E402
 
+# Submodules imported on first attribute access (PEP 562).
+_LAZY = ("parity", "lightning")
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module = importlib.import_module(f".{name}", __name__)
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
     "amp",
+    "parity",
     "ops",
     "optim",
     "nn",

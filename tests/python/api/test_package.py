@@ -112,3 +112,33 @@ def test_libraries_carry_no_runpath():
         dyn = subprocess.run(["readelf", "-d", path], capture_output=True, text=True, check=True).stdout
         assert "RUNPATH" not in dyn and "RPATH" not in dyn, dyn
         assert "libtorch_cpu.so" in dyn and "libpython" not in dyn, dyn
+
+
+def test_documented_submodules_after_import_mixprec():
+    """The README's ``mixprec.parity.parity(...)`` and ``mixprec.lightning``
+    work after a bare ``import mixprec`` (they raised AttributeError), the
+    heavy ones are imported only when used, and an unknown name still raises
+    AttributeError."""
+    code = (
+        "import sys, mixprec\n"
+        "assert 'mixprec.parity' not in sys.modules and 'mixprec.lightning' not in sys.modules\n"
+        "for name in mixprec.__all__: getattr(mixprec, name)\n"
+        "assert callable(mixprec.parity.parity) and 'parity' in dir(mixprec)\n"
+        "try:\n"
+        "    import lightning\n"
+        "except ImportError:\n"
+        "    pass\n"
+        "else:\n"
+        "    assert mixprec.lightning.MixedPrecision is not None\n"
+        "try:\n"
+        "    mixprec.no_such_module\n"
+        "except AttributeError as e:\n"
+        "    assert 'no_such_module' in str(e)\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')\n"
+        "print('ok')\n"
+    )
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(ROOT / "python")] + [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p])
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
