@@ -33,27 +33,38 @@ fp32 model on the validation scenes):
 
   torchvision FP32      torchvision.ops.batched_nms on float32 boxes: the
                         reference
-  torchvision-style FP16  boxes and scores cast to float16, then
-                        torchvision's batched_nms algorithm in FP16 (its
-                        coordinate trick: boxes offset by class * (max
-                        coordinate + 1), in FP16; IoU in FP16 as torchvision's
-                        CUDA kernel computes it for half boxes: areas
-                        overflow to inf above 65504 px^2, i.e. 256 x 256).
-                        torchvision's CPU kernel refuses float16, so this is
-                        the same arithmetic written in torch ops
+  torchvision FP16      boxes and scores cast to float16, then
+                        torchvision.ops.batched_nms as it runs on CUDA for
+                        half boxes (its CPU kernel refuses float16, so the
+                        same arithmetic is written here in torch ops): the
+                        coordinate trick in FP16 (boxes offset by class x
+                        (max coordinate + 1), in FP16), the intersection's
+                        width and height in FP16, areas and IoU in FP32
+  naive FP16            the same with areas and IoU in FP16 too (areas
+                        overflow to inf above 65504 px^2, i.e. 256 x 256):
+                        torchvision's kernel before 0.9 (pytorch/vision#3371)
+                        and hand-written half NMS
   mixprec FP32 boxes    mixprec.ops.batched_nms on the float32 boxes
   mixprec FP16 boxes    mixprec.ops.batched_nms on the float16 boxes (IoU in
                         FP32, classes compared instead of offset): what an
                         FP16 pipeline gets with mixprec
 
-At the training resolution (128 px) FP16 coordinates are exact to 1/16 px and
-areas stay far below 65504, so FP16 post-processing loses almost nothing
-there. --canvas (default 4096) re-runs the comparison with the same boxes
-scaled to a canvas of that side (a 4K image, or a detector whose boxes are in
-the original image's pixels): FP16 spacing is 2 px above 2048 and 4 px above
-4096, the class offsets reach 4 x canvas, and most boxes' areas overflow.
+At the training resolution (128 px) FP16 coordinates are exact to 1/16 px
+(1/8 px past the class offsets) and areas stay far below 65504, so FP16
+post-processing loses little there (FP16 scores still tie). --canvas
+(default 4096) re-runs the comparison with the same boxes scaled to a canvas
+of that side (a 4K image, or a detector whose boxes are in the original
+image's pixels): FP16 spacing is 2 px above 2048 and 4 px above 4096, the
+class offsets move boxes to up to 4 x 4097 px, where it is 8-16 px, and most
+boxes' areas overflow FP16.
 Metrics are taken after scaling the kept boxes back, so every row is
-comparable with the reference.
+comparable with the reference. Each is run per image (as torchvision's
+detectors call batched_nms) and as one call for all validation scenes with
+idxs = scene x 4 + label (as batched post-processing code does): there the
+coordinate trick's offsets reach 128 x (max coordinate + 1), 16.5k px at
+128 px (FP16 spacing 8-16 px) and past FP16's 65504 (inf) on the canvas.
+torchvision switches to a per-class loop above 100,000 coordinates on CUDA
+(4,000 on the CPU); the FP16 rows follow its CUDA rule.
 
 Metrics: mAP@0.5 and mAP@[.5:.95] from torchmetrics' MeanAveragePrecision
 (pycocotools backend); recall: the share of ground-truth boxes matched at IoU
@@ -109,7 +120,7 @@ RECIPES = ("fp32", "bf16", "fp16")
 PARITY_PP = 1.0
 NMS_IOU = 0.5
 MAX_DET = 100
-POST_ROWS = ("torchvision FP32", "torchvision-style FP16", "mixprec FP32 boxes", "mixprec FP16 boxes")
+POST_ROWS = ("torchvision FP32", "torchvision FP16", "naive FP16", "mixprec FP32 boxes", "mixprec FP16 boxes")
 
 
 # ---- synthetic scenes --------------------------------------------------------
@@ -292,22 +303,19 @@ def detect(model, recipe, val, device, chunk=8):
 # ---- NMS variants ---------------------------------------------------------------
 
 
-def fp16_torchvision_style_batched_nms(boxes, scores, idxs, iou_threshold):
-    """torchvision.ops.batched_nms's coordinate trick and greedy NMS with every
-    step in float16, as torchvision's kernel runs for half boxes on CUDA (its
-    CPU kernel refuses float16): offsets = idxs * (max coordinate + 1) added
-    in FP16, areas, intersections and IoU in FP16 (areas above 65504
-    overflow to inf). Indices by decreasing (FP16) score, ties in input
-    order."""
+def fp16_nms(boxes, scores, iou_threshold, areas_fp16=False):
+    """torchvision.ops.nms on float16 boxes and scores with the arithmetic of
+    torchvision's CUDA kernel for half (its CPU kernel refuses float16),
+    written in torch ops: box edges and the intersection's width and height
+    in FP16, the intersection, areas and IoU in FP32 (at::acc_type, since
+    torchvision 0.9, pytorch/vision#3383). areas_fp16: every step in FP16,
+    areas overflowing to inf above 65504 px^2 (256 x 256), as torchvision's
+    kernel before 0.9 and hand-written half NMS code. Greedy, by decreasing
+    FP16 score, ties in input order."""
     boxes, scores = boxes.half(), scores.half()
-    if boxes.numel() == 0:
-        return torch.empty(0, dtype=torch.int64)
-    one = torch.tensor(1, dtype=torch.float16)
-    b = boxes + (idxs.to(boxes) * (boxes.max() + one))[:, None]
     order = torch.sort(scores.float(), descending=True, stable=True).indices
-    b = b[order]
-    x1, y1, x2, y2 = b.unbind(1)
-    area = (x2 - x1) * (y2 - y1)
+    x1, y1, x2, y2 = boxes[order].unbind(1)
+    area = (x2 - x1) * (y2 - y1) if areas_fp16 else (x2.float() - x1.float()) * (y2 - y1).float()
     removed = torch.zeros(len(order), dtype=torch.bool)
     keep = []
     for i in range(len(order)):
@@ -316,35 +324,68 @@ def fp16_torchvision_style_batched_nms(boxes, scores, idxs, iou_threshold):
         keep.append(i)
         w = (torch.minimum(x2[i], x2[i + 1 :]) - torch.maximum(x1[i], x1[i + 1 :])).clamp(min=0)
         h = (torch.minimum(y2[i], y2[i + 1 :]) - torch.maximum(y1[i], y1[i + 1 :])).clamp(min=0)
-        inter = w * h
-        iou = inter / (area[i] + area[i + 1 :] - inter)
-        removed[i + 1 :] |= iou > iou_threshold
+        inter = w * h if areas_fp16 else w.float() * h.float()
+        removed[i + 1 :] |= (inter / (area[i] + area[i + 1 :] - inter)).float() > iou_threshold
     return order[torch.tensor(keep, dtype=torch.int64)]
 
 
-def postprocess(dets, how, scale):
-    """Per image: `how`'s NMS on the detections with boxes scaled by `scale`,
-    top MAX_DET; the kept boxes scaled back (in FP32) for the metrics.
-    Returns (predictions, kept indices per image)."""
+def fp16_batched_nms(boxes, scores, idxs, iou_threshold, areas_fp16=False):
+    """torchvision.ops.batched_nms on float16 boxes as it runs on CUDA: up to
+    100,000 box coordinates its coordinate trick in FP16 (offsets = idxs *
+    (max coordinate + 1), added to the boxes in FP16: past 65504 they are
+    inf), above that one fp16_nms per class."""
+    boxes, scores = boxes.half(), scores.half()
+    if boxes.numel() == 0:
+        return torch.empty(0, dtype=torch.int64)
+    if boxes.numel() > 100_000:
+        keep = torch.cat([torch.nonzero(idxs == c).flatten()[fp16_nms(boxes[idxs == c], scores[idxs == c],
+                                                                       iou_threshold, areas_fp16)]
+                          for c in torch.unique(idxs)])
+        return keep[torch.sort(scores[keep].float(), descending=True, stable=True).indices]
+    one = torch.tensor(1, dtype=torch.float16)
+    shifted = boxes + (idxs.to(boxes) * (boxes.max() + one))[:, None]
+    return fp16_nms(shifted, scores, iou_threshold, areas_fp16)
+
+
+def nms_by(how, b32, s32, idxs):
+    """`how`'s class-aware NMS: (kept indices, the boxes in the dtype that
+    NMS saw, for the output)."""
     import torchvision
 
-    preds, kept = [], []
-    for d in dets:
-        b32 = d["boxes"].float() * scale
-        s32, lab = d["scores"].float(), d["labels"]
-        if how == "torchvision FP32":
-            keep, out_boxes = torchvision.ops.batched_nms(b32, s32, lab, NMS_IOU), b32
-        elif how == "torchvision-style FP16":
-            keep, out_boxes = fp16_torchvision_style_batched_nms(b32, s32, lab, NMS_IOU), b32.half()
-        elif how == "mixprec FP32 boxes":
-            keep, out_boxes = mixprec.ops.batched_nms(b32, s32, lab, NMS_IOU), b32
-        else:  # mixprec FP16 boxes
-            keep = mixprec.ops.batched_nms(b32.half(), s32.half(), lab, NMS_IOU)
-            out_boxes = b32.half()
-        keep = keep[:MAX_DET]
-        kept.append(keep)
-        preds.append({"boxes": out_boxes[keep].float() / scale, "scores": s32[keep], "labels": lab[keep]})
-    return preds, kept
+    if how == "torchvision FP32":
+        return torchvision.ops.batched_nms(b32, s32, idxs, NMS_IOU), b32
+    if how in ("torchvision FP16", "naive FP16"):
+        return fp16_batched_nms(b32, s32, idxs, NMS_IOU, areas_fp16=how == "naive FP16"), b32.half()
+    if how == "mixprec FP32 boxes":
+        return mixprec.ops.batched_nms(b32, s32, idxs, NMS_IOU), b32
+    return mixprec.ops.batched_nms(b32.half(), s32.half(), idxs, NMS_IOU), b32.half()  # mixprec FP16 boxes
+
+
+def postprocess(dets, how, scale, one_call=False):
+    """`how`'s NMS on the detections with boxes scaled by `scale`, top
+    MAX_DET per image; the kept boxes scaled back (in FP32) for the metrics.
+    Per image (as torchvision's detectors do), or `one_call`: one NMS call
+    for all images, idxs = image * len(CLASSES) + label (as batched
+    post-processing code does). Returns (predictions, kept indices per
+    image)."""
+    if one_call:
+        sizes = [len(d["boxes"]) for d in dets]
+        img = torch.repeat_interleave(torch.arange(len(dets)), torch.tensor(sizes))
+        b32 = torch.cat([d["boxes"].float() for d in dets]) * scale
+        s32, lab = torch.cat([d["scores"].float() for d in dets]), torch.cat([d["labels"] for d in dets])
+        keep_all, out_all = nms_by(how, b32, s32, img * len(CLASSES) + lab)
+        starts = [0] + torch.tensor(sizes).cumsum(0).tolist()
+        keeps = [keep_all[img[keep_all] == i][:MAX_DET] - starts[i] for i in range(len(dets))]
+        outs = [out_all[starts[i] : starts[i + 1]] for i in range(len(dets))]
+    else:
+        keeps, outs = [], []
+        for d in dets:
+            keep, out = nms_by(how, d["boxes"].float() * scale, d["scores"].float(), d["labels"])
+            keeps.append(keep[:MAX_DET])
+            outs.append(out)
+    preds = [{"boxes": o[k].float() / scale, "scores": d["scores"].float()[k], "labels": d["labels"][k]}
+             for d, k, o in zip(dets, keeps, outs)]
+    return preds, keeps
 
 
 # ---- metrics --------------------------------------------------------------------
@@ -407,11 +448,11 @@ def duplicates(preds):
     return n
 
 
-def post_table(dets, targets, scale, score_thresh):
+def post_table(dets, targets, scale, one_call, score_thresh):
     rows, ref_kept = [], None
     for how in POST_ROWS:
         t0 = time.perf_counter()
-        preds, kept = postprocess(dets, how, scale)
+        preds, kept = postprocess(dets, how, scale, one_call)
         secs = time.perf_counter() - t0
         m = metrics(preds, targets, score_thresh)
         if ref_kept is None:
@@ -607,8 +648,11 @@ def run(args):
               f"(spread {100 * (max(f_maps) - min(f_maps)):.2f} pp)")
 
     post = []
-    for scale, label in ((1.0, f"{args.size} px (as trained)"), (args.canvas / args.size, f"{args.canvas} px canvas")):
-        post.append((label, post_table(dets0, val[1], scale, args.score_thresh)))
+    for scale, one_call, label in ((1.0, False, f"{args.size} px, per image"),
+                                   (args.canvas / args.size, False, f"{args.canvas} px canvas, per image"),
+                                   (1.0, True, f"{args.size} px, one call"),
+                                   (args.canvas / args.size, True, f"{args.canvas} px canvas, one call")):
+        post.append((label, post_table(dets0, val[1], scale, one_call, args.score_thresh)))
     n_pre = sum(len(d["boxes"]) for d in dets0)
     print(f"\n(b) post-processing of the same detections (seed 0's fp32 model, {n_pre} pre-NMS detections with "
           f"score > 0.05 on {args.val} scenes); kept-set difference: detections kept by one and not by "

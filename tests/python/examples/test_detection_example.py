@@ -40,17 +40,24 @@ def test_detection_quick_mode(capsys):
     assert rows["bf16"]["box_dtype"] == "bfloat16" and rows["fp16"]["box_dtype"] == "float16"
 
     # Post-processing table: mixprec's rows equal the reference's kept sets.
-    assert [label for label, _ in out["post"]] == ["64 px (as trained)", "4096 px canvas"]
+    assert [label for label, _ in out["post"]] == ["64 px, per image", "4096 px canvas, per image", "64 px, one call",
+                                                 "4096 px canvas, one call"]
     for _, prow in out["post"]:
         assert [r["how"] for r in prow] == list(detection.POST_ROWS)
         for r in prow:
             for k in ("map50", "map", "recall", "precision_t", "recall_t"):
                 assert 0.0 <= r[k] <= 1.0, (k, text)
-        assert prow[0]["duplicates"] == 0
-        assert prow[2]["identical"] and prow[2]["diff"] == 0 and prow[2]["duplicates"] == 0
-    # At the 4096-px canvas FP16 areas overflow: the torchvision-style FP16 NMS keeps duplicates.
-    canvas = out["post"][1][1]
-    assert canvas[1]["duplicates"] > 0 and not canvas[1]["identical"], text
+        rows_by = {r["how"]: r for r in prow}
+        assert rows_by["torchvision FP32"]["duplicates"] == 0
+        mp = rows_by["mixprec FP32 boxes"]
+        assert mp["identical"] and mp["diff"] == 0 and mp["duplicates"] == 0 and mp["map50_pp"] == 0.0
+        assert rows_by["mixprec FP16 boxes"]["duplicates"] == 0
+    # On the 4096-px canvas FP16 areas overflow: the naive FP16 NMS suppresses nothing and keeps duplicates.
+    naive = {r["how"]: r for r in out["post"][1][1]}["naive FP16"]
+    assert naive["duplicates"] > 0 and not naive["identical"], text
+    # One call on the canvas: the class offsets pass 65504, FP16 coordinates are inf, nothing is suppressed.
+    tv16 = {r["how"]: r for r in out["post"][3][1]}["torchvision FP16"]
+    assert tv16["duplicates"] > 0 and not tv16["identical"], text
 
     # Independently: mixprec.ops.batched_nms on the run's detections, FP32
     # boxes, against torchvision.ops.batched_nms, image by image.
