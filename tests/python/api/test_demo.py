@@ -23,17 +23,23 @@ def test_demo_quick_mode(capsys, tmp_path):
     out = capsys.readouterr().out
     results = out_dict["train"]
     assert [r["mode"] for r in results] == ["fp32", "bf16", "bf16-sr", "fp16", "bf16-rem", "bf16-rem-bf16",
-                                           "bf16-rem-8bit", "bf16-act8"]
+                                           "bf16-rem-8bit", "bf16-act8", "bf16-act8-1.5x"]
     base = results[0]["acc"]
     assert base > 0.85, out
     for r in results[1:]:
         # Two epochs are noisy; the full run's parity is what the README shows.
         assert abs(r["acc"] - base) < 0.03, out
         assert r["scale"] is not None and r["scale"] > 0
-        assert len(r["losses"]) == len(results[0]["losses"])
+        # The 1.5x-batch run sees the same epochs in 2/3 of the steps (96 of the 1437 images a step).
+        steps = len(results[0]["losses"]) if r["batch"] == 64 else 2 * ((1437 + 95) // 96)
+        assert len(r["losses"]) == steps, (r["mode"], r["batch"])
+        # Non-finite steps: FP16's overflowing (skipped) steps only; every loss finite.
+        assert r["nonfinite"] == r["skipped"] and (r["skipped"] == 0 or r["mode"] == "fp16"), out
         # Half activations: well below FP32's.
         assert r["act_mb"] < 0.75 * results[0]["act_mb"], out
     by = {r["mode"]: r for r in results}
+    assert results[0]["nonfinite"] == 0 and by["bf16-act8-1.5x"]["batch"] == 96
+    assert "non-fin." in out and "bf16-act8-1.5x (batch 96: 8-bit activations + lean state" in out, out
     # Same bytes with FP32 masters; a quarter less without them.
     assert abs(by["bf16"]["state_mb"] - by["fp32"]["state_mb"]) < 1e-6
     assert abs(by["bf16-sr"]["state_mb"] / by["fp32"]["state_mb"] - 0.75) < 1e-3
@@ -94,11 +100,11 @@ def test_demo_full_mode_parity(capsys, tmp_path):
     (FP32 master weights, loss scaling, FP32 cross-entropy), accuracy
     averaged over the default seeds, within 0.5 percentage points of FP32's
     (the seeds' target). About a minute on 2 cores."""
-    runs = "fp32,bf16,fp16,bf16-rem,bf16-rem-bf16,bf16-rem-8bit,bf16-act8"
+    runs = "fp32,bf16,fp16,bf16-rem,bf16-rem-bf16,bf16-rem-8bit,bf16-act8,bf16-act8-1.5x"
     out_dict = train_amp.main(["--runs", runs, "--plot", str(tmp_path / "c.png"), "--boxes", "500", "--no-resnet50"])
     out = capsys.readouterr().out
     results = out_dict["train"]
-    assert [len(r["accs"]) for r in results] == [5] * 7
+    assert [len(r["accs"]) for r in results] == [5] * 8
     base = results[0]["acc"]
     assert base > 0.95, out
     for r in results[1:]:
