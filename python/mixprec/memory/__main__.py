@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import importlib
 import re
 import sys
@@ -59,6 +60,9 @@ def main(argv=None) -> int:
     ap.add_argument("--kwargs", nargs="*", default=[], help="factory keyword arguments, key=value")
     ap.add_argument("--recipes", default=None, help="comma-separated recipe names (default: all)")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    ap.add_argument("--norm-bits", type=int, choices=(4, 8, 16), default=None,
+                    help="compressed_activations(norm_bits=) in the recipes that pack: the code width of what "
+                         "normalisation layers save (16: kept as they are; default: the recipe's bits)")
     a = ap.parse_args(argv)
     kwargs = {}
     for kv in a.kwargs:
@@ -80,6 +84,9 @@ def main(argv=None) -> int:
         if unknown:
             ap.error(f"unknown recipes {unknown}; known: {[r.name for r in RECIPES]}")
         recipes = [r for r in RECIPES if r.name in names]
+    if a.norm_bits is not None:
+        recipes = [dataclasses.replace(r, name=f"{r.name}, norm {a.norm_bits}-bit", norm_bits=a.norm_bits)
+                   if r.bits else r for r in recipes]
     if a.threads:
         torch.set_num_threads(a.threads)
     model = a.factory(**kwargs)
