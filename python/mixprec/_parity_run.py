@@ -153,7 +153,8 @@ def _run(name, model, data, loss_fn, make_opt, device, spec: Recipe | None, guar
         try:
             with torch.autocast(device.type, dtype=low, enabled=low is not None and not params_cast):
                 if bits is not None:
-                    with compressed_activations(bits=bits, seed=seed or 0):
+                    # A rounding seed per run and step (one seed for every step would correlate their errors).
+                    with compressed_activations(bits=bits, seed=(seed or 0) * 2**32 + i):
                         out = model(x)
                         loss = loss_fn(out.float() if isinstance(out, torch.Tensor) else out, y)
                 else:

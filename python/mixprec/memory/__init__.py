@@ -63,6 +63,8 @@ the packed values are not the forward's.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import sys
 import warnings
 import weakref
@@ -122,6 +124,18 @@ _CHECKPOINT_FILE = torch.utils.checkpoint.__file__
 # wrapper, as plain tensors with no autograd history: parameters, weight
 # casts and activations look alike there, so they are all kept (and said so).
 _AOT_MARK = "_aot_autograd"
+
+# Blocks entered with seed=None in this process.
+_BLOCKS = itertools.count()
+
+
+def _fresh_seed() -> int:
+    """A seed for a seed=None block: torch's CPU RNG state (hashed, not
+    advanced) and the block's number in the process."""
+    state = torch.get_rng_state()
+    h = int.from_bytes(hashlib.blake2b(state.numpy().tobytes(), digest_size=8).digest(), "little")
+    return (h ^ (next(_BLOCKS) * 0x9E3779B97F4A7C15)) & (2**64 - 1)
+
 
 def _from_parameter(t: torch.Tensor) -> bool:
     node = t.grad_fn
@@ -460,13 +474,16 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
             (about a quarter; a larger gradient error).
         block: elements per float32 scale, a power of two in [32, 4096];
             default 256 for 8 bits, 32 for 4 bits.
-        seed: the stochastic rounding's seed. None (default): each ``with``
-            draws one from torch's default generator (as a dropout layer
-            does), so ``torch.manual_seed`` makes a run reproducible and
-            every step rounds with new bits. An int: the ``with`` block's
-            k-th packed tensor always rounds with the same bits (pass a
-            different seed per step, e.g. the step number, or the steps'
-            rounding errors are correlated); with the same seed and program
+        seed: the stochastic rounding's seed. None (default): every
+            ``with`` block rounds with new bits, from torch's RNG state (read,
+            not drawn from: dropout masks and the rest of the program's
+            random numbers are the same with and without this block) and a
+            per-process count of blocks; a fresh process under
+            ``torch.manual_seed`` repeats them, a second run in the same
+            process does not. An int: the block's k-th packed tensor always
+            rounds with the same bits, so pass a different seed per step
+            (e.g. ``run_seed * 2**32 + step``) or the steps' rounding errors
+            are correlated; with the same seed and program
             the codes are the same on any thread count or device.
         min_numel: tensors with fewer elements are kept as they are.
         norm_bits: the code width for what normalisation layers save (the
@@ -524,7 +541,7 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
     def __enter__(self):
         self._seen.clear()
         self._calls = 0
-        self._base = self.seed if self.seed is not None else int(torch.empty((), dtype=torch.int64).random_())
+        self._base = self.seed if self.seed is not None else _fresh_seed()
         self._kept_ids.clear()
         self._pool, self._in_norm = None, 0
         # Max-pool indices are coded relative to their windows: the pool's
