@@ -79,6 +79,14 @@ SHORT = {"amp-bf16": "amp-bf16", "amp-bf16 + 8-bit act": "+ 8-bit act", "amp-bf1
 # mixprec's recipe: the activations of the 8- / 4-bit rows with the lean optimizer state (8 B/param:
 # BF16 params + grads, 16-bit remainders, 8-bit moments) instead of torch AdamW's 16 B/param.
 LEAN = {"amp-bf16 + 8-bit act": "+ 8-bit act + lean state", "amp-bf16 + 4-bit act": "+ 4-bit act + lean state"}
+# Detectors: the same with torchvision's nms / roi_align through mixprec.ops.patch_torchvision() (RoIAlign
+# reads the BF16 pyramid as it is; torchvision's autocast copies each level to float32 for it).
+VISION = [mm.Recipe("amp-bf16 + 8-bit act + vision ops", torch.bfloat16, bits=8, vision_ops=True),
+          mm.Recipe("amp-bf16 + 4-bit act + vision ops", torch.bfloat16, bits=4, vision_ops=True)]
+SHORT.update({"amp-bf16 + 8-bit act + vision ops": "+ 8-bit act, mixprec roi_align",
+              "amp-bf16 + 4-bit act + vision ops": "+ 4-bit act, mixprec roi_align"})
+LEAN.update({"amp-bf16 + 8-bit act + vision ops": "+ 8-bit act, mixprec roi_align + lean state",
+             "amp-bf16 + 4-bit act + vision ops": "+ 4-bit act, mixprec roi_align + lean state"})
 LEAN_STATE_BYTES = 8
 
 
@@ -330,7 +338,7 @@ def bytes_cases(quick: bool, deeplab_res: int):
     ]
 
 
-def _plan(factory, native: bool, check_batch: int = 0, **kw):
+def _plan(factory, native: bool, check_batch: int = 0, recipes=RECIPES, **kw):
     """plan() one recipe at a time (a recipe that fails leaves the others'
     rows), amp-bf16 first: the others get its total at batch 16 as budget.
     With check_batch, also the planner's own measurement (_planner._measure,
@@ -341,7 +349,7 @@ def _plan(factory, native: bool, check_batch: int = 0, **kw):
     model = factory()
     rows, checks, budget = {}, {}, None
     with kernels(native):
-        for r in RECIPES:
+        for r in recipes:
             try:
                 rows[r.name] = mm.plan(model, recipes=[r], batch=16, budget=budget, **kw)[0]
                 if check_batch:
@@ -404,12 +412,13 @@ def section_bytes(args) -> list[str]:
             continue
         t0 = time.perf_counter()
         check = args.check_batch if "input_shape" in kw and label in ("resnet50", "vit_b_16") else 0
-        rows, checks, n = _plan(factory, args.native_bf16, check, **kw)
+        recipes = RECIPES + (VISION if label.startswith("maskrcnn") else [])
+        rows, checks, n = _plan(factory, args.native_bf16, check, recipes=recipes, **kw)
         wall = time.perf_counter() - t0
         ref = rows["amp-bf16"]
         b1, b2 = kw["batches"]
         desc = f"{label} ({n / 1e6:.1f}M params; batches {b1}, {b2})"
-        for name in RECIPE_NAMES:
+        for name in [r.name for r in recipes]:
             r = rows[name]
             if isinstance(r, Exception):
                 row = f"| {desc} | {res} | {SHORT[name]} | failed: {type(r).__name__}: {str(r).splitlines()[0][:160]} | | | | | | | |"

@@ -77,6 +77,16 @@ from torch.overrides import TorchFunctionMode
 from .. import _act_pack
 from .._args import as_int
 from .._library import cuda_ops_loaded
+from ._saved import (
+    _Bits,
+    _Kept,
+    _narrowable,
+    _Narrowed,
+    _Packed,
+    _Pending,
+    _PoolIndices,
+    _two_valued,
+)
 
 __all__ = ["compressed_activations", "plan", "format_plan", "Recipe", "RECIPES", "LiveTracker", "checkpoint_blocks"]
 
@@ -154,252 +164,6 @@ def _from_parameter(t: torch.Tensor) -> bool:
     return False
 
 
-def _version_alias(t: torch.Tensor) -> torch.Tensor:
-    """A tensor without storage that shares ``t``'s version counter, so an
-    in-place change of ``t`` after it was packed is seen at unpack time
-    without keeping ``t``'s memory alive. ``set_()`` bumps the shared
-    counter; it is put back at once."""
-    version = t._version
-    alias = t.detach()
-    alias.set_()
-    torch._C._autograd._unsafe_set_version_counter((alias,), (version,))
-    return alias
-
-
-def _inplace_error(t_desc: str, saved: int, now: int) -> RuntimeError:
-    return RuntimeError(
-        "one of the variables needed for gradient computation has been modified by an inplace operation: "
-        f"[{t_desc}] is at version {now}; expected version {saved} instead "
-        f"(it was saved for backward under {_WHERE}). Hint: the in-place operation comes after the forward "
-        "op that saved it; replace it with an out-of-place one."
-    )
-
-
-class _Kept:
-    """A saved tensor kept as it is (torch's own version check, which a
-    saved-tensor hook turns off, is done here)."""
-
-    __slots__ = ("tensor", "version")
-
-    def __init__(self, t: torch.Tensor):
-        self.tensor = t
-        self.version = t._version
-
-    def unpack(self) -> torch.Tensor:
-        if self.tensor._version != self.version:
-            t = self.tensor
-            raise _inplace_error(f"{t.type()} {list(t.shape)}", self.version, t._version)
-        return self.tensor
-
-
-class _Packed:
-    """A saved tensor in codes + scales, with what unpacking needs."""
-
-    __slots__ = ("codes", "scales", "shape", "strides", "dtype", "bits", "block", "alias", "version", "__weakref__")
-
-    def __init__(self, t: torch.Tensor, bits: int, block: int, seed: int):
-        src = t.detach()
-        if not _act_pack._is_dense(src):
-            src = src.contiguous()
-        with torch.no_grad():
-            self.codes, self.scales = torch.ops.mixprec.act_pack.default(src, bits, block, seed)
-        self.shape, self.strides = tuple(src.shape), src.stride()
-        self.dtype, self.bits, self.block = t.dtype, bits, block
-        self.version = t._version
-        self.alias = _version_alias(t)
-
-    @property
-    def nbytes(self) -> int:
-        return self.codes.numel() + 4 * self.scales.numel()
-
-    def unpack(self) -> torch.Tensor:
-        if self.alias._version != self.version:
-            raise _inplace_error(f"{self.dtype} {list(self.shape)}", self.version, self.alias._version)
-        if torch.is_grad_enabled():
-            raise RuntimeError(
-                f"{_WHERE}: double backward (backward with create_graph=True, or a gradient of a gradient) "
-                "through compressed activations is not supported: the saved tensors hold packed values, not "
-                "the forward's. Run that forward outside compressed_activations."
-            )
-        numel = 1
-        for s in self.shape:
-            numel *= s
-        flat = torch.ops.mixprec.act_unpack.default(self.codes, self.scales, numel, self.bits, self.block, self.dtype)
-        return flat.as_strided(self.shape, self.strides)
-
-
-def _narrowable(t: torch.Tensor, min_numel: int) -> bool:
-    """Integer tensors kept losslessly in a narrower integer dtype: max-pool
-    indices (int64 positions in a plane of the input: int16 for planes up to
-    32767 elements, uint8 up to 255). On the CPU only: the range check reads
-    the values, which on a GPU would synchronise."""
-    return (
-        type(t) is torch.Tensor
-        and t.dtype in (torch.int64, torch.int32)
-        and t.device.type == "cpu"
-        and t.numel() >= max(min_numel, 1)
-    )
-
-
-class _Narrowed:
-    """An integer tensor in the narrowest of uint8 / int16 / int32 that holds
-    its values exactly (``small is`` the tensor itself when none does)."""
-
-    __slots__ = ("small", "dtype", "alias", "version", "__weakref__")
-
-    def __init__(self, t: torch.Tensor):
-        lo, hi = (int(v) for v in torch.aminmax(t.detach()))
-        self.small = t
-        for dt in (torch.uint8, torch.int16, torch.int32):
-            info = torch.iinfo(dt)
-            if info.bits < torch.iinfo(t.dtype).bits and info.min <= lo and hi <= info.max:
-                self.small = t.detach().to(dt)
-                break
-        self.dtype = t.dtype
-        self.version = t._version
-        self.alias = _version_alias(t) if self.small is not t else None
-
-    @property
-    def nbytes(self) -> int:
-        return self.small.numel() * self.small.element_size()
-
-    def unpack(self) -> torch.Tensor:
-        if self.alias._version != self.version:
-            raise _inplace_error(f"{self.dtype} {list(self.small.shape)}", self.version, self.alias._version)
-        return self.small.to(self.dtype)
-
-
-class _PoolIndices:
-    """The int64 indices ``max_pool2d`` saves (``h * W + w`` in the input
-    plane), one uint8 each: the offset ``kh * kW + kw`` in the element's
-    window. ``geom`` = (W, kH, kW, sH, sW, pH, pW, dH, dW) of the pool."""
-
-    __slots__ = ("codes", "geom", "shape", "strides", "alias", "version", "__weakref__")
-
-    def __init__(self, t: torch.Tensor, geom: tuple, codes: torch.Tensor):
-        self.codes, self.geom = codes, geom
-        self.shape, self.strides = tuple(t.shape), t.stride()
-        self.version = t._version
-        self.alias = _version_alias(t)
-
-    @property
-    def nbytes(self) -> int:
-        return self.codes.numel()
-
-    @staticmethod
-    def _origins(shape, geom, device):
-        W, kH, kW, sH, sW, pH, pW, dH, dW = geom
-        ho = torch.arange(shape[-2], device=device, dtype=torch.int64).mul_(sH).sub_(pH).view(-1, 1)
-        wo = torch.arange(shape[-1], device=device, dtype=torch.int64).mul_(sW).sub_(pW)
-        return ho, wo
-
-    # Elements per slice of the index arithmetic (whole leading-dim slices):
-    # its int64 temporaries stay small whatever the batch, so they add no
-    # per-sample memory.
-    _CHUNK = 1 << 12
-
-    @classmethod
-    def _slices(cls, shape):
-        per = 1
-        for d in shape[1:]:
-            per *= d
-        step = max(1, cls._CHUNK // max(per, 1))
-        return [(s, min(s + step, shape[0])) for s in range(0, shape[0], step)]
-
-    @classmethod
-    def encode(cls, t: torch.Tensor, geom: tuple) -> torch.Tensor | None:
-        """The codes, or None where they would not be exact (checked on the
-        CPU; on a GPU the pool's geometry guarantees it)."""
-        W, kH, kW, sH, sW, pH, pW, dH, dW = geom
-        idx = t.detach()
-        ho, wo = cls._origins(idx.shape, geom, idx.device)
-        codes = torch.empty_like(idx, dtype=torch.uint8)
-        with torch.no_grad():
-            for a, b in cls._slices(idx.shape):
-                i = idx[a:b]
-                h = torch.div(i, W, rounding_mode="floor")
-                w = i - h * W
-                h.sub_(ho).div_(dH, rounding_mode="floor")
-                w.sub_(wo).div_(dW, rounding_mode="floor")
-                code = h.mul_(kW).add_(w)
-                del w
-                codes[a:b].copy_(code)
-                del code
-                # A code outside [0, 256) wrapped in uint8 and does not decode back.
-                if idx.device.type == "cpu" and not torch.equal(cls._decode(codes[a:b], geom, ho, wo), i):
-                    return None
-        return codes
-
-    @staticmethod
-    def _decode(codes, geom, ho, wo):
-        W, kH, kW, sH, sW, pH, pW, dH, dW = geom
-        c = codes.to(torch.int64)
-        kh = torch.div(c, kW, rounding_mode="floor")
-        c.sub_(kh * kW).mul_(dW).add_(wo)  # w
-        return kh.mul_(dH).add_(ho).mul_(W).add_(c)
-
-    def unpack(self) -> torch.Tensor:
-        if self.alias._version != self.version:
-            raise _inplace_error(f"torch.LongTensor {list(self.shape)}", self.version, self.alias._version)
-        ho, wo = self._origins(self.shape, self.geom, self.codes.device)
-        idx = torch.empty_strided(self.shape, self.strides, dtype=torch.int64, device=self.codes.device)
-        for a, b in self._slices(self.shape):
-            idx[a:b].copy_(self._decode(self.codes[a:b], self.geom, ho, wo))
-        return idx
-
-
-_BIT_WEIGHTS = {}
-
-
-def _bit_weights(device) -> torch.Tensor:
-    w = _BIT_WEIGHTS.get(device)
-    if w is None:
-        w = _BIT_WEIGHTS[device] = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=device)
-    return w
-
-
-class _Bits:
-    """A bool mask (or a tensor of zeros and one value ``value``) at one bit
-    per element."""
-
-    __slots__ = ("bits", "numel", "shape", "strides", "dtype", "value", "alias", "version", "__weakref__")
-
-    def __init__(self, t: torch.Tensor, value: torch.Tensor | None = None):
-        src = t.detach()
-        if not _act_pack._is_dense(src):
-            src = src.contiguous()
-        self.shape, self.strides = tuple(src.shape), src.stride()
-        self.numel, self.dtype, self.value = src.numel(), t.dtype, value
-        with torch.no_grad():
-            flat = src.as_strided((self.numel,), (1,))  # memory order (src is dense)
-            m = (flat != 0).to(torch.uint8) if value is not None else flat.to(torch.uint8)
-            pad = (-self.numel) % 8
-            if pad:
-                m = torch.cat([m, m.new_zeros(pad)])
-            self.bits = m.view(-1, 8).mul_(_bit_weights(m.device)).sum(1, dtype=torch.uint8)
-        self.version = t._version
-        self.alias = _version_alias(t)
-
-    @property
-    def nbytes(self) -> int:
-        return self.bits.numel()
-
-    def unpack(self) -> torch.Tensor:
-        if self.alias._version != self.version:
-            raise _inplace_error(f"{self.dtype} {list(self.shape)}", self.version, self.alias._version)
-        w = _bit_weights(self.bits.device)
-        m = self.bits.view(-1, 1).bitwise_and(w).ne(0).view(-1)[: self.numel]
-        out = m if self.value is None else m.to(self.dtype).mul_(self.value)
-        return out.as_strided(self.shape, self.strides)  # the memory order it was read in
-
-
-def _two_valued(t: torch.Tensor) -> torch.Tensor | None:
-    """The positive value c if ``t`` (a CPU float tensor) holds only 0 and c."""
-    c = t.max()
-    if not bool((c > 0) & c.isfinite()):  # inf * 0 would not come back as 0
-        return None
-    return c if bool(((t == 0) | (t == c)).all()) else None
-
 
 _POOL_FUNCS = frozenset({torch.nn.functional.max_pool2d, torch.nn.functional.max_pool2d_with_indices, torch.max_pool2d})
 
@@ -450,6 +214,7 @@ class _PoolGeometry(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self.ctx._pending.sweep()
         if func in _POOL_FUNCS:
             self.ctx._pool = _pool_geometry(args, kwargs)
             try:
@@ -536,10 +301,12 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
         self._pool: tuple | None = None  # (input shape but H, W; geometry) of the max_pool2d running now
         self._in_norm = 0  # > 0 while a normalisation layer runs
         self._mode = None
+        self._pending = _Pending()
         super().__init__(self._pack, self._unpack)
 
     def __enter__(self):
         self._seen.clear()
+        self._pending = _Pending()
         self._calls = 0
         self._base = self.seed if self.seed is not None else _fresh_seed()
         self._kept_ids.clear()
@@ -556,6 +323,7 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
         return self
 
     def __exit__(self, *exc):
+        self._pending.sweep(force=True)
         self._seen.clear()
         self._kept_ids.clear()
         try:
@@ -607,7 +375,11 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
                 return _Kept(t)
             bits = self.norm_bits
             block = self.block if self._block_given else _DEFAULT_BLOCK[bits]
-        return self._remember(t, _Packed(t, bits, block, self._seed()))
+        self._pending.sweep()
+        packed = _Packed(t, bits, block, self._seed(), lazy=True)
+        if packed.pending is not None:
+            self._pending.add(packed)
+        return self._remember(t, packed)
 
     def _cached(self, t: torch.Tensor):
         """The packed form of ``t`` at its current version, if it was packed (saved by an earlier op)."""

@@ -40,6 +40,10 @@ class Recipe:
     norm_bits: int | None = None  # compressed_activations(norm_bits=): None = bits
     checkpoint: bool = False  # torch.utils.checkpoint of every block
     state_bytes: int = 16  # training state per parameter (param + grad + optimizer)
+    # torchvision's nms / roi_align through mixprec.ops.patch_torchvision():
+    # a detector's RoIAlign then reads BF16 feature maps as they are, where
+    # torchvision's autocast makes a float32 copy of each pyramid level.
+    vision_ops: bool = False
 
 
 RECIPES = (
@@ -122,10 +126,16 @@ def _measure(model, recipe, make_batch, batch, loss_fn):
     ac = torch.autocast("cpu", dtype=recipe.autocast) if recipe.autocast else contextlib.nullcontext()
     ca = compressed_activations(bits=recipe.bits, norm_bits=recipe.norm_bits) if recipe.bits else contextlib.nullcontext()
     ck = checkpoint_blocks(model) if recipe.checkpoint else contextlib.nullcontext()
+    if recipe.vision_ops:
+        from ..ops import patch_torchvision
+
+        vo = patch_torchvision()
+    else:
+        vo = contextlib.nullcontext()
     import time
 
     t0 = time.perf_counter()
-    with LiveTracker() as tr:
+    with vo, LiveTracker() as tr:
         with ck:
             with ac, ca:
                 loss = loss_fn(model(*args, **kwargs))

@@ -83,9 +83,23 @@ class LiveTracker(TorchDispatchMode):
         self.current += nbytes
         self.peak = max(self.peak, self.current)
 
+    @staticmethod
+    def _key(t) -> int:
+        try:
+            return t.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):
+            return 0
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        # A view or an in-place op returns a storage an input already has:
+        # not an allocation (one made before the tracker started, as the
+        # input batch a hook detaches, is not counted).
+        inputs = None
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                self._track(t)
+                if inputs is None:
+                    inputs = {self._key(a) for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)}
+                if self._key(t) not in inputs:
+                    self._track(t)
         return out

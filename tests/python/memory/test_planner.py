@@ -131,3 +131,15 @@ def test_cli_norm_bits():
     row16, s16 = saved("--norm-bits", "16")
     assert "norm 16-bit" in row16 and "norm" not in row8
     assert s16 > 1.05 * s8, (row8, row16)  # 0.211 -> 0.228 MB at 32x32, where many tensors are too small to pack
+
+
+def test_tracker_counts_allocations_not_views_of_older_storages():
+    x = torch.randn(1024, 1024)  # made before the tracker: not the step's
+    with mm.LiveTracker() as t:
+        v = x.detach().view(-1)[:10]
+        x.mul_(1.0)
+        y = x * 2  # 4 MiB, new
+        w = y.t()
+        t.mark("end")
+    assert t.marks["end"] == t.peak == 4 * 1024 * 1024
+    del v, w

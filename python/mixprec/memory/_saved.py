@@ -1,0 +1,341 @@
+"""The forms a saved tensor takes inside ``compressed_activations``: kept as
+it is, packed into blockwise codes (lazily: once only autograd holds it),
+narrowed to a smaller integer dtype, max-pool indices in their windows, or a
+mask at one bit per element. Each has ``unpack()`` and checks torch's
+in-place version rule itself (a saved-tensor hook turns torch's off)."""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from .. import _act_pack
+
+_WHERE = "mixprec.memory.compressed_activations"
+
+def _version_alias(t: torch.Tensor) -> torch.Tensor:
+    """A tensor without storage that shares ``t``'s version counter, so an
+    in-place change of ``t`` after it was packed is seen at unpack time
+    without keeping ``t``'s memory alive. ``set_()`` bumps the shared
+    counter; it is put back at once."""
+    version = t._version
+    alias = t.detach()
+    alias.set_()
+    torch._C._autograd._unsafe_set_version_counter((alias,), (version,))
+    return alias
+
+
+def _inplace_error(t_desc: str, saved: int, now: int) -> RuntimeError:
+    return RuntimeError(
+        "one of the variables needed for gradient computation has been modified by an inplace operation: "
+        f"[{t_desc}] is at version {now}; expected version {saved} instead "
+        f"(it was saved for backward under {_WHERE}). Hint: the in-place operation comes after the forward "
+        "op that saved it; replace it with an out-of-place one."
+    )
+
+
+class _Kept:
+    """A saved tensor kept as it is (torch's own version check, which a
+    saved-tensor hook turns off, is done here)."""
+
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, t: torch.Tensor):
+        self.tensor = t
+        self.version = t._version
+
+    def unpack(self) -> torch.Tensor:
+        if self.tensor._version != self.version:
+            t = self.tensor
+            raise _inplace_error(f"{t.type()} {list(t.shape)}", self.version, t._version)
+        return self.tensor
+
+
+class _Packed:
+    """A saved tensor in codes + scales, with what unpacking needs.
+
+    Packed lazily: at save time it holds a storage-sharing alias of the
+    tensor (no new memory: the forward still holds the original) and is
+    packed by ``resolve()`` once that alias is the last holder of the
+    storage (``_Pending.sweep``: the forward has dropped the original),
+    or when the ``with`` block ends. So a tensor the forward keeps using
+    (a feature pyramid kept for the heads, an output kept for the loss)
+    never exists in both forms at once. The rounding seed is fixed at save
+    time, so the codes do not depend on when the packing happens."""
+
+    __slots__ = (
+        "codes", "scales", "shape", "strides", "dtype", "bits", "block", "alias", "version",
+        "seed", "pending", "stream", "modified", "nbytes", "__weakref__",
+    )
+
+    def __init__(self, t: torch.Tensor, bits: int, block: int, seed: int, *, lazy: bool = False):
+        src = t.detach()
+        if not _act_pack._is_dense(src):
+            src = src.contiguous()
+            lazy = False  # the copy is ours alone: pack it now and free it
+        self.shape, self.strides = tuple(src.shape), src.stride()
+        self.dtype, self.bits, self.block, self.seed = t.dtype, bits, block, seed
+        self.version = t._version
+        self.alias = _version_alias(t)
+        self.codes = self.scales = None
+        self.modified = False
+        self.nbytes = _act_pack.packed_nbytes(src.numel(), bits, block)
+        self.stream = torch.cuda.current_stream(src.device) if src.device.type == "cuda" else None
+        self.pending = src
+        if not lazy:
+            self.resolve()
+
+    def resolve(self) -> None:
+        """Packs the held tensor now (unless it was changed in place since
+        it was saved: then unpack raises torch's error) and lets it go."""
+        src, self.pending = self.pending, None
+        if src is None:
+            return
+        if src._version != self.version:
+            self.modified = True
+            return
+        with torch.no_grad():
+            if self.stream is not None:
+                with torch.cuda.stream(self.stream):
+                    self.codes, self.scales = torch.ops.mixprec.act_pack.default(src, self.bits, self.block, self.seed)
+            else:
+                self.codes, self.scales = torch.ops.mixprec.act_pack.default(src, self.bits, self.block, self.seed)
+
+    def unpack(self) -> torch.Tensor:
+        if self.alias._version != self.version:  # (also when resolve() found it changed)
+            raise _inplace_error(f"{self.dtype} {list(self.shape)}", self.version, self.alias._version)
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                f"{_WHERE}: double backward (backward with create_graph=True, or a gradient of a gradient) "
+                "through compressed activations is not supported: the saved tensors hold packed values, not "
+                "the forward's. Run that forward outside compressed_activations."
+            )
+        if self.pending is not None:  # backward inside the block, before this one was packed: exact
+            return self.pending
+        numel = 1
+        for s in self.shape:
+            numel *= s
+        flat = torch.ops.mixprec.act_unpack.default(self.codes, self.scales, numel, self.bits, self.block, self.dtype)
+        return flat.as_strided(self.shape, self.strides)
+
+
+def _storage_holders(t: torch.Tensor) -> int:
+    """How many tensors (views, aliases, C++ holders) share ``t``'s storage."""
+    st = t.untyped_storage()
+    return torch._C._storage_Use_Count(st._cdata) - 1  # not counting ``st`` itself
+
+
+class _Pending:
+    """The ``_Packed`` of one ``with`` block still waiting to be packed (weak
+    references: a graph dropped without backward frees them)."""
+
+    def __init__(self):
+        self.items: list = []
+        self._busy = False
+
+    def add(self, packed: _Packed) -> None:
+        self.items.append(weakref.ref(packed))
+
+    def sweep(self, force: bool = False) -> None:
+        """Packs those whose storage only this block still holds (all of
+        them with ``force``)."""
+        if self._busy or not self.items:
+            return
+        self._busy = True
+        try:
+            live = [p for p in (r() for r in self.items) if p is not None and p.pending is not None]
+            if force:
+                for p in live:
+                    p.resolve()
+                self.items = []
+                return
+            ours: dict[int, int] = {}
+            keys = []
+            for p in live:
+                k = p.pending.untyped_storage().data_ptr()
+                keys.append(k)
+                ours[k] = ours.get(k, 0) + 1
+            waiting = []
+            for p, k in zip(live, keys):
+                if p.pending is not None and _storage_holders(p.pending) <= ours[k]:
+                    p.resolve()
+                    ours[k] -= 1
+                else:
+                    waiting.append(weakref.ref(p))
+            self.items = waiting
+        finally:
+            self._busy = False
+
+
+def _narrowable(t: torch.Tensor, min_numel: int) -> bool:
+    """Integer tensors kept losslessly in a narrower integer dtype: max-pool
+    indices (int64 positions in a plane of the input: int16 for planes up to
+    32767 elements, uint8 up to 255). On the CPU only: the range check reads
+    the values, which on a GPU would synchronise."""
+    return (
+        type(t) is torch.Tensor
+        and t.dtype in (torch.int64, torch.int32)
+        and t.device.type == "cpu"
+        and t.numel() >= max(min_numel, 1)
+    )
+
+
+class _Narrowed:
+    """An integer tensor in the narrowest of uint8 / int16 / int32 that holds
+    its values exactly (``small is`` the tensor itself when none does)."""
+
+    __slots__ = ("small", "dtype", "alias", "version", "__weakref__")
+
+    def __init__(self, t: torch.Tensor):
+        lo, hi = (int(v) for v in torch.aminmax(t.detach()))
+        self.small = t
+        for dt in (torch.uint8, torch.int16, torch.int32):
+            info = torch.iinfo(dt)
+            if info.bits < torch.iinfo(t.dtype).bits and info.min <= lo and hi <= info.max:
+                self.small = t.detach().to(dt)
+                break
+        self.dtype = t.dtype
+        self.version = t._version
+        self.alias = _version_alias(t) if self.small is not t else None
+
+    @property
+    def nbytes(self) -> int:
+        return self.small.numel() * self.small.element_size()
+
+    def unpack(self) -> torch.Tensor:
+        if self.alias._version != self.version:
+            raise _inplace_error(f"{self.dtype} {list(self.small.shape)}", self.version, self.alias._version)
+        return self.small.to(self.dtype)
+
+
+class _PoolIndices:
+    """The int64 indices ``max_pool2d`` saves (``h * W + w`` in the input
+    plane), one uint8 each: the offset ``kh * kW + kw`` in the element's
+    window. ``geom`` = (W, kH, kW, sH, sW, pH, pW, dH, dW) of the pool."""
+
+    __slots__ = ("codes", "geom", "shape", "strides", "alias", "version", "__weakref__")
+
+    def __init__(self, t: torch.Tensor, geom: tuple, codes: torch.Tensor):
+        self.codes, self.geom = codes, geom
+        self.shape, self.strides = tuple(t.shape), t.stride()
+        self.version = t._version
+        self.alias = _version_alias(t)
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.numel()
+
+    @staticmethod
+    def _origins(shape, geom, device):
+        W, kH, kW, sH, sW, pH, pW, dH, dW = geom
+        ho = torch.arange(shape[-2], device=device, dtype=torch.int64).mul_(sH).sub_(pH).view(-1, 1)
+        wo = torch.arange(shape[-1], device=device, dtype=torch.int64).mul_(sW).sub_(pW)
+        return ho, wo
+
+    # Elements per slice of the index arithmetic (whole leading-dim slices):
+    # its int64 temporaries stay small whatever the batch, so they add no
+    # per-sample memory.
+    _CHUNK = 1 << 12
+
+    @classmethod
+    def _slices(cls, shape):
+        per = 1
+        for d in shape[1:]:
+            per *= d
+        step = max(1, cls._CHUNK // max(per, 1))
+        return [(s, min(s + step, shape[0])) for s in range(0, shape[0], step)]
+
+    @classmethod
+    def encode(cls, t: torch.Tensor, geom: tuple) -> torch.Tensor | None:
+        """The codes, or None where they would not be exact (checked on the
+        CPU; on a GPU the pool's geometry guarantees it)."""
+        W, kH, kW, sH, sW, pH, pW, dH, dW = geom
+        idx = t.detach()
+        ho, wo = cls._origins(idx.shape, geom, idx.device)
+        codes = torch.empty_like(idx, dtype=torch.uint8)
+        with torch.no_grad():
+            for a, b in cls._slices(idx.shape):
+                i = idx[a:b]
+                h = torch.div(i, W, rounding_mode="floor")
+                w = i - h * W
+                h.sub_(ho).div_(dH, rounding_mode="floor")
+                w.sub_(wo).div_(dW, rounding_mode="floor")
+                code = h.mul_(kW).add_(w)
+                del w
+                codes[a:b].copy_(code)
+                del code
+                # A code outside [0, 256) wrapped in uint8 and does not decode back.
+                if idx.device.type == "cpu" and not torch.equal(cls._decode(codes[a:b], geom, ho, wo), i):
+                    return None
+        return codes
+
+    @staticmethod
+    def _decode(codes, geom, ho, wo):
+        W, kH, kW, sH, sW, pH, pW, dH, dW = geom
+        c = codes.to(torch.int64)
+        kh = torch.div(c, kW, rounding_mode="floor")
+        c.sub_(kh * kW).mul_(dW).add_(wo)  # w
+        return kh.mul_(dH).add_(ho).mul_(W).add_(c)
+
+    def unpack(self) -> torch.Tensor:
+        if self.alias._version != self.version:
+            raise _inplace_error(f"torch.LongTensor {list(self.shape)}", self.version, self.alias._version)
+        ho, wo = self._origins(self.shape, self.geom, self.codes.device)
+        idx = torch.empty_strided(self.shape, self.strides, dtype=torch.int64, device=self.codes.device)
+        for a, b in self._slices(self.shape):
+            idx[a:b].copy_(self._decode(self.codes[a:b], self.geom, ho, wo))
+        return idx
+
+
+_BIT_WEIGHTS = {}
+
+
+def _bit_weights(device) -> torch.Tensor:
+    w = _BIT_WEIGHTS.get(device)
+    if w is None:
+        w = _BIT_WEIGHTS[device] = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=device)
+    return w
+
+
+class _Bits:
+    """A bool mask (or a tensor of zeros and one value ``value``) at one bit
+    per element."""
+
+    __slots__ = ("bits", "numel", "shape", "strides", "dtype", "value", "alias", "version", "__weakref__")
+
+    def __init__(self, t: torch.Tensor, value: torch.Tensor | None = None):
+        src = t.detach()
+        if not _act_pack._is_dense(src):
+            src = src.contiguous()
+        self.shape, self.strides = tuple(src.shape), src.stride()
+        self.numel, self.dtype, self.value = src.numel(), t.dtype, value
+        with torch.no_grad():
+            flat = src.as_strided((self.numel,), (1,))  # memory order (src is dense)
+            m = (flat != 0).to(torch.uint8) if value is not None else flat.to(torch.uint8)
+            pad = (-self.numel) % 8
+            if pad:
+                m = torch.cat([m, m.new_zeros(pad)])
+            self.bits = m.view(-1, 8).mul_(_bit_weights(m.device)).sum(1, dtype=torch.uint8)
+        self.version = t._version
+        self.alias = _version_alias(t)
+
+    @property
+    def nbytes(self) -> int:
+        return self.bits.numel()
+
+    def unpack(self) -> torch.Tensor:
+        if self.alias._version != self.version:
+            raise _inplace_error(f"{self.dtype} {list(self.shape)}", self.version, self.alias._version)
+        w = _bit_weights(self.bits.device)
+        m = self.bits.view(-1, 1).bitwise_and(w).ne(0).view(-1)[: self.numel]
+        out = m if self.value is None else m.to(self.dtype).mul_(self.value)
+        return out.as_strided(self.shape, self.strides)  # the memory order it was read in
+
+
+def _two_valued(t: torch.Tensor) -> torch.Tensor | None:
+    """The positive value c if ``t`` (a CPU float tensor) holds only 0 and c."""
+    c = t.max()
+    if not bool((c > 0) & c.isfinite()):  # inf * 0 would not come back as 0
+        return None
+    return c if bool(((t == 0) | (t == c)).all()) else None
