@@ -67,6 +67,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import mixprec  # noqa: E402
 import mixprec.memory as mm  # noqa: E402
+import mixprec.ops  # noqa: E402,F401
 from _common import cpu_isa, utc_now  # noqa: E402
 
 import torchvision  # noqa: E402
@@ -87,6 +88,15 @@ SHORT.update({"amp-bf16 + 8-bit act + vision ops": "+ 8-bit act, mixprec roi_ali
               "amp-bf16 + 4-bit act + vision ops": "+ 4-bit act, mixprec roi_align"})
 LEAN.update({"amp-bf16 + 8-bit act + vision ops": "+ 8-bit act, mixprec roi_align + lean state",
              "amp-bf16 + 4-bit act + vision ops": "+ 4-bit act, mixprec roi_align + lean state"})
+# Segmenters: the same with mixprec.ops.cross_entropy on the (N, C, H, W) logits (reads the BF16 logits as
+# they are and saves them, where F.cross_entropy under autocast makes float32 logits and log-probabilities).
+# The recipe is the same; the loss differs (_ce_loss(mixprec_ce=True)).
+SEG = [mm.Recipe("amp-bf16 + 8-bit act + mixprec CE", torch.bfloat16, bits=8),
+       mm.Recipe("amp-bf16 + 4-bit act + mixprec CE", torch.bfloat16, bits=4)]
+SHORT.update({"amp-bf16 + 8-bit act + mixprec CE": "+ 8-bit act, mixprec cross_entropy",
+              "amp-bf16 + 4-bit act + mixprec CE": "+ 4-bit act, mixprec cross_entropy"})
+LEAN.update({"amp-bf16 + 8-bit act + mixprec CE": "+ 8-bit act, mixprec cross_entropy + lean state",
+             "amp-bf16 + 4-bit act + mixprec CE": "+ 4-bit act, mixprec cross_entropy + lean state"})
 LEAN_STATE_BYTES = 8
 
 
@@ -294,16 +304,18 @@ def _sum_losses(d):
     return sum(d.values())
 
 
-def _ce_loss():
+def _ce_loss(mixprec_ce: bool = False):
     """Cross-entropy on random class labels (drawn inside the loss, from a
     fixed generator): a classifier's loss on (N, C) logits and a segmenter's
-    on DeepLab's (N, C, H, W) "out". The labels are counted as the step's."""
+    on DeepLab's (N, C, H, W) "out". The labels are counted as the step's.
+    ``mixprec_ce``: mixprec.ops.cross_entropy instead of F.cross_entropy."""
     g = torch.Generator().manual_seed(1)
+    ce = mixprec.ops.cross_entropy if mixprec_ce else F.cross_entropy
 
     def loss(out):
         o = out["out"] if isinstance(out, dict) else out
         y = torch.randint(0, o.shape[1], (o.shape[0],) + tuple(o.shape[2:]), generator=g)
-        return F.cross_entropy(o, y)
+        return ce(o, y)
 
     return loss
 
@@ -338,7 +350,7 @@ def bytes_cases(quick: bool, deeplab_res: int):
     ]
 
 
-def _plan(factory, native: bool, check_batch: int = 0, recipes=RECIPES, **kw):
+def _plan(factory, native: bool, check_batch: int = 0, recipes=RECIPES, seg_loss=None, **kw):
     """plan() one recipe at a time (a recipe that fails leaves the others'
     rows), amp-bf16 first: the others get its total at batch 16 as budget.
     With check_batch, also the planner's own measurement (_planner._measure,
@@ -362,6 +374,11 @@ def _plan(factory, native: bool, check_batch: int = 0, recipes=RECIPES, **kw):
                 rows[r.name] = e
             if r.name == "amp-bf16" and not isinstance(rows[r.name], Exception):
                 budget = rows[r.name].total
+        for r in (SEG if seg_loss is not None else []):  # the same recipes with another loss
+            try:
+                rows[r.name] = mm.plan(model, recipes=[r], batch=16, budget=budget, **{**kw, "loss_fn": seg_loss})[0]
+            except Exception as e:  # noqa: BLE001 - reported in the table
+                rows[r.name] = e
     n = sum(p.numel() for p in model.parameters())
     return rows, checks, n
 
@@ -413,7 +430,10 @@ def section_bytes(args) -> list[str]:
         t0 = time.perf_counter()
         check = args.check_batch if "input_shape" in kw and label in ("resnet50", "vit_b_16") else 0
         recipes = RECIPES + (VISION if label.startswith("maskrcnn") else [])
-        rows, checks, n = _plan(factory, args.native_bf16, check, recipes=recipes, **kw)
+        seg = label.startswith("deeplab")
+        rows, checks, n = _plan(factory, args.native_bf16, check, recipes=recipes,
+                                seg_loss=_ce_loss(mixprec_ce=True) if seg else None, **kw)
+        recipes = recipes + (SEG if seg else [])
         wall = time.perf_counter() - t0
         ref = rows["amp-bf16"]
         b1, b2 = kw["batches"]
@@ -628,6 +648,42 @@ def _cos(a, b):
     return float(F.cosine_similarity(a.reshape(1, -1), b.reshape(1, -1)))
 
 
+def _one_ulp(t):
+    """``t`` with every non-zero element moved one BF16 unit in the last place
+    up or down at random (a float32 tensor: rounded to BF16 first)."""
+    b = t.detach().to(torch.bfloat16)
+    step = (torch.randint(0, 2, b.shape, dtype=torch.int16) * 2 - 1) * (b != 0).to(torch.int16)
+    return (b.view(torch.int16) + step).view(torch.bfloat16).to(t.dtype)
+
+
+@contextlib.contextmanager
+def _norm_inputs_one_ulp(model):
+    """While active, what BatchNorm / LayerNorm modules save for backward
+    comes back one BF16 ulp off (nothing else is changed, nothing packed):
+    the gradient error of a format exactly as fine as BF16 itself."""
+    norms = (torch.nn.BatchNorm2d, torch.nn.LayerNorm, torch.nn.GroupNorm)
+    handles = []
+
+    def pre(mod, inp):
+        mod._ulp_hook = torch.autograd.graph.saved_tensors_hooks(
+            lambda t: t if t.numel() < 16384 or t.grad_fn is None or not t.is_floating_point() else _one_ulp(t),
+            lambda t: t)
+        mod._ulp_hook.__enter__()
+
+    def post(mod, inp, out):
+        mod._ulp_hook.__exit__(None, None, None)
+        del mod._ulp_hook
+
+    for m in model.modules():
+        if isinstance(m, norms):
+            handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def _vit_head(model):
     """torchvision's ViT starts with a zero head, which makes every gradient
     but the head's zero: give it trunc_normal(std 0.02) weights instead."""
@@ -653,7 +709,10 @@ def section_grad(args) -> list[str]:
              "it would get a gradient). 'worst weight' = the worst conv / linear weight (a '.weight' of 2-D and up). "
              "'FP32 vs BF16' = the uncompressed FP32 step against the same BF16 step: how far autocast itself "
              "moves the gradients. 'norm_bits' = compressed_activations(norm_bits=): the code width of what "
-             "BatchNorm / LayerNorm save (16: kept as they are).", ""]
+             "BatchNorm / LayerNorm save (16: kept as they are). 'BF16 +-1 ulp on norm inputs' = nothing "
+             "packed, but every non-zero element the BatchNorm / LayerNorm modules save comes back one BF16 "
+             "unit in the last place up or down (random): the error of a format exactly as fine as BF16, the "
+             "floor below which a per-layer bar on these tensors cannot be told from BF16's own rounding.", ""]
     tab = ["| model | batch x input | compared | saved MB (packed + kept) | params | worst cosine (parameter) "
            "| worst weight (parameter) | median |",
            "|---|---|---|---|---|---|---|---|"]
@@ -676,6 +735,9 @@ def section_grad(args) -> list[str]:
                 st = []
                 got[label] = _grads(model, x, y, stats=st, **kw)
                 nb[label] = st[0]
+            torch.manual_seed(3)
+            with _norm_inputs_one_ulp(model):
+                got["BF16 +-1 ulp on norm inputs"] = _grads(model, x, y)
         got["FP32 vs BF16"] = _grads(model, x, y, autocast=False)
         keys = [k for k in ref if ref[k].norm() > 0]
         for label, gr in got.items():
