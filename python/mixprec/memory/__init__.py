@@ -20,7 +20,10 @@ What is packed, and what is kept exactly:
   elements that autograd saves and that came out of a differentiable op (a
   conv, BN, ReLU, GELU, LayerNorm, attention output...). A tensor saved by
   several ops (ReLU's output that is also the next conv's input) is packed
-  once. Its original is freed as soon as the forward no longer uses it.
+  once. It is packed when the forward lets go of it (at the next op once
+  only autograd holds its storage, or at the end of the ``with`` block), so
+  a tensor the forward keeps using (an FPN's levels kept for the heads) is
+  never held as original and codes at once; the original is freed then.
 * stored losslessly in fewer bytes:
 
   - the indices an ``nn.MaxPool2d`` saves, one byte each (the position in
