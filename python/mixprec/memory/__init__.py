@@ -80,6 +80,7 @@ from torch.overrides import TorchFunctionMode
 from .. import _act_pack
 from .._args import as_int
 from .._library import cuda_ops_loaded
+from . import _saved
 from ._saved import (
     _Bits,
     _Kept,
@@ -379,7 +380,7 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
             bits = self.norm_bits
             block = self.block if self._block_given else _DEFAULT_BLOCK[bits]
         self._pending.sweep()
-        packed = _Packed(t, bits, block, self._seed(), lazy=True)
+        packed = _Packed(t, bits, block, self._seed(), lazy=_saved.LAZY)
         if packed.pending is not None:
             self._pending.add(packed)
         return self._remember(t, packed)

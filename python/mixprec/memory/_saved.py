@@ -120,6 +120,11 @@ class _Packed:
         return flat.as_strided(self.shape, self.strides)
 
 
+# Lazy packing reads a storage's use count; without it (a torch that lacks
+# this private function) every tensor is packed when it is saved.
+LAZY = hasattr(torch._C, "_storage_Use_Count")
+
+
 def _storage_holders(t: torch.Tensor) -> int:
     """How many tensors (views, aliases, C++ holders) share ``t``'s storage."""
     st = t.untyped_storage()

@@ -157,3 +157,17 @@ def test_views_of_one_storage_wait_for_all():
     rx, rc = torch.autograd.grad(((a * c) * (b * c)).sum(), (x, c))
     assert torch.nn.functional.cosine_similarity(gx.flatten(), rx.flatten(), 0) > 0.999
     assert torch.nn.functional.cosine_similarity(gc_.flatten(), rc.flatten(), 0) > 0.999
+
+
+def test_without_use_counts_packs_at_save_time(monkeypatch):
+    from mixprec.memory import _saved
+
+    monkeypatch.setattr(_saved, "LAZY", False)
+    x = torch.randn(64, 1024, requires_grad=True)
+    with compressed_activations(seed=2) as ctx:
+        y = torch.tanh(x * 2)
+        assert not ctx._pending.items  # packed already
+    got = torch.autograd.grad(y.sum(), x)[0]
+    ref = torch.autograd.grad(torch.tanh(x * 2).sum(), x)[0]
+    assert torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), 0) > 0.999
+    assert not torch.equal(got, ref)
