@@ -10,13 +10,15 @@ import inspect
 import math
 import numbers
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 import torch
 from typing_extensions import TypedDict
 
+from ._args import as_int, as_real
 from ._library import FLOAT_DTYPES as _PARAM_DTYPES
+from ._optim_lean import check_group
 
 # The EMA's group keys with timm ModelEmaV3's defaults (ema_decay None: no EMA).
 _EMA_DEFAULTS = dict(
@@ -80,117 +82,122 @@ def shared_options(init):
     return wrapper
 
 
-def _check_lr(lr) -> None:
-    """torch's checks of ``lr``, for floats, ints and tensors (NaN fails
-    ``0 <= lr`` and is refused too)."""
-    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
-        raise ValueError("Tensor lr must be 1-element")
-    if not 0.0 <= lr:
-        raise ValueError(f"Invalid learning rate: {lr}")
+def _check_lr(w: str, lr) -> None:
+    """torch's checks of ``lr`` in torch's words, for floats, ints and
+    tensors (NaN fails ``0 <= lr`` and is refused too), after ``w`` (the
+    callable) and with the argument named."""
+    if isinstance(lr, torch.Tensor):
+        if lr.numel() != 1:
+            raise ValueError(f"{w}: Tensor lr must be 1-element, got shape {tuple(lr.shape)}")
+        x = lr.item()
+    else:
+        x = lr
+    if not isinstance(x, numbers.Real):  # bools are taken as 0/1, as torch's
+        raise TypeError(f"{w}: lr must be a real number or a one-element tensor, got {type(lr).__name__} {lr!r}")
+    if not 0.0 <= x:
+        raise ValueError(f"{w}: Invalid learning rate: {lr} (lr must be >= 0)")
 
 
-def _torch_flags(foreach, capturable, differentiable, fused) -> dict[str, Any]:
-    """torch's implementation flags, accepted so code written for torch's
-    optimizers runs unchanged: mixprec's step is always one fused,
-    capturable pass, so ``foreach`` / ``fused`` / ``capturable`` change
-    nothing (they are kept in the param groups as torch keeps them);
-    ``differentiable=True`` (autograd through the step) is not supported."""
-    if differentiable:
-        raise NotImplementedError(
-            "mixprec.optim: differentiable=True (autograd through the optimizer step) is not supported"
-        )
-    return dict(foreach=foreach, capturable=bool(capturable), differentiable=False, fused=fused)
-
-
-def _check_scalars(**values) -> None:
-    """A tensor given for a scalar hyper-parameter has one element, said
-    in torch's words for ``lr`` (torch itself fails later, on the truth
-    value of a several-element tensor, naming nothing)."""
-    for name, v in values.items():
-        if isinstance(v, torch.Tensor) and v.numel() != 1:
-            raise ValueError(f"Tensor {name} must be 1-element")
-
-
-def _scalar(x, what: str) -> float:
-    if isinstance(x, torch.Tensor):
-        if x.numel() != 1:
-            raise ValueError(f"Tensor {what} must be 1-element")
-        return float(x.item())
-    return x
-
-
-def _real(name: str, v, *, bools: bool = False) -> float:
-    """``v`` as a float: a real number (Python, NumPy, or a one-element
-    tensor); a string, None, a list (and a bool, unless ``bools``: torch's
-    own arguments take one as 0/1) is refused naming ``name``."""
-    if isinstance(v, torch.Tensor):
-        if v.numel() != 1:
-            raise ValueError(f"Invalid {name} value: a tensor of {v.numel()} elements (a number)")
-        v = v.item()
-    if (isinstance(v, bool) and not bools) or not isinstance(v, numbers.Real):
-        raise TypeError(f"Invalid {name} value: {v!r} (a real number)")
-    return float(v)
-
-
-def _integer(name: str, v, minimum: int | None) -> int:
-    """``v`` as an int (>= ``minimum`` unless None): an integer, or a float
-    with an integral value; NaN, inf, a bool or a fractional value is
-    refused with a ValueError naming ``name`` (not int()'s message, which
-    names nothing)."""
-    if isinstance(v, torch.Tensor) and v.numel() == 1:
-        v = v.item()
-    ok = (
-        not isinstance(v, bool) and isinstance(v, numbers.Real)
-        and math.isfinite(v) and float(v).is_integer() and (minimum is None or v >= minimum)
-    )
-    if not ok:
-        want = "an integer" if minimum is None else f"an integer >= {minimum}"
-        raise ValueError(f"Invalid {name} value: {v!r} ({want})")
-    return int(v)
-
-
-def _flag(name: str, v) -> bool:
-    """``v`` as a bool: True/False (or 0/1); anything else (a string, which
-    bool() would take as True, NaN, None) is refused naming ``name``."""
+def _flag(w: str, name: str, v, *, none: bool = False) -> bool | None:
+    """``v`` as a bool: True/False (or 0/1, as torch's flags take them);
+    anything else (a string, which bool() would take as True, NaN, None
+    unless ``none``) is a TypeError naming ``w`` and ``name``."""
+    if v is None and none:
+        return None
     if isinstance(v, bool):
         return v
     if isinstance(v, numbers.Integral) and v in (0, 1):
         return bool(v)
-    raise TypeError(f"Invalid {name} value: {v!r} (True or False)")
+    want = "True, False or None" if none else "True or False"
+    raise TypeError(f"{w}: {name} must be {want}, got {type(v).__name__} {v!r}")
 
 
-def _seed(v) -> int | None:
+def _torch_flags(w: str, foreach, capturable, differentiable, fused) -> dict[str, Any]:
+    """torch's implementation flags, accepted so code written for torch's
+    optimizers runs unchanged: mixprec's step is always one fused,
+    capturable pass, so ``foreach`` / ``fused`` / ``capturable`` change
+    nothing (they are kept in the param groups as torch keeps them);
+    ``differentiable=True`` (autograd through the step) is not supported.
+    Each must be a bool (``foreach`` / ``fused`` also None), as
+    ``load_state_dict`` checks them."""
+    _flag(w, "foreach", foreach, none=True)
+    _flag(w, "fused", fused, none=True)
+    if _flag(w, "differentiable", differentiable):
+        raise NotImplementedError(
+            f"{w}: differentiable=True (autograd through the optimizer step) is not supported"
+        )
+    return dict(foreach=foreach, capturable=_flag(w, "capturable", capturable), differentiable=False, fused=fused)
+
+
+def _hyper(w: str, name: str, v) -> float:
+    """A hyper-parameter torch's optimizers take too (``eps``, ``betas[i]``,
+    ``momentum``...) as a float for its range check: a real number (a bool
+    as 0/1, as torch takes it) or a one-element tensor (a tensor of several
+    elements said in torch's words for ``lr``; torch itself fails later, on
+    the truth value of a several-element tensor, naming nothing). NaN and
+    inf pass: the caller's range check refuses them as torch's does."""
+    if isinstance(v, torch.Tensor):
+        if v.numel() != 1:
+            raise ValueError(f"{w}: Tensor {name} must be 1-element, got shape {tuple(v.shape)}")
+        v = v.item()
+    if not isinstance(v, numbers.Real):
+        raise TypeError(f"{w}: {name} must be a real number, got {type(v).__name__} {v!r}")
+    return float(v)
+
+
+def _betas(w: str, betas) -> tuple[Any, Any]:
+    """AdamW's ``betas``: a pair of numbers (one-element tensors as their
+    values)."""
+    if isinstance(betas, (str, bytes)) or not isinstance(betas, Sequence) or len(betas) != 2:
+        raise TypeError(f"{w}: betas must be a pair of numbers (beta1, beta2), got {type(betas).__name__} {betas!r}")
+    for i, b in enumerate(betas):
+        _hyper(w, f"betas[{i}]", b)
+    return tuple(b.item() if isinstance(b, torch.Tensor) else b for b in betas)
+
+
+def _real(w: str, name: str, v) -> float:
+    """One of mixprec's own real options as a float: a real number (Python,
+    NumPy, or a one-element tensor); a bool, a string, None, a list, a
+    tensor of several elements is a TypeError naming ``w`` and ``name``
+    (NaN and inf pass: the ranges are checked where they matter)."""
+    return as_real(w, name, v)
+
+
+def _seed(w: str, v) -> int | None:
     """The stochastic-rounding seed: None (drawn when the group is added)
     or an integer."""
-    return None if v is None else _integer("seed", v, None)
+    return None if v is None else as_int(w, "seed", v)
 
 
-def _own_group_keys(group: Mapping[str, Any]) -> dict[str, Any]:
+def _own_group_keys(w: str, group: Mapping[str, Any]) -> dict[str, Any]:
     """mixprec's own group keys (the EMA's, ``master_weights``, ``seed``)
     converted and checked: the one place for them, run on the constructor's
     defaults and on every param group added (a group may set any of them).
     The EMA's ranges are those of the C API (mixprec_ema_params), checked
-    when the group keeps an EMA; the conversions always."""
+    when the group keeps an EMA; the conversions always. Errors name ``w``
+    (the callable) and the key: TypeError for a value of the wrong kind,
+    ValueError for one out of range ([note: argument conversion] in
+    ``_args``)."""
     decay = group.get("ema_decay")
     out = dict(
-        ema_decay=None if decay is None else _real("ema_decay", decay),
-        ema_min_decay=_real("ema_min_decay", group.get("ema_min_decay", 0.0)),
-        ema_use_warmup=_flag("ema_use_warmup", group.get("ema_use_warmup", False)),
-        ema_warmup_gamma=_real("ema_warmup_gamma", group.get("ema_warmup_gamma", 1.0)),
-        ema_warmup_power=_real("ema_warmup_power", group.get("ema_warmup_power", 2 / 3)),
-        ema_update_after_step=_integer("ema_update_after_step", group.get("ema_update_after_step", 0), 0),
-        ema_update_every=_integer("ema_update_every", group.get("ema_update_every", 1), 1),
-        master_weights=_flag("master_weights", group.get("master_weights", True)),
-        seed=_seed(group.get("seed")),
+        ema_decay=None if decay is None else _real(w, "ema_decay", decay),
+        ema_min_decay=_real(w, "ema_min_decay", group.get("ema_min_decay", 0.0)),
+        ema_use_warmup=_flag(w, "ema_use_warmup", group.get("ema_use_warmup", False)),
+        ema_warmup_gamma=_real(w, "ema_warmup_gamma", group.get("ema_warmup_gamma", 1.0)),
+        ema_warmup_power=_real(w, "ema_warmup_power", group.get("ema_warmup_power", 2 / 3)),
+        ema_update_after_step=as_int(w, "ema_update_after_step", group.get("ema_update_after_step", 0), low=0),
+        ema_update_every=as_int(w, "ema_update_every", group.get("ema_update_every", 1), low=1),
+        master_weights=_flag(w, "master_weights", group.get("master_weights", True)),
+        seed=_seed(w, group.get("seed")),
     )
     if out["ema_decay"] is not None:
         for name in ("ema_decay", "ema_min_decay"):
             if not 0.0 <= out[name] <= 1.0:
-                raise ValueError(f"Invalid {name} value: {out[name]} (must be in [0, 1])")
+                raise ValueError(f"{w}: {name} must be a number in [0, 1], got {out[name]}")
         if out["ema_use_warmup"]:
             for name in ("ema_warmup_gamma", "ema_warmup_power"):
                 if not (math.isfinite(out[name]) and out[name] > 0):
-                    raise ValueError(f"Invalid {name} value: {out[name]} (must be finite and > 0)")
+                    raise ValueError(f"{w}: {name} must be a finite number > 0 (ema_use_warmup=True), got {out[name]}")
     return out
 
 
@@ -198,20 +205,35 @@ class _ParamChecks:
     """The checks an optimizer makes on its params (mixed into
     ``mixprec.optim``'s base class)."""
 
-    def _check_group_args(self, group: dict[str, Any]) -> None:
-        """A group just added: its own keys converted in place (a group may
-        give any of them, see :func:`_own_group_keys`), then its mode."""
-        group.update(_own_group_keys(group))
-        self._check_group_mode(group)
+    def _check_group_options(self, w: str, group: dict[str, Any]) -> None:
+        """A group as it will be installed (just added, or about to be
+        loaded), checked as the constructor checks its arguments: ``lr``,
+        torch's flags, the class's own hyper-parameters
+        (``_check_hyper``), mixprec's own keys (converted in place, see
+        :func:`_own_group_keys`), the lean options and the group's mode
+        against its params' dtypes. ``w`` names the callable (and, for a
+        loaded group, where it is) in every error."""
+        if "lr" in group:
+            _check_lr(w, group["lr"])
+        for k in ("capturable", "differentiable"):
+            _flag(w, k, group.get(k, False))
+        for k in ("foreach", "fused"):
+            _flag(w, k, group.get(k), none=True)
+        if group.get("differentiable", False):
+            raise ValueError(f"{w}: differentiable=True (autograd through the optimizer step) is not supported")
+        self._check_hyper(w, group)
+        group.update(_own_group_keys(w, group))
+        check_group(w, group, self._MOMENTS.values())
+        self._check_group_mode(w, group)
 
-    def _check_group_mode(self, group: dict[str, Any]) -> None:
+    def _check_group_mode(self, w: str, group: dict[str, Any]) -> None:
         if group.get("master_weights", True):
             return
         for p in group["params"]:
             if p.dtype == torch.float16:
                 raise ValueError(
-                    f"{type(self).__name__}: master_weights=False is for bfloat16 (and float32) "
-                    "parameters; float16 parameters need FP32 master weights"
+                    f"{w}: master_weights=False is for bfloat16 (and float32) parameters; float16 parameters "
+                    "need FP32 master weights"
                 )
 
     def _check_param(self, p: torch.Tensor, group_index: int, index: int) -> None:

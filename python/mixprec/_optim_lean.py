@@ -159,45 +159,49 @@ def remainder_of_bits(bits: torch.Tensor, cls: str, key) -> torch.Tensor:
 # ---- group options ---------------------------------------------------------------
 
 
-def _moment_dtype(cls: str, name: str, value) -> torch.dtype:
-    if value not in MOMENT_DTYPES or not isinstance(value, torch.dtype):
-        raise ValueError(
-            f"{cls}: {name} must be torch.float32, torch.bfloat16 or torch.uint8 (8-bit blockwise), got {value!r}"
-        )
+def _moment_dtype(w: str, name: str, value) -> torch.dtype:
+    if not isinstance(value, torch.dtype):
+        raise TypeError(f"{w}: {name} must be a torch.dtype (torch.float32, torch.bfloat16 or torch.uint8), got "
+                        f"{type(value).__name__} {value!r}")
+    if value not in MOMENT_DTYPES:
+        raise ValueError(f"{w}: {name} must be torch.float32, torch.bfloat16 or torch.uint8 (8-bit blockwise), got "
+                         f"{value!r}")
     return value
 
 
-def lean_defaults(cls: str, param_remainders, master_weights, moments: dict[str, Any]) -> dict[str, Any]:
-    """The lean group keys, checked (``moments``: option name -> value)."""
-    out = {"param_remainders": _remainders_flag(cls, param_remainders, master_weights)}
+def lean_defaults(w: str, param_remainders, master_weights, moments: dict[str, Any]) -> dict[str, Any]:
+    """The lean group keys, checked (``moments``: option name -> value;
+    ``w``: the callable, for the errors)."""
+    out = {"param_remainders": _remainders_flag(w, param_remainders, master_weights)}
     for name, value in moments.items():
-        out[name] = _moment_dtype(cls, name, value)
+        out[name] = _moment_dtype(w, name, value)
     return out
 
 
-def _remainders_flag(cls: str, value, master_weights) -> bool:
+def _remainders_flag(w: str, value, master_weights) -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"{cls}: param_remainders must be True or False, got {value!r}")
+        raise TypeError(f"{w}: param_remainders must be True or False, got {type(value).__name__} {value!r}")
     if value and not master_weights:
         raise ValueError(
-            f"{cls}: param_remainders=True needs master_weights=True (the remainder is the low half of an "
+            f"{w}: param_remainders=True needs master_weights=True (the remainder is the low half of an "
             "FP32 master; master_weights=False keeps none)"
         )
     return value
 
 
-def check_group(cls: str, group: dict[str, Any], moment_options) -> None:
+def check_group(w: str, group: dict[str, Any], moment_options) -> None:
     """A group's lean options as given (per-group dicts bypass ``__init__``'s
-    checks): bad values and FP16 params under ``param_remainders`` raise a
-    ValueError naming the option."""
-    remainders = _remainders_flag(cls, group.get("param_remainders", False), group.get("master_weights", True))
+    checks; ``w`` names the callable): a value of the wrong kind raises a
+    TypeError, a bad value or FP16 params under ``param_remainders`` a
+    ValueError, each naming the option."""
+    remainders = _remainders_flag(w, group.get("param_remainders", False), group.get("master_weights", True))
     for name in moment_options:
-        _moment_dtype(cls, name, group.get(name, torch.float32))
+        _moment_dtype(w, name, group.get(name, torch.float32))
     if remainders:
         for i, p in enumerate(group["params"]):
             if p.dtype == torch.float16:
                 raise ValueError(
-                    f"{cls}: param_remainders=True is for bfloat16 parameters; params[{i}] is float16 "
+                    f"{w}: param_remainders=True is for bfloat16 parameters; params[{i}] is float16 "
                     f"(shape {tuple(p.shape)}), whose FP32 master is not its value plus 16 bits: use "
                     "param_remainders=False (an FP32 master) for float16 parameters"
                 )
@@ -600,9 +604,6 @@ class LeanState:
 
     # -- configuration
 
-    def _check_lean_group(self, group: dict[str, Any]) -> None:
-        check_group(type(self).__name__, group, self._MOMENTS.values())
-
     def _keeps_master(self, group: dict[str, Any]) -> bool:
         """Whether the group's BF16/FP16 params hold an FP32 master tensor."""
         return group.get("master_weights", True) and not group.get("param_remainders", False)
@@ -633,8 +634,9 @@ class LeanState:
     def _check_remainder_param(self, group: dict[str, Any], p: torch.Tensor) -> None:
         if group.get("param_remainders", False) and p.dtype == torch.float16:
             raise ValueError(
-                f"{type(self).__name__}: param_remainders=True is for bfloat16 parameters; a float16 parameter "
-                f"(shape {tuple(p.shape)}) is in its group (it was converted after the optimizer was built?)"
+                f"mixprec.optim.{type(self).__name__}.step: param_remainders=True is for bfloat16 parameters; a "
+                f"float16 parameter (shape {tuple(p.shape)}) is in its group (it was converted after the optimizer "
+                "was built?)"
             )
 
     def _new_moment(self, st: dict[str, Any], key: str, p: torch.Tensor, group: dict[str, Any]) -> None:

@@ -27,9 +27,8 @@ from typing import Any
 import torch
 
 from ._distributed import local
-from ._optim_args import _check_lr, _own_group_keys
 from ._optim_lean import (
-    REMAINDER_BITS, check_group, check_saved_moment, dtype_of, num_blocks, q8_key, q8_scale_key,
+    REMAINDER_BITS, check_saved_moment, dtype_of, num_blocks, q8_key, q8_scale_key,
     remainder_of_bits, scale_key,
 )
 
@@ -97,30 +96,15 @@ def check_state_dict(opt, sd) -> None:
 def _check_group(opt, where: str, sg: Mapping, g: dict[str, Any]) -> dict[str, Any]:
     """The group torch's loader would install (the saved options over the
     optimizer's params), checked as ``__init__`` / ``add_param_group``
-    check theirs; returns it (options converted) for the state checks."""
-    cls = type(opt).__name__
+    check theirs (``_check_group_options``, the errors after ``where``);
+    returns it (options converted) for the state checks."""
     group = {**getattr(opt, "defaults", {}), **sg, "params": g["params"]}
     for k in opt._MOMENTS.values():
         if isinstance(group.get(k), str):
             group[k] = dtype_of(group[k])
-    try:
-        if "lr" in sg:
-            if not isinstance(sg["lr"], torch.Tensor):
-                real("lr", sg["lr"])
-            _check_lr(sg["lr"])
-        for k in ("capturable", "differentiable"):
-            flag(k, group.get(k, False))
-        for k in ("foreach", "fused"):
-            if group.get(k) is not None:
-                flag(k, group[k])
-        if group.get("differentiable", False):
-            raise ValueError("differentiable=True (autograd through the optimizer step) is not supported")
-        group.update(_own_group_keys(group))
-        check_group(cls, group, opt._MOMENTS.values())
-        opt._check_group_mode(group)
-        opt._check_loaded_hyper(group)
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise type(e)(f"{where}: {e}") from None
+            if isinstance(group[k], str):  # a name, but of no format ([note: formats saved by name])
+                raise ValueError(f"{where}: {k} must be 'float32', 'bfloat16' or 'uint8', got {group[k]!r}")
+    opt._check_group_options(where, group)
     return group
 
 
@@ -176,24 +160,3 @@ def _check_param_state(opt, where: str, key, st: Mapping, p: torch.Tensor, group
         if p.dtype != torch.bfloat16:
             raise RuntimeError(f"{where}[{k!r}]: remainders (the low half of an FP32 master) are for bfloat16 "
                                f"parameters only; {what}")
-
-
-def real(name: str, v, *, low: float | None = None, below: float | None = None) -> float:
-    """A saved hyper-parameter ``v`` as a float (a number or a one-element
-    tensor), in [low, below)."""
-    if isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_complex() and v.dtype is not torch.bool:
-        v = v.item()
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {_kind(v)}")
-    x = float(v)
-    if math.isnan(x):
-        raise ValueError(f"{name} must be a number, got {v!r}")
-    if (low is not None and x < low) or (below is not None and not x < below):
-        rng = f"in [{low}, {below})" if below is not None else f">= {low}"
-        raise ValueError(f"{name} must be {rng}, got {v!r}")
-    return x
-
-
-def flag(name: str, v) -> None:
-    if not isinstance(v, bool) and not (isinstance(v, numbers.Integral) and v in (0, 1)):
-        raise TypeError(f"{name} must be True or False, got {_kind(v)}")

@@ -36,16 +36,22 @@ def _specs(recipe, lr_scale) -> list[Recipe]:
         else:
             if not isinstance(r.name, str) or not r.name:
                 raise TypeError(f"{_W}: {at}.name must be a non-empty str, got {r.name!r}")
+            if r.dtype is not None and not isinstance(r.dtype, torch.dtype):
+                raise TypeError(f"{_W}: {at}.dtype must be None (FP32) or a torch.dtype, got "
+                                f"{type(r.dtype).__name__} {r.dtype!r}")
             if r.dtype not in (None, torch.float16, torch.bfloat16):
                 raise ValueError(
                     f"{_W}: {at}.dtype must be None (FP32), torch.float16 or torch.bfloat16, got {r.dtype!r}")
-            if not isinstance(r.params_cast, bool) or (r.params_cast and r.dtype is None):
-                raise ValueError(
-                    f"{_W}: {at}.params_cast must be a bool, True only with a dtype, got {r.params_cast!r}")
-            if r.act_bits is not None and (isinstance(r.act_bits, bool) or r.act_bits not in (8, 4)):
+            if not isinstance(r.params_cast, bool):
+                raise TypeError(f"{_W}: {at}.params_cast must be a bool, got {type(r.params_cast).__name__} "
+                                f"{r.params_cast!r}")
+            if r.params_cast and r.dtype is None:
+                raise ValueError(f"{_W}: {at}.params_cast=True needs a dtype (the parameters' low dtype)")
+            bits = None if r.act_bits is None else as_int(_W, f"{at}.act_bits", r.act_bits)
+            if bits not in (None, 8, 4):
                 raise ValueError(f"{_W}: {at}.act_bits must be None, 8 or 4, got {r.act_bits!r}")
             r = dataclasses.replace(r, batch_multiplier=as_int(_W, f"{at}.batch_multiplier", r.batch_multiplier, low=1),
-                                    act_bits=None if r.act_bits is None else int(r.act_bits))
+                                    act_bits=bits)
             if r.lr_scale is not None:
                 r = dataclasses.replace(r, lr_scale=_lr_rule(f"{at}.lr_scale", r.lr_scale))
         if r.lr_scale is None and r.batch_multiplier > 1 and rule is not None:

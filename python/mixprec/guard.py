@@ -290,6 +290,9 @@ class ForwardGuard:
             for i, o in enumerate(optimizer):
                 if not isinstance(o, torch.optim.Optimizer):
                     raise TypeError(f"{w}: optimizer[{i}] must be a torch.optim.Optimizer, got {type(o).__name__}")
+        if process_group is not None and not (dist.is_available() and isinstance(process_group, dist.ProcessGroup)):
+            raise TypeError(f"{w}: process_group must be a torch.distributed ProcessGroup or None, got "
+                            f"{type(process_group).__name__}")
         if fallback_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(
                 f"mixprec.guard.ForwardGuard: fallback_dtype must be torch.float32 or torch.bfloat16, "
@@ -469,7 +472,7 @@ class ForwardGuard:
                     f"{w}: found_inf must be a one-element tensor or a number (0: healthy), got "
                     f"{type(found_inf).__name__} {found_inf!r}"
                 )
-        elif loss is not None and not isinstance(loss, torch.Tensor):
+        if loss is not None and not isinstance(loss, torch.Tensor):
             raise TypeError(f"{w}: loss must be a tensor, got {type(loss).__name__}")
         group = self._group()
         if found_inf is not None:

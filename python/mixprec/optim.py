@@ -44,18 +44,16 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 from typing_extensions import Unpack
 
-from . import _optim_load as _load
 from ._amp_grads import is_dense
 from ._distributed import local
 from ._optim_args import (
-    _EMA_DEFAULTS, SharedOptions, _check_lr, _check_scalars, _own_group_keys, _ParamChecks, _real, _scalar,
-    _torch_flags, shared_options,
+    _EMA_DEFAULTS, SharedOptions, _betas, _check_lr, _flag, _hyper, _own_group_keys, _ParamChecks, _torch_flags,
+    shared_options,
 )
 from ._optim_ema import _WeightsEma, ema_model
 from ._optim_lean import ADAMW_MOMENTS, SGD_MOMENTS, LeanState, MemoryReport, lean_defaults
@@ -105,27 +103,57 @@ class _FusedMasterWeightOptimizer(LeanState, _StateAndCheckpoints, _RoundingSeed
     _accepts_fp16_grads = True
 
     @classmethod
-    def _shared_defaults(cls, lr, options: dict[str, Any], moments: dict[str, Any]) -> dict[str, Any]:
+    def _shared_defaults(cls, w: str, lr, options: dict[str, Any], moments: dict[str, Any]) -> dict[str, Any]:
         """The group defaults both optimizers take (``options``: the
         :class:`SharedOptions`, complete; ``moments``: the class's moment
-        dtype options), checked."""
-        _check_lr(lr)
-        own = _own_group_keys({k: options[k] for k in (*_EMA_DEFAULTS, "master_weights", "seed")})
-        lean = lean_defaults(cls.__name__, options["param_remainders"], options["master_weights"], moments)
-        flags = _torch_flags(options["foreach"], options["capturable"], options["differentiable"], options["fused"])
+        dtype options), checked; ``w`` names the constructor."""
+        _check_lr(w, lr)
+        own = _own_group_keys(w, {k: options[k] for k in (*_EMA_DEFAULTS, "master_weights", "seed")})
+        lean = lean_defaults(w, options["param_remainders"], options["master_weights"], moments)
+        flags = _torch_flags(w, options["foreach"], options["capturable"], options["differentiable"], options["fused"])
         return {**own, **lean, **flags}
 
+    def __init__(self, params, defaults: dict[str, Any]) -> None:
+        # [note: who adds a group] torch's constructor adds each group
+        # through add_param_group; its errors name the constructor then.
+        # A refused group puts back torch's random state, which the groups
+        # added before it may have drawn their rounding seeds from.
+        w = self.__dict__["_mixprec_adding"] = f"mixprec.optim.{type(self).__name__}"
+        rng = torch.get_rng_state()
+        try:
+            super().__init__(params, defaults)
+        except BaseException as e:
+            torch.set_rng_state(rng)
+            if not isinstance(e, (TypeError, ValueError)) or str(e).startswith(w):
+                raise
+            # torch's checks of params (a tensor, an empty list), in its words
+            raise type(e)(f"{w}: params: {e}") from None
+        finally:
+            self.__dict__.pop("_mixprec_adding", None)
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """torch's, plus: a master-free group may not hold float16 params,
-        and gets its stochastic-rounding seed now (drawn from torch's default
-        generator when not given, so torch.manual_seed makes it
-        reproducible)."""
+        """torch's, plus: every option of the group is checked as the
+        constructor checks its arguments, and a refused group is not kept
+        (errors name the call and the option); a master-free group may not
+        hold float16 params, and gets its stochastic-rounding seed now
+        (drawn from torch's default generator when not given, so
+        torch.manual_seed makes it reproducible)."""
+        w = self.__dict__.get("_mixprec_adding") or f"mixprec.optim.{type(self).__name__}.add_param_group"
+        arg = "param_group" if w.endswith("add_param_group") else "each param group in params"
+        if not isinstance(param_group, dict):
+            raise TypeError(f"{w}: {arg} must be a dict, got {type(param_group).__name__}")
+        if "params" not in param_group:
+            raise ValueError(f"{w}: {arg} needs a 'params' entry (keys: {sorted(map(str, param_group))})")
         n = len(self.param_groups)
-        super().add_param_group(param_group)
+        try:
+            super().add_param_group(param_group)
+        except (TypeError, ValueError) as e:  # torch's checks of the group's params, in its words
+            del self.param_groups[n:]
+            where = "param_group['params']" if w.endswith("add_param_group") else "params"
+            raise type(e)(f"{w}: {where}: {e}") from None
         group = self.param_groups[-1]
         try:
-            self._check_group_args(group)
-            self._check_lean_group(group)
+            self._check_group_options(w, group)
         except BaseException:
             del self.param_groups[n:]  # a refused group is not kept
             raise
@@ -234,6 +262,11 @@ class _FusedMasterWeightOptimizer(LeanState, _StateAndCheckpoints, _RoundingSeed
         raise NotImplementedError
 
 
+def _check_weight_decay(w: str, weight_decay) -> None:
+    if not 0.0 <= _hyper(w, "weight_decay", weight_decay):
+        raise ValueError(f"{w}: Invalid weight_decay value: {weight_decay} (weight_decay must be >= 0)")
+
+
 class AdamW(_FusedMasterWeightOptimizer):
     """``torch.optim.AdamW`` with FP32 master weights and state for FP16/BF16
     parameters, fused into one pass per device.
@@ -303,35 +336,31 @@ class AdamW(_FusedMasterWeightOptimizer):
         exp_avg_sq_dtype: torch.dtype = torch.float32,
         **options: Unpack[SharedOptions],
     ) -> None:
+        w = "mixprec.optim.AdamW"
         moments = dict(exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_sq_dtype)
-        shared = self._shared_defaults(lr, options, moments)
-        _check_scalars(eps=eps, weight_decay=weight_decay)
-        betas = (_scalar(betas[0], "betas[0]"), _scalar(betas[1], "betas[1]"))
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= betas[0] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
-        if not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        shared = self._shared_defaults(w, lr, options, moments)
+        self._check_hyper(w, dict(betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize))
+        betas = _betas(w, betas)
         defaults = dict(
             lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize, **shared,
         )
         super().__init__(params, defaults)
 
     @staticmethod
-    def _check_loaded_hyper(group: dict[str, Any]) -> None:
-        """A loaded group's own hyper-parameters, in ``__init__``'s ranges."""
-        betas = group.get("betas", (0.9, 0.999))
-        if isinstance(betas, (str, bytes)) or not isinstance(betas, Sequence) or len(betas) != 2:
-            raise TypeError(f"betas must be a pair of numbers, got {type(betas).__name__} {betas!r}")
+    def _check_hyper(w: str, group: dict[str, Any]) -> None:
+        """AdamW's own hyper-parameters in torch's ranges, with torch's
+        words for them after ``w`` (the constructor's, a group added or
+        loaded)."""
+        betas = _betas(w, group.get("betas", (0.9, 0.999)))
         for i, b in enumerate(betas):
-            _load.real(f"betas[{i}]", b, low=0.0, below=1.0)
-        _load.real("eps", group.get("eps", 1e-8), low=0.0)
-        _load.real("weight_decay", group.get("weight_decay", 0.0), low=0.0)
+            if not 0.0 <= b < 1.0:
+                raise ValueError(f"{w}: Invalid beta parameter at index {i}: {b} (betas[{i}] must be in [0, 1))")
+        eps = group.get("eps", 1e-8)
+        if not 0.0 <= _hyper(w, "eps", eps):
+            raise ValueError(f"{w}: Invalid epsilon value: {eps} (eps must be >= 0)")
+        _check_weight_decay(w, group.get("weight_decay", 1e-2))
         for k in ("amsgrad", "maximize"):
-            _load.flag(k, group.get(k, False))
+            _flag(w, k, group.get(k, False))
 
     def _step_device(self, group, params, op_params, states, grads, masters, steps, lr, lr_tensor, grad_scale,
                      found_inf, sr_seed, unscale_grads, ema) -> None:
@@ -382,18 +411,10 @@ class SGD(_FusedMasterWeightOptimizer):
         momentum_dtype: torch.dtype = torch.float32,
         **options: Unpack[SharedOptions],
     ) -> None:
-        shared = self._shared_defaults(lr, options, dict(momentum_dtype=momentum_dtype))
-        _check_scalars(momentum=momentum, dampening=dampening, weight_decay=weight_decay)
-        if not 0.0 <= momentum:
-            raise ValueError(f"Invalid momentum value: {momentum}")
-        if not math.isfinite(_real("dampening", dampening, bools=True)):
-            # torch checks nothing here: a NaN or inf turns the weights NaN
-            # at the second step.
-            raise ValueError(f"Invalid dampening value: {dampening}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        w = "mixprec.optim.SGD"
+        shared = self._shared_defaults(w, lr, options, dict(momentum_dtype=momentum_dtype))
+        self._check_hyper(w, dict(momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                                  nesterov=nesterov, maximize=maximize))
         defaults = dict(
             lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
             nesterov=nesterov, maximize=maximize, **shared,
@@ -401,17 +422,23 @@ class SGD(_FusedMasterWeightOptimizer):
         super().__init__(params, defaults)
 
     @staticmethod
-    def _check_loaded_hyper(group: dict[str, Any]) -> None:
-        """A loaded group's own hyper-parameters, in ``__init__``'s ranges."""
-        momentum = _load.real("momentum", group.get("momentum", 0.0), low=0.0)
-        dampening = _load.real("dampening", group.get("dampening", 0.0))
+    def _check_hyper(w: str, group: dict[str, Any]) -> None:
+        """SGD's own hyper-parameters in torch's ranges, with torch's words
+        for them after ``w`` (the constructor's, a group added or
+        loaded)."""
+        momentum = _hyper(w, "momentum", group.get("momentum", 0.0))
+        if not 0.0 <= momentum:
+            raise ValueError(f"{w}: Invalid momentum value: {group['momentum']} (momentum must be >= 0)")
+        dampening = _hyper(w, "dampening", group.get("dampening", 0.0))
         if not math.isfinite(dampening):
-            raise ValueError(f"dampening must be finite, got {dampening}")
-        _load.real("weight_decay", group.get("weight_decay", 0.0), low=0.0)
-        for k in ("nesterov", "maximize"):
-            _load.flag(k, group.get(k, False))
-        if group.get("nesterov", False) and (momentum <= 0 or dampening != 0):
-            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+            # torch checks nothing here: a NaN or inf turns the weights NaN
+            # at the second step.
+            raise ValueError(f"{w}: Invalid dampening value: {group['dampening']} (dampening must be finite)")
+        _check_weight_decay(w, group.get("weight_decay", 0.0))
+        _flag(w, "maximize", group.get("maximize", False))
+        if _flag(w, "nesterov", group.get("nesterov", False)) and (momentum <= 0 or dampening != 0):
+            raise ValueError(f"{w}: Nesterov momentum requires a momentum and zero dampening (nesterov=True with "
+                             f"momentum {group.get('momentum', 0.0)}, dampening {group.get('dampening', 0.0)})")
 
     def _base_state(self, p: torch.Tensor, master_weights: bool = True) -> dict[str, torch.Tensor]:
         # torch's SGD keeps no step count, so a state loaded from it (or

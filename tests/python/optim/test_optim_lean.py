@@ -67,17 +67,19 @@ def fp32_master(opt, p):
 # ---- the options -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cls, kw, name", [
-    (AdamW, dict(exp_avg_dtype=torch.float16), "exp_avg_dtype"),
-    (AdamW, dict(exp_avg_sq_dtype="bfloat16"), "exp_avg_sq_dtype"),
-    (AdamW, dict(exp_avg_sq_dtype=torch.int8), "exp_avg_sq_dtype"),
-    (SGD, dict(momentum_dtype=torch.float64, momentum=0.9), "momentum_dtype"),
-    (AdamW, dict(param_remainders=1), "param_remainders"),
-    (AdamW, dict(param_remainders=True, master_weights=False), "param_remainders"),
-    (SGD, dict(param_remainders="yes"), "param_remainders"),
+@pytest.mark.parametrize("cls, kw, exc, name", [
+    (AdamW, dict(exp_avg_dtype=torch.float16), ValueError, "exp_avg_dtype"),
+    (AdamW, dict(exp_avg_sq_dtype="bfloat16"), TypeError, "exp_avg_sq_dtype"),  # a name, not a dtype
+    (AdamW, dict(exp_avg_sq_dtype=torch.int8), ValueError, "exp_avg_sq_dtype"),
+    (SGD, dict(momentum_dtype=torch.float64, momentum=0.9), ValueError, "momentum_dtype"),
+    (AdamW, dict(param_remainders=1), TypeError, "param_remainders"),  # not a bool
+    (AdamW, dict(param_remainders=True, master_weights=False), ValueError, "param_remainders"),
+    (SGD, dict(param_remainders="yes"), TypeError, "param_remainders"),
 ])
-def test_bad_options_raise_naming_the_argument(gen, cls, kw, name):
-    with pytest.raises(ValueError, match=name):
+def test_bad_options_raise_naming_the_argument(gen, cls, kw, exc, name):
+    """TypeError for a value of the wrong kind, ValueError for a bad value,
+    naming the class and the option (issue 39)."""
+    with pytest.raises(exc, match=f"mixprec.optim.{cls.__name__}: {name}"):
         cls(bf16_params(gen), **kw)
 
 

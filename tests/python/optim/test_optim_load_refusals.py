@@ -103,7 +103,7 @@ CASES = {
     "moment format a dtype it cannot take": (
         ("adamw", BF16, {}), None, _edit_group("exp_avg_sq_dtype", torch.float16), ValueError, "exp_avg_sq_dtype"),
     "param_remainders not a flag": (
-        ("adamw", BF16, {}), None, _edit_group("param_remainders", "yes"), ValueError, "param_remainders"),
+        ("adamw", BF16, {}), None, _edit_group("param_remainders", "yes"), TypeError, "param_remainders"),
     "master-free group over float16 params": (
         ("adamw", F16, {}), None, _edit_group("master_weights", False), ValueError, "master_weights"),
     "ema_decay out of range": (

@@ -1,0 +1,456 @@
+"""The bad-input matrix of the newest Python faces (issue 39): the
+optimizers' lean options (constructor, add_param_group, fp32_state,
+fp32_state_dict, memory_report), mixprec.guard.ForwardGuard (constructor,
+step, fallback, load_state_dict), mixprec.parity.parity and
+mixprec.lightning.MixedPrecision. One bad argument at a time on an
+otherwise valid call, written from what the docstrings promise. Each case
+must
+
+- raise the documented kind of error: TypeError for a value of the wrong
+  kind (a string for a bool or a dtype, a non-integral float for an
+  integer), ValueError for a value of the right kind that is out of range
+  ([note: argument conversion] in mixprec/_args.py);
+- name the callable (``mixprec.optim.AdamW.add_param_group``...) and the
+  argument in its message;
+- change nothing: the optimizer's state_dict and param groups, the params'
+  values, the guard's state and the model's forwards, torch's random state
+  are as before the call, and the object still works afterwards.
+
+The valid call of each face is checked too, so a case fails for its one bad
+argument. (The ops' own matrix is test_bad_input_matrix.py; random junk is
+thrown at the same faces in test_property_args.py.)
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from mixprec.guard import ForwardGuard
+from mixprec.optim import SGD, AdamW
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+NAN, INF = float("nan"), float("inf")
+
+
+def same(a, b) -> bool:
+    """Deep equality with tensors compared bit for bit (NaNs equal)."""
+    if isinstance(a, torch.Tensor):
+        return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+                and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and math.isnan(a):
+        return isinstance(b, float) and math.isnan(b)
+    return a == b
+
+
+def refused(call, exc, *words):
+    """Runs ``call``, which must raise exactly ``exc`` (not a subclass of
+    another kind) naming each of ``words``; torch's random state must be as
+    before."""
+    rng = torch.get_rng_state()
+    with pytest.raises((TypeError, ValueError, RuntimeError, KeyError, NotImplementedError)) as info:
+        call()
+    assert type(info.value) is exc or (exc is ValueError and isinstance(info.value, ValueError)), repr(info.value)
+    for w in words:
+        assert w in str(info.value), f"{w!r} not in {info.value!r}"
+    assert torch.equal(torch.get_rng_state(), rng), "the refused call moved torch's random state"
+
+
+# ---- the optimizers' lean options ---------------------------------------------------
+
+
+def _params(dtype=BF16, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(4, 3, generator=g).to(dtype)),
+            torch.nn.Parameter(torch.randn(3, generator=g).to(dtype))]
+
+
+def _step(opt, params, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
+    opt.step()
+
+
+# (bad keyword arguments, error, words besides the callable). The lean and
+# EMA options, the seed, and the flags torch's optimizers take too (a
+# string for a bool is a TypeError there as well, as load_state_dict says).
+LEAN_BAD = [
+    (dict(param_remainders="yes"), TypeError, "param_remainders"),
+    (dict(param_remainders=1), TypeError, "param_remainders"),
+    (dict(param_remainders=None), TypeError, "param_remainders"),
+    (dict(param_remainders=True, master_weights=False), ValueError, "param_remainders"),
+    (dict(master_weights="no"), TypeError, "master_weights"),
+    (dict(ema_decay=0.9, ema_use_warmup="yes"), TypeError, "ema_use_warmup"),
+    (dict(ema_decay=1.5), ValueError, "ema_decay"),
+    (dict(ema_decay=NAN), ValueError, "ema_decay"),
+    (dict(ema_decay="0.9"), TypeError, "ema_decay"),
+    (dict(ema_decay=True), TypeError, "ema_decay"),
+    (dict(ema_decay=torch.tensor([0.9, 0.9])), TypeError, "ema_decay"),
+    (dict(ema_decay=0.9, ema_min_decay=-0.5), ValueError, "ema_min_decay"),
+    (dict(ema_decay=0.9, ema_use_warmup=True, ema_warmup_power=0.0), ValueError, "ema_warmup_power"),
+    (dict(ema_decay=0.9, ema_use_warmup=True, ema_warmup_gamma=INF), ValueError, "ema_warmup_gamma"),
+    (dict(ema_decay=0.9, ema_update_every=0), ValueError, "ema_update_every"),
+    (dict(ema_decay=0.9, ema_update_every=1.5), TypeError, "ema_update_every"),
+    (dict(ema_decay=0.9, ema_update_after_step="3"), TypeError, "ema_update_after_step"),
+    (dict(ema_decay=0.9, ema_update_after_step=-1), ValueError, "ema_update_after_step"),
+    (dict(master_weights=False, seed=2.5), TypeError, "seed"),
+    (dict(master_weights=False, seed="7"), TypeError, "seed"),
+    (dict(master_weights=False, seed=NAN), ValueError, "seed"),
+    (dict(foreach="yes"), TypeError, "foreach"),
+    (dict(fused=2), TypeError, "fused"),
+    (dict(capturable="no"), TypeError, "capturable"),
+    (dict(maximize="yes"), TypeError, "maximize"),
+    (dict(lr=-1.0), ValueError, "lr must be >= 0"),
+    (dict(lr="0.1"), TypeError, "lr"),
+    (dict(weight_decay=None), TypeError, "weight_decay"),
+]
+MOMENTS = {AdamW: ("exp_avg_dtype", "exp_avg_sq_dtype"), SGD: ("momentum_dtype",)}
+OWN_BAD = {
+    AdamW: [
+        (dict(betas=0.9), TypeError, "betas"),
+        (dict(betas=(0.9,)), TypeError, "betas"),
+        (dict(betas=(0.9, "0.99")), TypeError, "betas[1]"),
+        (dict(betas=(1.0, 0.999)), ValueError, "betas[0]"),
+        (dict(eps="1e-8"), TypeError, "eps"),
+        (dict(eps=-1.0), ValueError, "eps"),
+        (dict(amsgrad="yes"), TypeError, "amsgrad"),
+    ],
+    SGD: [
+        (dict(momentum="0.9"), TypeError, "momentum"),
+        (dict(momentum=-0.5), ValueError, "momentum"),
+        (dict(momentum=0.9, dampening=INF), ValueError, "dampening"),
+        (dict(momentum=0.9, nesterov="yes"), TypeError, "nesterov"),
+        (dict(momentum=0.0, nesterov=True), ValueError, "nesterov"),
+    ],
+}
+
+
+def _lean_cases():
+    out = []
+    for cls in (AdamW, SGD):
+        rows = list(LEAN_BAD) + OWN_BAD[cls]
+        for name in MOMENTS[cls]:
+            rows += [({name: "bfloat16"}, TypeError, name), ({name: None}, TypeError, name),
+                     ({name: torch.float16}, ValueError, name), ({name: torch.int8}, ValueError, name)]
+        for kw, exc, word in rows:
+            out.append(pytest.param(cls, kw, exc, word, id=f"{cls.__name__}-{kw}"))
+    return out
+
+
+LEAN_CASES = _lean_cases()
+
+
+@pytest.mark.parametrize("cls", [AdamW, SGD])
+def test_lean_valid_calls(cls):
+    params = _params()
+    kw = dict(param_remainders=True, **{n: torch.uint8 for n in MOMENTS[cls]}, ema_decay=0.9)
+    opt = cls(params, lr=1e-2, **kw)
+    _step(opt, params)
+    extra = torch.nn.Parameter(torch.randn(5).bfloat16())
+    opt.add_param_group({"params": [extra], "param_remainders": False, "master_weights": False, "seed": 3})
+    _step(opt, params + [extra], seed=3)
+    assert set(opt.fp32_state(params[0])) >= {"master", "step", "ema"}
+    assert len(opt.fp32_state_dict()["state"]) == 3
+    assert opt.memory_report().remainders == 2 * (12 + 3)
+
+
+@pytest.mark.parametrize("cls,kw,exc,word", LEAN_CASES)
+def test_lean_constructor(cls, kw, exc, word):
+    params = _params()
+    values = [p.detach().clone() for p in params]
+    refused(lambda: cls(params, **{"lr": 1e-2, **kw}), exc, f"mixprec.optim.{cls.__name__}: ", word)
+    assert all(same(p.detach(), v) for p, v in zip(params, values))
+
+
+@pytest.mark.parametrize("cls,kw,exc,word", LEAN_CASES)
+def test_lean_constructor_group(cls, kw, exc, word):
+    """The same option given in a param group, after a group that draws a
+    stochastic-rounding seed (master-free): the refusal leaves torch's
+    random state as it was."""
+    params = _params()
+    first = torch.nn.Parameter(torch.randn(2).bfloat16())
+    groups = [{"params": [first], "master_weights": False}, {"params": params, **kw}]
+    refused(lambda: cls(groups, lr=1e-2), exc, f"mixprec.optim.{cls.__name__}: ", word)
+
+
+def _stepped(cls):
+    params = _params()
+    kw = dict(param_remainders=True, **{n: torch.uint8 for n in MOMENTS[cls]})
+    opt = cls(params, lr=1e-2, **kw)
+    _step(opt, params)
+    return params, opt
+
+
+def _optimizer_snapshot(opt, params):
+    return (copy.deepcopy(opt.state_dict()), len(opt.param_groups), [p.detach().clone() for p in params],
+            [g.get("seed") for g in opt.param_groups])
+
+
+def _assert_optimizer_unchanged(opt, params, snap):
+    sd, n, values, seeds = snap
+    assert len(opt.param_groups) == n
+    assert same(opt.state_dict(), sd)
+    assert all(same(p.detach(), v) for p, v in zip(params, values))
+    assert [g.get("seed") for g in opt.param_groups] == seeds
+    _step(opt, params, seed=5)  # still steps
+
+
+@pytest.mark.parametrize("cls,kw,exc,word", LEAN_CASES)
+def test_lean_add_param_group(cls, kw, exc, word):
+    params, opt = _stepped(cls)
+    snap = _optimizer_snapshot(opt, params)
+    extra = torch.nn.Parameter(torch.randn(5).bfloat16())
+    refused(lambda: opt.add_param_group({"params": [extra], **kw}), exc,
+            f"mixprec.optim.{cls.__name__}.add_param_group: ", word)
+    _assert_optimizer_unchanged(opt, params, snap)
+
+
+ADD_GROUP_BAD = [
+    ([torch.nn.Parameter(torch.randn(2))], TypeError, "param_group"),
+    ({"lr": 0.1}, ValueError, "params"),
+    ({"params": 3}, TypeError, "params"),
+    ({"params": [torch.randn(2, requires_grad=True) * 2]}, ValueError, "params"),  # not a leaf
+    ({"params": [torch.randn(2).half().requires_grad_()], "param_remainders": True}, ValueError,
+     "param_remainders"),
+    ({"params": [torch.randn(2).half().requires_grad_()], "master_weights": False}, ValueError, "master_weights"),
+]
+
+
+@pytest.mark.parametrize("cls", [AdamW, SGD])
+@pytest.mark.parametrize("case", range(len(ADD_GROUP_BAD)))
+def test_add_param_group_bad_groups(cls, case):
+    group, exc, word = ADD_GROUP_BAD[case]
+    params, opt = _stepped(cls)
+    snap = _optimizer_snapshot(opt, params)
+    refused(lambda: opt.add_param_group(group), exc, f"mixprec.optim.{cls.__name__}.add_param_group: ", word)
+    _assert_optimizer_unchanged(opt, params, snap)
+
+
+@pytest.mark.parametrize("cls", [AdamW, SGD])
+def test_add_param_group_of_a_param_already_there(cls):
+    params, opt = _stepped(cls)
+    snap = _optimizer_snapshot(opt, params)
+    refused(lambda: opt.add_param_group({"params": [params[0]]}), ValueError,
+            f"mixprec.optim.{cls.__name__}.add_param_group: ", "params")
+    _assert_optimizer_unchanged(opt, params, snap)
+
+
+@pytest.mark.parametrize("params_arg,exc", [(torch.zeros(2, requires_grad=True), TypeError), ([], ValueError),
+                                            ([1.0], TypeError)])
+def test_constructor_bad_params(params_arg, exc):
+    refused(lambda: AdamW(params_arg, lr=1e-2), exc, "mixprec.optim.AdamW: ", "param")
+
+
+FP32_STATE_BAD = [
+    (3, TypeError), ("0", TypeError), (None, TypeError), (torch.zeros(4, 3), ValueError),
+    (torch.nn.Parameter(torch.zeros(3)), ValueError),
+]
+
+
+@pytest.mark.parametrize("cls", [AdamW, SGD])
+@pytest.mark.parametrize("case", range(len(FP32_STATE_BAD)))
+def test_fp32_state_bad_p(cls, case):
+    bad, exc = FP32_STATE_BAD[case]
+    params, opt = _stepped(cls)
+    snap = _optimizer_snapshot(opt, params)
+    refused(lambda: opt.fp32_state(bad), exc, f"mixprec.optim.{cls.__name__}.fp32_state: ", "p ")
+    _assert_optimizer_unchanged(opt, params, snap)
+
+
+@pytest.mark.parametrize("cls", [AdamW, SGD])
+@pytest.mark.parametrize("method", ["fp32_state_dict", "memory_report"])
+def test_read_only_methods_take_no_arguments_and_change_nothing(cls, method):
+    """fp32_state_dict() and memory_report() take no argument (Python's
+    TypeError naming the method), and reading them writes nothing: the
+    tensors they give are new ones."""
+    params, opt = _stepped(cls)
+    snap = _optimizer_snapshot(opt, params)
+    refused(lambda: getattr(opt, method)(params), TypeError, method)
+    out = getattr(opt, method)()
+    if method == "fp32_state_dict":
+        for st in out["state"].values():
+            for v in st.values():
+                if isinstance(v, torch.Tensor):
+                    v.add_(1)  # a copy: the optimizer keeps its own
+        state = opt.fp32_state(params[0])
+        state["master"].add_(1)
+    _assert_optimizer_unchanged(opt, params, snap)
+
+
+# ---- mixprec.guard.ForwardGuard ---------------------------------------------------------
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+
+
+def _guard_snapshot(guard, model):
+    return (copy.deepcopy(guard.state_dict()), [p.detach().clone() for p in model.parameters()],
+            [("forward" in m.__dict__, len(m._forward_hooks)) for m in model.modules()],
+            [p.dtype for p in model.parameters()])
+
+
+def _assert_guard_unchanged(guard, model, snap):
+    state, values, hooks, dtypes = snap
+    assert guard.state_dict() == state
+    assert all(same(p.detach(), v) for p, v in zip(model.parameters(), values))
+    assert [("forward" in m.__dict__, len(m._forward_hooks)) for m in model.modules()] == hooks
+    assert [p.dtype for p in model.parameters()] == dtypes
+    model(torch.randn(2, 3))
+    assert guard.step(found_inf=0.0) is None  # still steps
+
+
+GUARD_CTOR_BAD = [
+    (dict(model="model"), TypeError, "model"),
+    (dict(model=torch.nn.Linear), TypeError, "model"),
+    (dict(fallback="yes"), TypeError, "fallback"),
+    (dict(fallback=1), TypeError, "fallback"),
+    (dict(after=0), ValueError, "after"),
+    (dict(after=2.5), TypeError, "after"),
+    (dict(after=NAN), ValueError, "after"),
+    (dict(after="2"), TypeError, "after"),
+    (dict(fallback_dtype="float32"), TypeError, "fallback_dtype"),
+    (dict(fallback_dtype=torch.float16), ValueError, "fallback_dtype"),
+    (dict(optimizer="adamw"), TypeError, "optimizer"),
+    (dict(optimizer=[None]), TypeError, "optimizer[0]"),
+    (dict(backward="no"), TypeError, "backward"),
+    (dict(move_params="no"), TypeError, "move_params"),
+    (dict(process_group="world"), TypeError, "process_group"),
+    (dict(process_group=3, move_params=False), TypeError, "process_group"),
+]
+
+
+def test_guard_valid_call():
+    model = _model()
+    opt = AdamW(model.parameters(), lr=1e-2)
+    guard = ForwardGuard(model, fallback=True, after=2, fallback_dtype=torch.bfloat16, optimizer=[opt],
+                         backward=True, move_params=False)
+    guard.fallback("0", torch.float32, "test")
+    model(torch.randn(2, 3))
+    assert guard.step(found_inf=torch.zeros(1)) is None
+    guard.load_state_dict(guard.state_dict())
+
+
+@pytest.mark.parametrize("kw,exc,word", GUARD_CTOR_BAD, ids=[str(c[0]) for c in GUARD_CTOR_BAD])
+def test_guard_constructor(kw, exc, word):
+    model = _model()
+    kw = dict(kw)
+    target = kw.pop("model", model)
+    values = [p.detach().clone() for p in model.parameters()]
+    refused(lambda: ForwardGuard(target, **kw), exc, "mixprec.guard.ForwardGuard: ", word)
+    assert all("forward" not in m.__dict__ and not m._forward_hooks for m in model.modules())
+    assert all(same(p.detach(), v) for p, v in zip(model.parameters(), values))
+
+
+GUARD_STEP_BAD = [
+    (dict(found_inf="0"), TypeError, "found_inf"),
+    (dict(found_inf=True), TypeError, "found_inf"),
+    (dict(found_inf=[0.0]), TypeError, "found_inf"),
+    (dict(found_inf=torch.zeros(2)), ValueError, "found_inf"),
+    (dict(loss="1.0"), TypeError, "loss"),
+    (dict(found_inf=0.0, loss=[1.0]), TypeError, "loss"),
+    ({}, TypeError, "found_inf"),
+]
+
+
+@pytest.mark.parametrize("kw,exc,word", GUARD_STEP_BAD, ids=[str(c[0]) for c in GUARD_STEP_BAD])
+def test_guard_step(kw, exc, word):
+    model = _model()
+    guard = ForwardGuard(model, fallback=True)
+    guard.fallback("2")
+    model(torch.randn(2, 3))
+    snap = _guard_snapshot(guard, model)
+    refused(lambda: guard.step(**kw), exc, "mixprec.guard.ForwardGuard.step: ", word)
+    _assert_guard_unchanged(guard, model, snap)
+
+
+GUARD_FALLBACK_BAD = [
+    (("nope",), ValueError, "nope"),  # KeyError too (an unknown module name)
+    ((0,), TypeError, "name"),
+    ((None,), TypeError, "name"),
+    (("0", "float32"), TypeError, "dtype"),
+    (("0", torch.float16), ValueError, "dtype"),
+    (("0", None, 3), TypeError, "why"),
+]
+
+
+@pytest.mark.parametrize("args,exc,word", GUARD_FALLBACK_BAD, ids=[str(c[0]) for c in GUARD_FALLBACK_BAD])
+def test_guard_fallback(args, exc, word):
+    model = _model()
+    guard = ForwardGuard(model)
+    guard.fallback("2")
+    snap = _guard_snapshot(guard, model)
+    refused(lambda: guard.fallback(*args), exc, "mixprec.guard.ForwardGuard.fallback: ", word)
+    _assert_guard_unchanged(guard, model, snap)
+
+
+def _good_state():
+    return {"fallback": {"0": "float32"}, "counts": {"0": 2}, "events": [("0", 1, "float32", "overflow")],
+            "steps": 3}
+
+
+def _edit(path, value):
+    def edit(sd):
+        target = sd
+        for k in path[:-1]:
+            target = target[k]
+        if value is KeyError:
+            del target[path[-1]]
+        else:
+            target[path[-1]] = value
+        return sd
+    return edit
+
+
+GUARD_LOAD_BAD = [
+    (lambda sd: [sd], TypeError, "state"),
+    (lambda sd: {**sd, "state": {}}, ValueError, "unexpected keys"),
+    (_edit(("fallback",), ["0"]), TypeError, "state['fallback']"),
+    (_edit(("fallback", "0"), "float16"), ValueError, "state['fallback']['0']"),
+    (_edit(("fallback", "0"), 32), TypeError, "state['fallback']['0']"),
+    (lambda sd: {**sd, "fallback": {"nope": "float32"}}, ValueError, "nope"),
+    (lambda sd: {**sd, "fallback": {1: "float32"}}, TypeError, "state['fallback']"),
+    (_edit(("counts", "0"), -1), ValueError, "state['counts']['0']"),
+    (_edit(("counts", "0"), 1.5), TypeError, "state['counts']['0']"),
+    (lambda sd: {**sd, "counts": {"nope": 1}}, ValueError, "nope"),
+    (_edit(("events",), "none"), TypeError, "state['events']"),
+    (_edit(("events", 0), ("0", 1, "float32")), TypeError, "state['events'][0]"),
+    (_edit(("events", 0), ("0", 1, "float16", "x")), ValueError, "state['events'][0]"),
+    (_edit(("events", 0), ("0", -1, "float32", "x")), ValueError, "state['events'][0]"),
+    (_edit(("steps",), "3"), TypeError, "state['steps']"),
+    (_edit(("steps",), -2), ValueError, "state['steps']"),
+    (_edit(("steps",), NAN), ValueError, "state['steps']"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(GUARD_LOAD_BAD)))
+def test_guard_load_state_dict(case):
+    edit, exc, word = GUARD_LOAD_BAD[case]
+    model = _model()
+    guard = ForwardGuard(model)
+    guard.step(found_inf=0.0)
+    snap = _guard_snapshot(guard, model)
+    bad = edit(_good_state())
+    given = copy.deepcopy(bad)
+    refused(lambda: guard.load_state_dict(bad), exc, "mixprec.guard.ForwardGuard.load_state_dict: ", word)
+    assert bad == given  # the caller's dict is not touched
+    _assert_guard_unchanged(guard, model, snap)
+
+
+def test_guard_load_state_dict_into_a_module_in_another_dtype():
+    model = _model()
+    guard = ForwardGuard(model)
+    guard.fallback("2", torch.bfloat16)  # the last module: its BF16 output is the model's
+    snap = _guard_snapshot(guard, model)
+    refused(lambda: guard.load_state_dict({**_good_state(), "fallback": {"0": "float32", "2": "float32"}}),
+            ValueError, "mixprec.guard.ForwardGuard.load_state_dict: ", "state['fallback']['2']")
+    _assert_guard_unchanged(guard, model, snap)
