@@ -379,7 +379,8 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
                 return _Kept(t)
             bits = self.norm_bits
             block = self.block if self._block_given else _DEFAULT_BLOCK[bits]
-        self._pending.sweep()
+        # (No sweep here: the op saving ``t`` started after the last one, and
+        # nothing the forward holds is released while it runs.)
         packed = _Packed(t, bits, block, self._seed(), lazy=_saved.LAZY)
         if packed.pending is not None:
             self._pending.add(packed)

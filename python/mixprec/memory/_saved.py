@@ -80,7 +80,8 @@ class _Packed:
         self.alias = _version_alias(t)
         self.codes = self.scales = None
         self.modified = False
-        self.nbytes = _act_pack.packed_nbytes(src.numel(), bits, block)
+        n = src.numel()  # (bits, block checked by the block's constructor)
+        self.nbytes = _act_pack._code_bytes(n, bits) + 4 * _act_pack._n_scales(n, block)
         self.stream = torch.cuda.current_stream(src.device) if src.device.type == "cuda" else None
         self.pending = src
         if not lazy:
@@ -125,49 +126,58 @@ class _Packed:
 LAZY = hasattr(torch._C, "_storage_Use_Count")
 
 
-def _storage_holders(t: torch.Tensor) -> int:
-    """How many tensors (views, aliases, C++ holders) share ``t``'s storage."""
-    st = t.untyped_storage()
-    return torch._C._storage_Use_Count(st._cdata) - 1  # not counting ``st`` itself
-
-
 class _Pending:
-    """The ``_Packed`` of one ``with`` block still waiting to be packed (weak
-    references: a graph dropped without backward frees them)."""
+    """The ``_Packed`` of one ``with`` block still waiting to be packed, each
+    with its storage's address (``_cdata``, valid while the waiting alias
+    holds the storage). Weak references: a graph dropped without backward
+    frees them."""
 
     def __init__(self):
-        self.items: list = []
+        self.items: list = []  # (weakref to a _Packed, its storage's _cdata)
         self._busy = False
 
+    def waiting(self) -> list:
+        """The ``_Packed`` still waiting (alive, not packed)."""
+        return [p for p in (item[0]() for item in self.items) if p is not None and p.pending is not None]
+
     def add(self, packed: _Packed) -> None:
-        self.items.append(weakref.ref(packed))
+        self.items.append((weakref.ref(packed), packed.pending.untyped_storage()._cdata))
 
     def sweep(self, force: bool = False) -> None:
         """Packs those whose storage only this block still holds (all of
-        them with ``force``)."""
+        them with ``force``). Called before each op of the block: cheap
+        when nothing can be packed yet (a use count per waiting tensor)."""
         if self._busy or not self.items:
             return
         self._busy = True
         try:
-            live = [p for p in (r() for r in self.items) if p is not None and p.pending is not None]
+            live = []
+            for item in self.items:
+                p = item[0]()
+                if p is not None and p.pending is not None:
+                    live.append((p, item))
             if force:
-                for p in live:
+                for p, _ in live:
                     p.resolve()
                 self.items = []
                 return
             ours: dict[int, int] = {}
-            keys = []
-            for p in live:
-                k = p.pending.untyped_storage().data_ptr()
-                keys.append(k)
-                ours[k] = ours.get(k, 0) + 1
+            for _, (_, c) in live:
+                ours[c] = ours.get(c, 0) + 1
             waiting = []
-            for p, k in zip(live, keys):
-                if p.pending is not None and _storage_holders(p.pending) <= ours[k]:
+            use_count = torch._C._storage_Use_Count
+            for p, item in live:
+                c = item[1]
+                # - 1: the storage's Python object, made by add() and kept by
+                # torch for the storage's life. (Were it not kept, the count
+                # would read one low and a tensor be packed early: the
+                # forward's copy and the codes at once for a while, the
+                # eager behaviour; never a wrong value.)
+                if use_count(c) - 1 <= ours[c]:
                     p.resolve()
-                    ours[k] -= 1
+                    ours[c] -= 1
                 else:
-                    waiting.append(weakref.ref(p))
+                    waiting.append(item)
             self.items = waiting
         finally:
             self._busy = False

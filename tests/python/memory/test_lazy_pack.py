@@ -88,13 +88,13 @@ def test_packed_when_dropped_and_at_the_end_of_the_block():
     x = torch.randn(64, 1024, requires_grad=True)
     with compressed_activations() as ctx:
         y = torch.tanh(x * 2)  # tanh saves its output
-        (held,) = [r() for r in ctx._pending.items]
+        (held,) = ctx._pending.waiting()
         assert held.codes is None  # y is the forward's: not packed yet
         z = torch.sigmoid(y)
         del y
         torch.exp(z)  # the next op packs y
         assert held.codes is not None and held.pending is None
-        (last,) = [p for p in (r() for r in ctx._pending.items) if p is not None]
+        (last,) = ctx._pending.waiting()
         assert last.codes is None  # z still held by the forward (exp's output, dropped, took its graph along)
     assert last.codes is not None and last.pending is None  # the block's end packs it
     assert ctx.stats["packed"] == 3  # y, z and the dropped exp output (counted when saved)
@@ -131,7 +131,7 @@ def test_dropped_graph_leaves_nothing_behind():
         del y  # and the graph with it: nothing will unpack
         gc.collect()
         assert ref() is None
-        assert all(r() is None for r in ctx._pending.items)
+        assert ctx._pending.waiting() == []
         torch.exp(x)
 
 
@@ -142,7 +142,7 @@ def test_views_of_one_storage_wait_for_all():
         s = torch.sigmoid(x * 2)  # sigmoid saves s
         a, b = s.chunk(2)
         u, v = a * c, b * c  # each mul saves its view (and c, no history: kept)
-        waiting = [r() for r in ctx._pending.items]
+        waiting = ctx._pending.waiting()
         assert len(waiting) == 3
         del s, a
         torch.exp(u)  # b still holds the storage: nothing packed
