@@ -47,10 +47,14 @@ def _n_scales(n, block: int):
     return (n + block - 1) // block
 
 
+def _nbytes(numel: int, bits: int, block: int) -> int:
+    return _code_bytes(numel, bits) + 4 * _n_scales(numel, block)
+
+
 def packed_nbytes(numel: int, bits: int, block: int) -> int:
     """Bytes of a packed tensor of ``numel`` elements (codes + scales)."""
     _check_format("packed_nbytes", bits, block)
-    return _code_bytes(numel, bits) + 4 * _n_scales(numel, block)
+    return _nbytes(numel, bits, block)
 
 
 def _is_dense(t: torch.Tensor) -> bool:

@@ -6,6 +6,7 @@ in-place version rule itself (a saved-tensor hook turns torch's off)."""
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import torch
@@ -66,7 +67,7 @@ class _Packed:
 
     __slots__ = (
         "codes", "scales", "shape", "strides", "dtype", "bits", "block", "alias", "version",
-        "seed", "pending", "stream", "modified", "nbytes", "__weakref__",
+        "seed", "pending", "stream", "nbytes", "__weakref__",
     )
 
     def __init__(self, t: torch.Tensor, bits: int, block: int, seed: int, *, lazy: bool = False):
@@ -79,9 +80,7 @@ class _Packed:
         self.version = t._version
         self.alias = _version_alias(t)
         self.codes = self.scales = None
-        self.modified = False
-        n = src.numel()  # (bits, block checked by the block's constructor)
-        self.nbytes = _act_pack._code_bytes(n, bits) + 4 * _act_pack._n_scales(n, block)
+        self.nbytes = _act_pack._nbytes(src.numel(), bits, block)  # (bits, block checked by the block)
         self.stream = torch.cuda.current_stream(src.device) if src.device.type == "cuda" else None
         self.pending = src
         if not lazy:
@@ -94,17 +93,13 @@ class _Packed:
         if src is None:
             return
         if src._version != self.version:
-            self.modified = True
-            return
-        with torch.no_grad():
-            if self.stream is not None:
-                with torch.cuda.stream(self.stream):
-                    self.codes, self.scales = torch.ops.mixprec.act_pack.default(src, self.bits, self.block, self.seed)
-            else:
-                self.codes, self.scales = torch.ops.mixprec.act_pack.default(src, self.bits, self.block, self.seed)
+            return  # unpack's version check raises torch's error
+        stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+        with torch.no_grad(), stream:
+            self.codes, self.scales = torch.ops.mixprec.act_pack.default(src, self.bits, self.block, self.seed)
 
     def unpack(self) -> torch.Tensor:
-        if self.alias._version != self.version:  # (also when resolve() found it changed)
+        if self.alias._version != self.version:  # (also where resolve() found it changed and did not pack)
             raise _inplace_error(f"{self.dtype} {list(self.shape)}", self.version, self.alias._version)
         if torch.is_grad_enabled():
             raise RuntimeError(
@@ -136,9 +131,18 @@ class _Pending:
         self.items: list = []  # (weakref to a _Packed, its storage's _cdata)
         self._busy = False
 
+    def _live(self) -> list:
+        """(``_Packed``, item) of those still waiting (alive, not packed)."""
+        live = []
+        for item in self.items:
+            p = item[0]()
+            if p is not None and p.pending is not None:
+                live.append((p, item))
+        return live
+
     def waiting(self) -> list:
-        """The ``_Packed`` still waiting (alive, not packed)."""
-        return [p for p in (item[0]() for item in self.items) if p is not None and p.pending is not None]
+        """The ``_Packed`` still waiting."""
+        return [p for p, _ in self._live()]
 
     def add(self, packed: _Packed) -> None:
         self.items.append((weakref.ref(packed), packed.pending.untyped_storage()._cdata))
@@ -151,11 +155,7 @@ class _Pending:
             return
         self._busy = True
         try:
-            live = []
-            for item in self.items:
-                p = item[0]()
-                if p is not None and p.pending is not None:
-                    live.append((p, item))
+            live = self._live()
             if force:
                 for p, _ in live:
                     p.resolve()
