@@ -30,6 +30,7 @@ import pytest
 import torch
 
 from mixprec.guard import ForwardGuard
+from _lean_params import make_params, step
 from mixprec.optim import SGD, AdamW
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -64,19 +65,6 @@ def refused(call, exc, *words):
 
 
 # ---- the optimizers' lean options ---------------------------------------------------
-
-
-def _params(dtype=BF16, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.nn.Parameter(torch.randn(4, 3, generator=g).to(dtype)),
-            torch.nn.Parameter(torch.randn(3, generator=g).to(dtype))]
-
-
-def _step(opt, params, seed=2):
-    g = torch.Generator().manual_seed(seed)
-    for p in params:
-        p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
-    opt.step()
 
 
 # (bad keyword arguments, error, words besides the callable). The lean and
@@ -150,13 +138,13 @@ LEAN_CASES = _lean_cases()
 
 @pytest.mark.parametrize("cls", [AdamW, SGD])
 def test_lean_valid_calls(cls):
-    params = _params()
+    params = make_params()
     kw = dict(param_remainders=True, **{n: torch.uint8 for n in MOMENTS[cls]}, ema_decay=0.9)
     opt = cls(params, lr=1e-2, **kw)
-    _step(opt, params)
+    step(opt, params)
     extra = torch.nn.Parameter(torch.randn(5).bfloat16())
     opt.add_param_group({"params": [extra], "param_remainders": False, "master_weights": False, "seed": 3})
-    _step(opt, params + [extra], seed=3)
+    step(opt, params + [extra], seed=3)
     assert set(opt.fp32_state(params[0])) >= {"master", "step", "ema"}
     assert len(opt.fp32_state_dict()["state"]) == 3
     assert opt.memory_report().remainders == 2 * (12 + 3)
@@ -164,7 +152,7 @@ def test_lean_valid_calls(cls):
 
 @pytest.mark.parametrize("cls,kw,exc,word", LEAN_CASES)
 def test_lean_constructor(cls, kw, exc, word):
-    params = _params()
+    params = make_params()
     values = [p.detach().clone() for p in params]
     refused(lambda: cls(params, **{"lr": 1e-2, **kw}), exc, f"mixprec.optim.{cls.__name__}: ", word)
     assert all(same(p.detach(), v) for p, v in zip(params, values))
@@ -175,17 +163,17 @@ def test_lean_constructor_group(cls, kw, exc, word):
     """The same option given in a param group, after a group that draws a
     stochastic-rounding seed (master-free): the refusal leaves torch's
     random state as it was."""
-    params = _params()
+    params = make_params()
     first = torch.nn.Parameter(torch.randn(2).bfloat16())
     groups = [{"params": [first], "master_weights": False}, {"params": params, **kw}]
     refused(lambda: cls(groups, lr=1e-2), exc, f"mixprec.optim.{cls.__name__}: ", word)
 
 
 def _stepped(cls):
-    params = _params()
+    params = make_params()
     kw = dict(param_remainders=True, **{n: torch.uint8 for n in MOMENTS[cls]})
     opt = cls(params, lr=1e-2, **kw)
-    _step(opt, params)
+    step(opt, params)
     return params, opt
 
 
@@ -200,7 +188,7 @@ def _assert_optimizer_unchanged(opt, params, snap):
     assert same(opt.state_dict(), sd)
     assert all(same(p.detach(), v) for p, v in zip(params, values))
     assert [g.get("seed") for g in opt.param_groups] == seeds
-    _step(opt, params, seed=5)  # still steps
+    step(opt, params, seed=5)  # still steps
 
 
 @pytest.mark.parametrize("cls,kw,exc,word", LEAN_CASES)

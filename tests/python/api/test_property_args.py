@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from mixprec.guard import ForwardGuard  # noqa: E402
+from _lean_params import make_params, step
 from mixprec.optim import SGD, AdamW  # noqa: E402
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None,
@@ -156,19 +157,6 @@ def test_guard_load_state_dict(state):
 # ---- lean optimizer options ------------------------------------------------------
 
 
-def _params(dtype):
-    g = torch.Generator().manual_seed(1)
-    return [torch.nn.Parameter(torch.randn(4, 3, generator=g).to(dtype)),
-            torch.nn.Parameter(torch.randn(3, generator=g).to(dtype))]
-
-
-def _step(opt, params, seed=2):
-    g = torch.Generator().manual_seed(seed)
-    for p in params:
-        p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
-    opt.step()
-
-
 LEAN_OPTIONS = st.dictionaries(
     st.sampled_from(["param_remainders", "master_weights", "exp_avg_dtype", "exp_avg_sq_dtype", "momentum_dtype",
                      "seed", "ema_decay"]),
@@ -180,7 +168,7 @@ DTYPES = st.sampled_from([torch.bfloat16, torch.float16, torch.float32])
 @SETTINGS
 @given(st.sampled_from([AdamW, SGD]), DTYPES, LEAN_OPTIONS)
 def test_lean_options_in_the_constructor(cls, dtype, kw):
-    params = _params(dtype)
+    params = make_params(dtype)
     values = [p.detach().clone() for p in params]
     if cls is SGD:
         kw.pop("exp_avg_dtype", None), kw.pop("exp_avg_sq_dtype", None)
@@ -192,15 +180,15 @@ def test_lean_options_in_the_constructor(cls, dtype, kw):
         assert isinstance(e, REFUSALS), f"{type(e).__name__}: {e}"
         assert all(same(p.detach(), v) for p, v in zip(params, values))
     else:
-        _step(opt, params)  # an accepted configuration steps
+        step(opt, params)  # an accepted configuration steps
 
 
 @SETTINGS
 @given(st.sampled_from([AdamW, SGD]), DTYPES, DTYPES, LEAN_OPTIONS)
 def test_add_param_group_with_lean_options(cls, dtype, new_dtype, kw):
-    params = _params(dtype)
+    params = make_params(dtype)
     opt = cls(params, lr=1e-2)
-    _step(opt, params)
+    step(opt, params)
     before, n = copy.deepcopy(opt.state_dict()), len(opt.param_groups)
     extra = torch.nn.Parameter(torch.randn(5).to(new_dtype))
     try:
@@ -208,9 +196,9 @@ def test_add_param_group_with_lean_options(cls, dtype, new_dtype, kw):
     except Exception as e:  # noqa: BLE001
         assert isinstance(e, REFUSALS), f"{type(e).__name__}: {e}"
         assert len(opt.param_groups) == n and same(opt.state_dict(), before)
-        _step(opt, params, seed=3)
+        step(opt, params, seed=3)
     else:
-        _step(opt, params + [extra], seed=3)
+        step(opt, params + [extra], seed=3)
 
 
 def _paths(sd):
@@ -229,9 +217,9 @@ def test_load_state_dict_of_mutated_dicts(cls, dtype, mode, data):
         lean = dict(param_remainders=dtype is torch.bfloat16,
                     **({"exp_avg_dtype": torch.uint8} if cls is AdamW else {"momentum_dtype": torch.bfloat16}))
     kw = dict(momentum=0.9) if cls is SGD else {}
-    params = _params(dtype)
+    params = make_params(dtype)
     opt = cls(params, lr=1e-2, **kw, **lean)
-    _step(opt, params)
+    step(opt, params)
     sd = copy.deepcopy(opt.state_dict())
     path = data.draw(st.sampled_from(_paths(sd)))
     value = data.draw(JUNK)
@@ -247,16 +235,16 @@ def test_load_state_dict_of_mutated_dicts(cls, dtype, mode, data):
         refused(e, f"mixprec.optim.{cls.__name__}.load_state_dict")
         assert same(opt.state_dict(), before)
         assert all(same(p.detach(), v) for p, v in zip(params, values))
-    _step(opt, params, seed=3)  # refused or accepted, the optimizer steps
+    step(opt, params, seed=3)  # refused or accepted, the optimizer steps
     assert same(sd, given_sd)
 
 
 @SETTINGS
 @given(JUNK)
 def test_fp32_state_of_junk(p):
-    params = _params(torch.bfloat16)
+    params = make_params(torch.bfloat16)
     opt = AdamW(params, lr=1e-2, param_remainders=True)
-    _step(opt, params)
+    step(opt, params)
     before = copy.deepcopy(opt.state_dict())
     with pytest.raises(REFUSALS) as info:
         opt.fp32_state(p)
