@@ -27,6 +27,11 @@ def _version_alias(t: torch.Tensor) -> torch.Tensor:
     return alias
 
 
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """A dense tensor's elements in memory order, as a 1-D view."""
+    return t.as_strided((t.numel(),), (1,))
+
+
 def _inplace_error(t_desc: str, saved: int, now: int) -> RuntimeError:
     return RuntimeError(
         "one of the variables needed for gradient computation has been modified by an inplace operation: "
@@ -34,6 +39,15 @@ def _inplace_error(t_desc: str, saved: int, now: int) -> RuntimeError:
         f"(it was saved for backward under {_WHERE}). Hint: the in-place operation comes after the forward "
         "op that saved it; replace it with an out-of-place one."
     )
+
+
+def _no_double_backward() -> None:
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            f"{_WHERE}: double backward (backward with create_graph=True, or a gradient of a gradient) "
+            "through compressed activations is not supported: the saved tensors hold packed values, not "
+            "the forward's. Run that forward outside compressed_activations."
+        )
 
 
 class _Kept:
@@ -51,6 +65,10 @@ class _Kept:
             t = self.tensor
             raise _inplace_error(f"{t.type()} {list(t.shape)}", self.version, t._version)
         return self.tensor
+
+    def flat_range(self, start: int, stop: int) -> torch.Tensor:
+        """Elements [start, stop) in memory order (the tensor is dense)."""
+        return _flat(self.unpack())[start:stop]
 
 
 class _Packed:
@@ -98,15 +116,13 @@ class _Packed:
         with torch.no_grad(), stream:
             self.codes, self.scales = torch.ops.mixprec.act_pack.default(src, self.bits, self.block, self.seed)
 
-    def unpack(self) -> torch.Tensor:
+    def _check(self) -> None:
         if self.alias._version != self.version:  # (also where resolve() found it changed and did not pack)
             raise _inplace_error(f"{self.dtype} {list(self.shape)}", self.version, self.alias._version)
-        if torch.is_grad_enabled():
-            raise RuntimeError(
-                f"{_WHERE}: double backward (backward with create_graph=True, or a gradient of a gradient) "
-                "through compressed activations is not supported: the saved tensors hold packed values, not "
-                "the forward's. Run that forward outside compressed_activations."
-            )
+        _no_double_backward()
+
+    def unpack(self) -> torch.Tensor:
+        self._check()
         if self.pending is not None:  # backward inside the block, before this one was packed: exact
             return self.pending
         numel = 1
@@ -114,6 +130,19 @@ class _Packed:
             numel *= s
         flat = torch.ops.mixprec.act_unpack.default(self.codes, self.scales, numel, self.bits, self.block, self.dtype)
         return flat.as_strided(self.shape, self.strides)
+
+    def flat_range(self, start: int, stop: int) -> torch.Tensor:
+        """Elements [start, stop) in memory order; ``start`` a multiple of
+        the block (each block unpacks on its own)."""
+        self._check()
+        if self.pending is not None:
+            return _flat(self.pending)[start:stop]
+        assert start % self.block == 0, (start, self.block)
+        c0, c1 = (start, stop) if self.bits == 8 else (start // 2, (stop + 1) // 2)
+        s0, s1 = start // self.block, -(-stop // self.block)
+        return torch.ops.mixprec.act_unpack.default(
+            self.codes[c0:c1], self.scales[s0:s1], stop - start, self.bits, self.block, self.dtype
+        )
 
 
 # Lazy packing reads a storage's use count; without it (a torch that lacks
@@ -354,3 +383,94 @@ def _two_valued(t: torch.Tensor) -> torch.Tensor | None:
     if not bool((c > 0) & c.isfinite()):  # inf * 0 would not come back as 0
         return None
     return c if bool(((t == 0) | (t == c)).all()) else None
+
+
+# Elements per slice when a mask is made or a recomputed ReLU output is
+# written (whole samples, or one sample where a sample is larger): the
+# temporaries (about 10 bytes per element of the slice) stay a constant
+# whatever the batch, so they add nothing per sample to the peak. Larger on
+# a GPU, where each slice is a few kernel launches.
+def _slice(device) -> int:
+    return 1 << (22 if device.type == "cuda" else 16)
+
+
+class _NormReLU:
+    """The output of a ReLU applied to a BatchNorm's output, not stored:
+    backward recomputes it as ``relu(a * x + b)`` from the BatchNorm's saved
+    input ``x`` (the form that BatchNorm saved it in: packed or kept) and
+    the per-channel ``a = weight * invstd``, ``b = bias - mean * a``, with
+    the exact set of non-zeros kept as one bit per element: an element the
+    forward left positive comes back positive (at least the dtype's smallest
+    normal), every other one as +0, so the ReLU's mask is exact and the
+    values are as close as ``x``'s form. One bit per element in place of
+    the output's codes. Made lazily, like ``_Packed``: the mask is taken
+    once the forward has let go of the output."""
+
+    __slots__ = (
+        "src", "a", "b", "shape", "strides", "dtype", "numel", "mask", "alias", "version", "pending",
+        "nbytes", "__weakref__",
+    )
+
+    def __init__(self, t: torch.Tensor, src, a: torch.Tensor, b: torch.Tensor, *, lazy: bool = False):
+        self.src = src
+        view = (1, -1) + (1,) * (t.dim() - 2)
+        self.a, self.b = a.reshape(view), b.reshape(view)
+        self.shape, self.strides, self.dtype = tuple(t.shape), t.stride(), t.dtype
+        self.numel = t.numel()
+        self.version = t._version
+        self.alias = _version_alias(t)
+        self.mask = None
+        self.nbytes = (self.numel + 7) // 8
+        self.pending = t.detach()
+        if not lazy:
+            self.resolve()
+
+    def resolve(self) -> None:
+        """Takes the mask of the held output now and lets it go."""
+        src, self.pending = self.pending, None
+        if src is None or src._version != self.version:
+            return  # (changed in place: unpack raises torch's error)
+        flat = _flat(src)
+        mask = torch.empty(self.nbytes, dtype=torch.uint8, device=src.device)
+        w = _bit_weights(src.device)
+        with torch.no_grad():
+            step = _slice(src.device)
+            for s in range(0, self.numel, step):
+                e = min(s + step, self.numel)
+                m = flat[s:e].gt(0).to(torch.uint8)
+                pad = (-(e - s)) % 8
+                if pad:
+                    m = torch.cat([m, m.new_zeros(pad)])
+                torch.sum(m.view(-1, 8).mul_(w), 1, dtype=torch.uint8, out=mask[s // 8 : (e + 7) // 8])
+        self.mask = mask
+
+    def unpack(self) -> torch.Tensor:
+        if self.alias._version != self.version:
+            raise _inplace_error(f"{self.dtype} {list(self.shape)}", self.version, self.alias._version)
+        _no_double_backward()
+        if self.pending is not None:  # backward inside the block, before the mask was taken: exact
+            return self.pending
+        out = torch.empty_strided(self.shape, self.strides, dtype=self.dtype, device=self.mask.device)
+        n = self.shape[0]
+        per = self.numel // n if n else 0
+        # Whole samples per slice (a dense tensor's sample is one range of
+        # memory), starting on a block of the source and a byte of the mask.
+        step = max(1, _slice(self.mask.device) // max(per, 1))
+        align = 8 * getattr(self.src, "block", 1)
+        if per % align:
+            step = n
+        tiny = torch.finfo(self.dtype).tiny
+        w = _bit_weights(self.mask.device)
+        for n0 in range(0, n, step):
+            n1 = min(n0 + step, n)
+            s, e = n0 * per, n1 * per
+            shape = (n1 - n0,) + self.shape[1:]
+            x = self.src.flat_range(s, e).as_strided(shape, self.strides)
+            v = torch.mul(x, self.a)  # float32 (a is)
+            del x
+            v.add_(self.b).clamp_(min=tiny)
+            m = self.mask[s // 8 : (e + 7) // 8].view(-1, 1).bitwise_and(w).ne(0).view(-1)[: e - s]
+            v.mul_(m.as_strided(shape, self.strides))
+            del m
+            out[n0:n1].copy_(v)
+        return out
