@@ -273,6 +273,7 @@ class _PoolGeometry(TorchFunctionMode):
             finally:
                 self.ctx._pool = None
         if func in _NORM_FUNCS:
+            self.ctx._norm_input = None
             self.ctx._in_norm += 1
             try:
                 out = func(*args, **kwargs)
@@ -366,13 +367,13 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
         # The last batch_norm whose output a ReLU may be recomputed from:
         # (its autograd node, its input's saved form, a, b); one at a time.
         self._bn: tuple | None = None
-        self._norm_kept = None  # (weakref, _Kept) of the last normalisation input kept as it is
+        self._norm_input = None  # (weakref, form) of what the running normalisation layer saved first
         super().__init__(self._pack, self._unpack)
 
     def __enter__(self):
         self._seen.clear()
         self._bn = None
-        self._norm_kept = None
+        self._norm_input = None
         self._pending = _Pending()
         self._calls = 0
         self._base = self.seed if self.seed is not None else _fresh_seed()
@@ -393,7 +394,7 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
         self._pending.sweep(force=True)
         self._seen.clear()
         self._bn = None
-        self._norm_kept = None
+        self._norm_input = None
         self._kept_ids.clear()
         try:
             return super().__exit__(*exc)
@@ -422,7 +423,14 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
         return s - 2**64 if s >= 2**63 else s  # the op's int is int64
 
     def _pack(self, t: torch.Tensor):
-        caller = sys._getframe(1).f_code.co_filename
+        form = self._form(t, sys._getframe(1).f_code.co_filename)
+        if self._in_norm and self._norm_input is None:
+            # The first tensor a normalisation layer saves is its input.
+            self._norm_input = (weakref.ref(t), form)
+        return form
+
+    def _form(self, t: torch.Tensor, caller: str):
+        """The form ``t`` is saved in (``caller``: the file of the code saving it)."""
         if _AOT_MARK in caller:
             self._warn_compiled()
             self._count_kept(t)
@@ -445,9 +453,7 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
         if self._in_norm and self.norm_bits != self.bits:
             if self.norm_bits == 16:
                 self._count_kept(t)
-                kept = _Kept(t)
-                self._norm_kept = (weakref.ref(t), kept)
-                return kept
+                return _Kept(t)
             bits = self.norm_bits
             block = self.block if self._block_given else _DEFAULT_BLOCK[bits]
         # (No sweep here: the op saving ``t`` started after the last one, and
@@ -473,10 +479,11 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
         x, weight, bias, running_mean, running_var, training, eps = bound
         if type(x) is not torch.Tensor or x.dim() < 2 or x.shape != out.shape or x.stride() != out.stride():
             return
-        src = self._cached(x)
-        if src is None and self._norm_kept is not None and self._norm_kept[0]() is x:
-            src = self._norm_kept[1]
-        self._norm_kept = None
+        # The form this call's node saved its input in, if this block's hook
+        # saved it (not, e.g., inside a torch.utils.checkpoint region, whose
+        # own hooks save it: its node's statistics are not read then).
+        entry, self._norm_input = self._norm_input, None
+        src = entry[1] if entry is not None and entry[0]() is x else None
         if not isinstance(src, (_Packed, _Kept)) or not _act_pack._is_dense(x) or x.numel() == 0:
             return
         if isinstance(src, _Packed) and src.strides != x.stride():

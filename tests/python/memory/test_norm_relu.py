@@ -195,3 +195,48 @@ def test_backward_inside_block_and_option_is_checked():
     for bad in (1, "yes", None):
         with pytest.raises(TypeError, match=r"compressed_activations: recompute_relu must be a bool"):
             compressed_activations(recompute_relu=bad)
+
+
+def test_checkpointed_blocks_inside_are_left_to_checkpoint():
+    """Inside a torch.utils.checkpoint region the checkpoint's own hooks
+    save the tensors: no statistics are read there (that would unpack
+    through the checkpoint during the forward), and the gradients match."""
+    import torch.utils.checkpoint as cp
+
+    torch.manual_seed(0)
+    inner, outer = _ConvBNReLU(), _ConvBNReLU(c=8)
+    x = torch.randn(2, 16, 16, 16)
+
+    def model(inp):
+        return outer(cp.checkpoint(inner, inp, use_reentrant=False))
+
+    mods = nn.ModuleList([inner, outer])
+    state = {k: v.clone() for k, v in mods.state_dict().items()}
+
+    def grads(ctx):
+        mods.load_state_dict(state)
+        mods.zero_grad(set_to_none=True)
+        if ctx is None:
+            out = model(x)
+        else:
+            with ctx:
+                out = model(x)
+        out.square().sum().backward()
+        return {n: p.grad.clone() for n, p in mods.named_parameters()}
+
+    ref = grads(None)
+    made = []
+    orig = _NormReLU.__init__
+
+    def spy(self, *a, **k):
+        made.append(self)
+        orig(self, *a, **k)
+
+    _NormReLU.__init__ = spy
+    try:
+        got = grads(compressed_activations(seed=1, min_numel=64, norm_bits=16))
+    finally:
+        _NormReLU.__init__ = orig
+    assert len(made) == 1  # the outer block's ReLU; the inner one is the checkpoint's
+    for n in ref:  # (the outer conv1's input, the inner block's output, is packed at 8 bits)
+        assert _cos(got[n].double(), ref[n].double()) > 0.999, n
