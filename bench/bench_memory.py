@@ -633,14 +633,31 @@ def section_step(args) -> list[str]:
 
 # ---- 4. gradient fidelity -------------------------------------------------------
 
-def _grads(model, x, y, bits=None, autocast=True, norm_bits=None, stats=None):
+def _grads(model, x, y, bits=None, autocast=True, stats=None, **kw):
+    """The step's gradients; with ``stats`` (a list), the bytes it saved for
+    backward appended to it: packed + kept with ``bits``, else the distinct
+    storages autograd saved (parameters excluded, autocast's weight copies
+    counted, as ``kept_bytes`` counts them)."""
     model.zero_grad(set_to_none=True)
-    ca = mm.compressed_activations(bits=bits, norm_bits=norm_bits) if bits else contextlib.nullcontext()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def count(t):
+        if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in params:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    if bits:
+        ca = mm.compressed_activations(bits=bits, **kw)
+    elif stats is not None:
+        ca = torch.autograd.graph.saved_tensors_hooks(count, lambda t: t)
+    else:
+        ca = contextlib.nullcontext()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), ca:
         loss = F.cross_entropy(model(x).float(), y)
     loss.backward()
-    if stats is not None and bits:
-        stats.append(ca.stats["packed_nbytes"] + ca.stats["kept_bytes"])
+    if stats is not None:
+        stats.append(ca.stats["packed_nbytes"] + ca.stats["kept_bytes"] if bits else sum(seen.values()))
     return {n: p.grad.detach().double().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
@@ -708,14 +725,20 @@ def section_grad(args) -> list[str]:
              "train mode; vit_b_16's zero-initialised head is given trunc_normal(0.02) weights, or nothing below "
              "it would get a gradient). 'worst weight' = the worst conv / linear weight (a '.weight' of 2-D and up). "
              "'FP32 vs BF16' = the uncompressed FP32 step against the same BF16 step: how far autocast itself "
-             "moves the gradients. 'norm_bits' = compressed_activations(norm_bits=): the code width of what "
-             "BatchNorm / LayerNorm save (16: kept as they are). 'BF16 +-1 ulp on norm inputs' = nothing "
+             "moves the gradients. '4-bit' = compressed_activations(bits=4) as it ships: 4-bit codes for "
+             "conv / linear inputs and ReLU outputs, 8-bit for what normalisation layers (norm_bits=8), "
+             "attention and smooth nonlinearities such as GELU (nonlinear_bits=8) save. 'norm_bits' / "
+             "'nonlinear_bits' = those code widths set by hand (16: kept as they are); '4-bit, all 4-bit' "
+             "is what bits=4 did before (norm_bits=4, nonlinear_bits=4). 'saved MB' = the step's saved "
+             "bytes (packed codes and scales + what is kept, autocast's BF16 weight copies included); "
+             "'x BF16' = that over the uncompressed step's saved bytes (the same "
+             "count, distinct storages). 'BF16 +-1 ulp on norm inputs' = nothing "
              "packed, but every non-zero element the BatchNorm / LayerNorm modules save comes back one BF16 "
              "unit in the last place up or down (random): the error of a format exactly as fine as BF16, the "
              "floor below which a per-layer bar on these tensors cannot be told from BF16's own rounding.", ""]
-    tab = ["| model | batch x input | compared | saved MB (packed + kept) | params | worst cosine (parameter) "
-           "| worst weight (parameter) | median |",
-           "|---|---|---|---|---|---|---|---|"]
+    tab = ["| model | batch x input | compared | saved MB (packed + kept) | x BF16 | params "
+           "| worst cosine (parameter) | worst weight (parameter) | median |",
+           "|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(tab), flush=True)
     for name, factory, batch, res in cases:
         torch.manual_seed(0)
@@ -726,11 +749,15 @@ def section_grad(args) -> list[str]:
         y = torch.randint(0, 1000, (batch,), generator=g)
         t0 = time.perf_counter()
         with kernels(args.native_bf16):
-            ref = _grads(model, x, y)
+            st = []
+            ref = _grads(model, x, y, stats=st)
+            ref_bytes = st[0]
             nb = {}
             got = {}
             for label, kw in (("8-bit", dict(bits=8)), ("4-bit", dict(bits=4)),
-                              ("4-bit, norm_bits=8", dict(bits=4, norm_bits=8)),
+                              ("4-bit, all 4-bit (norm_bits=4, nonlinear_bits=4)",
+                               dict(bits=4, norm_bits=4, nonlinear_bits=4)),
+                              ("4-bit, norm_bits=8, nonlinear_bits=4", dict(bits=4, norm_bits=8, nonlinear_bits=4)),
                               ("8-bit, norm_bits=16", dict(bits=8, norm_bits=16))):
                 st = []
                 got[label] = _grads(model, x, y, stats=st, **kw)
@@ -745,7 +772,7 @@ def section_grad(args) -> list[str]:
             worst = min(keys, key=cos.get)
             weights = [k for k in keys if k.endswith("weight") and ref[k].dim() >= 2]
             worst_w = min(weights, key=cos.get)
-            saved = f"{nb[label] / 1e6:.0f}" if label in nb else "-"
+            saved = f"{nb[label] / 1e6:.0f} | {nb[label] / ref_bytes:.2f}" if label in nb else "- | -"
             row = (f"| {name} | {batch} x {res}x{res} | {label} | {saved} | {len(keys)} | {cos[worst]:.4f} ({worst}) "
                    f"| {cos[worst_w]:.4f} ({worst_w}) | {med(list(cos.values())):.4f} |")
             tab.append(row)

@@ -10,6 +10,19 @@ float32 scale per block, and unpacked when backward needs it::
         loss = criterion(model(x), y)
     loss.backward()          # outside the context: unpacks as it goes
 
+Code widths with ``bits=4``: 4-bit codes for the inputs of convs and
+linears, ReLU outputs and whatever else is not named here; 8-bit codes
+for what normalisation layers save (``norm_bits``) and what attention and
+smooth nonlinearities (GELU, SiLU, Sigmoid, Tanh, Softmax...) save
+(``nonlinear_bits``). The first kind reaches backward only as one weight's
+gradient or a ReLU mask; the second is what backward passes the gradient
+on through, so its rounding error would reach every layer below (and,
+through a nonlinear function, as a bias): at 4 bits for all, BatchNorm
+weights fall to 0.98 and ViT's first in-projection to 0.97 in gradient
+cosine; with this policy every parameter of resnet18 / resnet50 / vit_b_16
+is at 0.99 or above (``compressed_activations``' docstring has the figures).
+``norm_bits=4, nonlinear_bits=4`` packs everything at 4 bits.
+
 No change to the model: it works through ``torch.autograd.graph.
 saved_tensors_hooks``, so it applies to any module, functional call or
 custom autograd function run inside the ``with`` block.
@@ -117,6 +130,12 @@ _WHERE = "mixprec.memory.compressed_activations"
 # 0.979 against 0.976 at 64).
 _DEFAULT_BLOCK = {8: 256, 4: 32}
 
+# The default code width of what normalisation layers, attention and smooth
+# nonlinearities save (``norm_bits`` / ``nonlinear_bits``), with bits=4 too:
+# their backward passes the gradient on through these values, so their error
+# reaches every layer below (see compressed_activations' docstring).
+_SENSITIVE_BITS = 8
+
 # Nodes that only view or cast their one input: a saved tensor made from a
 # parameter through these alone is a parameter's copy (autocast's weight
 # cast, a Linear's transposed weight) and is kept exactly.
@@ -220,6 +239,74 @@ def _bind_batch_norm(func, args, kwargs):
         return None
 
 
+# Attention and smooth nonlinearities: what they save gets ``nonlinear_bits``.
+# Their backward multiplies the incoming gradient by a function of these
+# values (softmax probabilities recomputed from q and k, GELU'(x), ...), so
+# their error is passed on to every layer below; and that function is not
+# linear, so stochastic rounding's unbiased values still give a biased
+# gradient. (ReLU is left out: its backward reads only the zeros, exact.)
+_NONLINEAR_FUNCS = frozenset(
+    f
+    for f in (
+        torch.nn.functional.scaled_dot_product_attention,
+        torch.nn.functional.multi_head_attention_forward,
+        torch.nn.functional.gelu,
+        torch.nn.functional.silu,
+        torch.nn.functional.mish,
+        torch.nn.functional.elu,
+        torch.nn.functional.selu,
+        torch.nn.functional.celu,
+        torch.nn.functional.softplus,
+        torch.nn.functional.hardswish,
+        torch.nn.functional.glu,
+        torch.nn.functional.logsigmoid,
+        torch.nn.functional.softmax,
+        torch.nn.functional.sigmoid,
+        torch.nn.functional.tanh,
+        torch.softmax,
+        torch.sigmoid,
+        torch.tanh,
+        torch.Tensor.softmax,
+        torch.Tensor.sigmoid,
+        torch.Tensor.tanh,
+    )
+    if f is not None
+)
+
+
+_LAYER_NORM_FUNCS = frozenset({torch.nn.functional.layer_norm, torch.layer_norm})
+
+
+def _layer_norm_row(func, args, kwargs) -> int | None:
+    """Elements per row a layer_norm call normalises (its normalized_shape's
+    product), or None for another function or a call it cannot read."""
+    if func not in _LAYER_NORM_FUNCS:
+        return None
+    shape = args[1] if len(args) > 1 else kwargs.get("normalized_shape")
+    if isinstance(shape, int):
+        shape = (shape,)
+    try:
+        row = 1
+        for d in shape:
+            row *= int(d)
+    except (TypeError, ValueError):
+        return None
+    return row if row > 0 else None
+
+
+def _row_block(block: int, row: int | None) -> int:
+    """``block``, or the largest power of two below it that divides ``row``
+    (at least the format's smallest block), so that no block holds elements
+    of two LayerNorm rows: rows of very different scale (ViT's class token
+    beside the patches) would otherwise share one step."""
+    if row is None or row % block == 0:
+        return block
+    b = block
+    while b > _act_pack.BLOCK_MIN and row % b:
+        b //= 2
+    return b if row % b == 0 else block
+
+
 def _pool_geometry(args, kwargs):
     """((input shape but H, W), (W, kH, kW, sH, sW, pH, pW, dH, dW)) of a
     max_pool2d call, or None."""
@@ -257,7 +344,10 @@ def _affine_matches(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.
 class _PoolGeometry(TorchFunctionMode):
     """Tells the hooks the geometry of the max_pool2d running now (nn.MaxPool2d
     and F.max_pool2d alike), so its indices can be coded in its windows, and
-    whether a normalisation layer is running (its input gets ``norm_bits``)."""
+    whether a normalisation layer (what it saves gets ``norm_bits``) or an
+    attention / smooth nonlinearity (``nonlinear_bits``) is running. Only
+    the outermost torch function is seen: everything nn.MultiheadAttention
+    saves (its in- and out-projections' inputs too) is attention's."""
 
     def __init__(self, ctx):
         super().__init__()
@@ -275,13 +365,21 @@ class _PoolGeometry(TorchFunctionMode):
         if func in _NORM_FUNCS:
             self.ctx._norm_input = None
             self.ctx._in_norm += 1
+            row, self.ctx._norm_row = self.ctx._norm_row, _layer_norm_row(func, args, kwargs)
             try:
                 out = func(*args, **kwargs)
             finally:
                 self.ctx._in_norm -= 1
+                self.ctx._norm_row = row
             if func in _BN_FUNCS and self.ctx.recompute_relu:
                 self.ctx._note_batch_norm(func, args, kwargs, out)
             return out
+        if func in _NONLINEAR_FUNCS:
+            self.ctx._in_nonlinear += 1
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.ctx._in_nonlinear -= 1
         return func(*args, **kwargs)
 
 
@@ -290,10 +388,19 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
     (see the module's docstring for what is packed and what is kept).
 
     Args:
-        bits: 8 (default; about half the bytes of BF16 activations) or 4
-            (about a quarter; a larger gradient error).
+        bits: 8 (default; about half the bytes of BF16 activations) or 4:
+            the code width of the conv / linear inputs, ReLU outputs and
+            everything else not named below. With 4, what normalisation
+            layers, attention and smooth nonlinearities save stays at 8 bits
+            (``norm_bits`` / ``nonlinear_bits``): 0.41x the BF16 bytes
+            per sample on resnet50, 0.43x on vit_b_16 (0.31x / 0.30x with
+            everything at 4 bits; see below).
         block: elements per float32 scale, a power of two in [32, 4096];
-            default 256 for 8 bits, 32 for 4 bits.
+            default 256 for 8-bit codes, 32 for 4-bit ones (per tensor, by
+            its width); for a LayerNorm's input, the largest power of two
+            down to 32 that divides the row it normalises, if smaller, so no
+            block holds two rows (a ViT's class token, far smaller than the
+            patches, would come back as noise in a block shared with them).
         seed: the stochastic rounding's seed. None (default): every
             ``with`` block rounds with new bits, from torch's RNG state (read,
             not drawn from: dropout masks and the rest of the program's
@@ -308,17 +415,44 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
         min_numel: tensors with fewer elements are kept as they are.
         norm_bits: the code width for what normalisation layers save (the
             inputs of BatchNorm / GroupNorm / LayerNorm / InstanceNorm):
-            4, 8, or 16 to keep them as they are; default ``bits``. Almost
-            all of the gradient error comes from these (their backward
-            re-normalises the input): on ResNet-50 (16 x 224, BF16) ``bits=4,
-            norm_bits=8`` raises the worst per-layer gradient cosine from
-            0.975-0.981 to 0.992 for 1.26x the bytes of ``bits=4``;
-            ``bits=8, norm_bits=16`` from 0.995-0.996 to 1.0000 for 1.44x
-            those of ``bits=8`` (bench/results/memory_cpu_grad.md).
+            4, 8, or 16 to keep them as they are; default (None) 8, with
+            ``bits=4`` too.
         recompute_relu: True (default): a ReLU's output that follows a
             BatchNorm is stored as a one-bit mask and recomputed in backward
             from the BatchNorm's saved input (see the module's docstring);
             False: packed like any other activation.
+        nonlinear_bits: the code width for what attention
+            (``F.scaled_dot_product_attention``; ``nn.MultiheadAttention``:
+            all it saves, its projections' inputs too) and smooth
+            nonlinearities (GELU, SiLU, Mish, ELU, SELU, CELU, Softplus,
+            Hardswish, GLU, LogSigmoid, Sigmoid, Tanh, Softmax) save: 4, 8,
+            or 16 to keep them as they are; default (None) 8, with ``bits=4``
+            too. The function is seen as it is called (a module calls it
+            too); one a custom function calls inside itself is not.
+
+    The policy, and why (bench/results/memory_cpu_grad.md: per-parameter
+    gradient cosine against the uncompressed BF16-autocast step, resnet18 /
+    resnet50 at 16 x 224, vit_b_16 at 8 x 224). A tensor whose only use in
+    backward is one weight's gradient (a conv's or linear's input) or its
+    zeros (ReLU's output) costs that one gradient an unbiased error: 4-bit
+    codes (block 32) give it a cosine of 0.990-0.993 and nothing else.
+    Normalisation layers, attention and smooth nonlinearities pass the
+    gradient on through their saved values (BatchNorm / LayerNorm
+    re-normalise them, attention recomputes softmax from q and k, GELU's
+    backward reads GELU'(x)): at 4 bits that error reaches every layer
+    below and adds up, and through a nonlinear function it is biased
+    (on vit_b_16 the mean gradient of 4 rounding seeds still has a cosine of
+    0.98 on the first block's in-projection weight, against 0.969 for one).
+    So with everything at 4 bits the worst parameters are BatchNorm
+    weights (a sum over the batch that cancels: 47 of resnet50's 161 below
+    0.99, worst 0.979) and the first ViT block's in-projection weight
+    (0.969, after the error of the 11 blocks above it); at 8 bits for
+    those three kinds every parameter is at 0.99 or above, the worst one a
+    linear / conv weight fed by 4-bit codes (0.992 resnet18 and resnet50,
+    0.990 vit_b_16). The cost is bytes: per sample 1.32x those of
+    all-4-bit codes on resnet50 (17.9 MB against 13.6; BF16 43.8), 1.43x on
+    vit_b_16 (28.4 against 19.8; BF16 66.4).
+    ``norm_bits=4, nonlinear_bits=4`` gives all-4-bit codes back.
 
     After the block, ``stats`` holds what was saved: ``packed`` / ``kept``
     (tensors, each storage once; parameters not counted), ``packed_bytes``
@@ -329,17 +463,13 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
 
     def __init__(
         self, bits: int = 8, *, block: int | None = None, seed: int | None = None, min_numel: int = 16384,
-        norm_bits: int | None = None, recompute_relu: bool = True,
+        norm_bits: int | None = None, nonlinear_bits: int | None = None, recompute_relu: bool = True,
     ):
         self.bits = as_int(_WHERE, "bits", bits)
         if self.bits not in (8, 4):
             raise ValueError(f"{_WHERE}: bits must be 8 or 4, got {bits!r}")
-        if norm_bits is None:
-            self.norm_bits = self.bits
-        else:
-            self.norm_bits = as_int(_WHERE, "norm_bits", norm_bits)
-            if self.norm_bits not in (4, 8, 16):
-                raise ValueError(f"{_WHERE}: norm_bits must be 4, 8, 16 (kept as they are) or None, got {norm_bits!r}")
+        self.norm_bits = self._width("norm_bits", norm_bits)
+        self.nonlinear_bits = self._width("nonlinear_bits", nonlinear_bits)
         if not isinstance(recompute_relu, bool):
             raise TypeError(f"{_WHERE}: recompute_relu must be a bool, got {type(recompute_relu).__name__}")
         self.recompute_relu = recompute_relu
@@ -362,6 +492,8 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
         self._warned_compiled = False
         self._pool: tuple | None = None  # (input shape but H, W; geometry) of the max_pool2d running now
         self._in_norm = 0  # > 0 while a normalisation layer runs
+        self._in_nonlinear = 0  # > 0 while attention or a smooth nonlinearity runs
+        self._norm_row = None  # elements per row of the layer_norm running now
         self._mode = None
         self._pending = _Pending()
         # The last batch_norm whose output a ReLU may be recomputed from:
@@ -369,6 +501,16 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
         self._bn: tuple | None = None
         self._norm_input = None  # (weakref, form) of what the running normalisation layer saved first
         super().__init__(self._pack, self._unpack)
+
+    @staticmethod
+    def _width(name: str, value) -> int:
+        """A code width argument: 4, 8, 16 (kept as they are), or None (8)."""
+        if value is None:
+            return _SENSITIVE_BITS
+        width = as_int(_WHERE, name, value)
+        if width not in (4, 8, 16):
+            raise ValueError(f"{_WHERE}: {name} must be 4, 8, 16 (kept as they are) or None, got {value!r}")
+        return width
 
     def __enter__(self):
         self._seen.clear()
@@ -378,7 +520,7 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
         self._calls = 0
         self._base = self.seed if self.seed is not None else _fresh_seed()
         self._kept_ids.clear()
-        self._pool, self._in_norm = None, 0
+        self._pool, self._in_norm, self._in_nonlinear, self._norm_row = None, 0, 0, None
         # Max-pool indices are coded relative to their windows: the pool's
         # geometry is read from the call (a thread-local torch-function mode).
         self._mode = _PoolGeometry(self)
@@ -449,19 +591,28 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
             derived = self._norm_relu(t)
             if derived is not None:
                 return self._remember(t, derived)
-        bits, block = self.bits, self.block
-        if self._in_norm and self.norm_bits != self.bits:
-            if self.norm_bits == 16:
-                self._count_kept(t)
-                return _Kept(t)
-            bits = self.norm_bits
-            block = self.block if self._block_given else _DEFAULT_BLOCK[bits]
+        bits, block = self._width_now(), self.block
+        if bits == 16:
+            self._count_kept(t)
+            return _Kept(t)
+        if bits != self.bits and not self._block_given:
+            block = _DEFAULT_BLOCK[bits]
+        if self._in_norm and not self._block_given:
+            block = _row_block(block, self._norm_row)
         # (No sweep here: the op saving ``t`` started after the last one, and
         # nothing the forward holds is released while it runs.)
         packed = _Packed(t, bits, block, self._seed(), lazy=_saved.LAZY)
         if packed.pending is not None:
             self._pending.add(packed)
         return self._remember(t, packed)
+
+    def _width_now(self) -> int:
+        """The code width for what the op running now saves (16: kept)."""
+        if self._in_norm:
+            return self.norm_bits
+        if self._in_nonlinear:
+            return self.nonlinear_bits
+        return self.bits
 
     # ---- ReLU after BatchNorm: recomputed from the BatchNorm's input -----
 

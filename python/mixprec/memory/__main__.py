@@ -62,7 +62,10 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     ap.add_argument("--norm-bits", type=int, choices=(4, 8, 16), default=None,
                     help="compressed_activations(norm_bits=) in the recipes that pack: the code width of what "
-                         "normalisation layers save (16: kept as they are; default: the recipe's bits)")
+                         "normalisation layers save (16: kept as they are; default 8)")
+    ap.add_argument("--nonlinear-bits", type=int, choices=(4, 8, 16), default=None,
+                    help="compressed_activations(nonlinear_bits=) in the recipes that pack: the code width of what "
+                         "attention and smooth nonlinearities (GELU, SiLU, ...) save (16: kept; default 8)")
     a = ap.parse_args(argv)
     kwargs = {}
     for kv in a.kwargs:
@@ -87,6 +90,9 @@ def main(argv=None) -> int:
     if a.norm_bits is not None:
         recipes = [dataclasses.replace(r, name=f"{r.name}, norm {a.norm_bits}-bit", norm_bits=a.norm_bits)
                    if r.bits else r for r in recipes]
+    if a.nonlinear_bits is not None:
+        recipes = [dataclasses.replace(r, name=f"{r.name}, nonlinear {a.nonlinear_bits}-bit",
+                                       nonlinear_bits=a.nonlinear_bits) if r.bits else r for r in recipes]
     if a.threads:
         torch.set_num_threads(a.threads)
     model = a.factory(**kwargs)

@@ -37,7 +37,8 @@ class Recipe:
     name: str
     autocast: torch.dtype | None = None  # None: FP32
     bits: int | None = None  # compressed_activations(bits), or None
-    norm_bits: int | None = None  # compressed_activations(norm_bits=): None = bits
+    norm_bits: int | None = None  # compressed_activations(norm_bits=): None = its default (8)
+    nonlinear_bits: int | None = None  # compressed_activations(nonlinear_bits=): None = its default (8)
     checkpoint: bool = False  # torch.utils.checkpoint of every block
     state_bytes: int = 16  # training state per parameter (param + grad + optimizer)
     # torchvision's nms / roi_align through mixprec.ops.patch_torchvision():
@@ -124,7 +125,8 @@ def _measure(model, recipe, make_batch, batch, loss_fn):
         p.grad = None
     gc.collect()
     ac = torch.autocast("cpu", dtype=recipe.autocast) if recipe.autocast else contextlib.nullcontext()
-    ca = compressed_activations(bits=recipe.bits, norm_bits=recipe.norm_bits) if recipe.bits else contextlib.nullcontext()
+    ca = (compressed_activations(bits=recipe.bits, norm_bits=recipe.norm_bits, nonlinear_bits=recipe.nonlinear_bits)
+          if recipe.bits else contextlib.nullcontext())
     ck = checkpoint_blocks(model) if recipe.checkpoint else contextlib.nullcontext()
     if recipe.vision_ops:
         from ..ops import patch_torchvision

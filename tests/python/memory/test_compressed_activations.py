@@ -49,17 +49,21 @@ def resnet18_data():
     return torch.randn(4, 3, 64, 64, generator=g), torch.randint(0, 10, (4,), generator=g)
 
 
-# 8-bit meets the activation-memory issue's per-layer bar (0.999); 4-bit is
-# measured at 0.979-0.98 on its worst layers (BatchNorm weights, whose
-# gradient is a sum that cancels), short of the issue's 0.99: the test holds
-# it at 0.97 so a regression still fails.
-@pytest.mark.parametrize("nbits,bar", [(8, 0.999), (4, 0.97)])
+# 8-bit meets the activation-memory issue's per-layer bar (0.999), 4-bit its
+# 0.99 (0.994 here on 3 seeds, BF16 and FP32: what BatchNorm saves stays at
+# 8 bits). Everything at 4 bits (norm_bits=4, nonlinear_bits=4) is measured
+# at 0.974-0.979 on its worst layers (BatchNorm weights, whose gradient is a
+# sum that cancels): held at 0.97 so a regression still fails.
+ALL4 = {"norm_bits": 4, "nonlinear_bits": 4}
+
+
+@pytest.mark.parametrize("nbits,kw,bar", [(8, {}, 0.999), (4, {}, 0.99), (4, ALL4, 0.97)], ids=["8", "4", "4-all"])
 @pytest.mark.parametrize("autocast", [torch.bfloat16, None], ids=["bf16", "fp32"])
-def test_resnet18_gradients_match_uncompressed(resnet18_data, nbits, bar, autocast):
+def test_resnet18_gradients_match_uncompressed(resnet18_data, nbits, kw, bar, autocast):
     x, y = resnet18_data
     model = _model("resnet18", num_classes=10)
     ref = _grads(model, x, y, autocast=autocast)
-    ctx = compressed_activations(bits=nbits)
+    ctx = compressed_activations(bits=nbits, **kw)
     got = _grads(model, x, y, ctx=ctx, autocast=autocast)
     assert ref.keys() == got.keys()
     worst = min((_cos(ref[k], got[k]), k) for k in ref if ref[k].norm() > 0)
@@ -72,8 +76,12 @@ def test_resnet18_gradients_match_uncompressed(resnet18_data, nbits, bar, autoca
     base = 1 if autocast else 2  # BF16 -> 1 B per element; FP32 -> 4 B: 8-bit codes are a quarter
     # codes + one float per block: 8-bit (1 + 4/256) = 0.508 of BF16's 2
     # bytes, 0.254 of FP32's 4; 4-bit (0.5 + 4/32) = 0.3125 / 0.156; plus the
-    # max-pool indices, int64 narrowed to int16 (0.25).
-    assert ratio <= {(8, 1): 0.52, (4, 1): 0.32, (8, 2): 0.26, (4, 2): 0.17}[nbits, base]
+    # max-pool indices, int64 narrowed to int16 (0.25). 4-bit with BatchNorm's
+    # inputs at 8 bits: 0.368 / 0.198 here.
+    bound = {(8, 1): 0.52, (4, 1): 0.32, (8, 2): 0.26, (4, 2): 0.17}[nbits, base]
+    if nbits == 4 and not kw:
+        bound = {1: 0.38, 2: 0.21}[base]
+    assert ratio <= bound
 
 
 def test_relu_output_saved_twice_is_packed_once():

@@ -56,7 +56,9 @@ def test_plan_recipes_and_extrapolation():
     amp, b8, b4, lean = (rows[n] for n in names)
     # Packed activations: 8-bit codes hold about half of BF16's bytes, 4-bit a quarter-ish.
     assert b8.saved_per_sample < 0.6 * amp.saved_per_sample
-    assert b4.saved_per_sample < b8.saved_per_sample
+    # (<=: this net saves only BatchNorm inputs, at 8 bits under bits=4 too, and
+    # ReLU masks - recompute_relu - so its 4-bit bytes are its 8-bit ones)
+    assert b4.saved_per_sample <= b8.saved_per_sample
     assert b8.peak_per_sample < amp.peak_per_sample
     n_params = sum(p.numel() for p in model.parameters())
     assert amp.state == 16 * n_params and lean.state == 8 * n_params
