@@ -1,32 +1,40 @@
 /* The act_pack family's 256-bit intrinsics body (AVX2 + F16C), included by
- * act_pack_avx2.c (and by act_pack_avx512.c, which runs the same 256-bit
- * code: see there) and stamped by MIXPREC__ACT_DEFINE_SIMD256(SUF). Every
+ * act_pack_avx2.c and stamped by MIXPREC__ACT_DEFINE_SIMD256(SUF). Every
  * value is the one act_pack_rules.h gives, bit for bit (the test suite
- * compares each ISA with an independent reference):
+ * compares each ISA with an independent reference). Blocks are powers of
+ * two >= 32, so every block but a tensor's last is a multiple of 32
+ * elements: full blocks go through the code here, a partial last block
+ * through the scalar body.
  *
- * pack, per full block (blocks are powers of two >= 32, so every block but
- * a tensor's last is a multiple of 32 elements; a partial last block goes
- * through the scalar body):
+ * pack, 8 full blocks at a time:
  *   - statistics on the raw bits, BF16 / FP16 16 lanes at a time without
  *     widening: the block's largest float is the signed-integer maximum of
  *     the bits when some element has its sign bit clear, else the unsigned
  *     minimum; its smallest is the unsigned maximum when some sign bit is
  *     set, else the unsigned minimum (the same elements the order keys of
  *     act_pack_rules.h pick, -0 below +0 included). A block holds an inf or
- *     NaN exactly when one of those two does. The scale is
- *     mixprec__act_stored_scale on the two, scalar. The next block's
- *     statistics and scale are issued before this block's codes, so their
- *     divisions overlap the encode loop.
- *   - codes 32 at a time: the element counter in a vector (lane offsets
- *     times 0x9e3779b1, stepped by 32 * 0x9e3779b1), mixprec__mix32 in
- *     vector, u = (r >> 8) as float * 2^-24, v = x * inv + u as a separate
- *     multiply and add (one rounding each, as the scalar rule; the build's
- *     -ffp-contract=off keeps them unfused), q = floor(v) (|v| < 2^24, so
- *     the same as the scalar truncate-and-correct), the zero guard (q == 0
- *     and x != 0 -> q = +-1 by x's sign: q - sign(mask, x)), c = q + z
- *     clamped by the saturating packs (int32 -> int16 -> uint8 is the clamp
- *     to [0, 255]; 4-bit codes then min 15) and paired into nibbles with
- *     one multiply-add (even element * 1 + odd element * 16).
+ *     NaN exactly when one of those two does. The 8 blocks' lane-wise
+ *     maxima / minima are reduced together (a transposed unpack + max tree:
+ *     lane j ends with block j's), and mixprec__act_stored_scale /
+ *     mixprec__act_inverse run on the 8 blocks as one vector (the same IEEE
+ *     operations lane by lane; 8 blocks' divisions in flight at once, where
+ *     a 32-element block is too short to hide one block's chain).
+ *   - codes 32 at a time, in two passes over a block: first u for all its
+ *     elements (the element counter in a vector, lane offsets times
+ *     0x9e3779b1 stepped by 32 * 0x9e3779b1, mixprec__mix32 in vector, u =
+ *     (r >> 8) as float * 2^-24; the passes halve the loops' dependency
+ *     chains), then v = x * inv + u as a separate multiply and add (one
+ *     rounding each, as the scalar rule; the build's -ffp-contract=off keeps
+ *     them unfused), q = floor(v) (|v| < 2^24, so the same as the scalar
+ *     truncate-and-correct), the zero guard (q == 0 and x != 0 -> +-1 by
+ *     x's sign: q - sign(mask, x), the mask from a float x != 0 as the
+ *     scalar rule, so -0 keeps q = 0), c = q + z clamped by the saturating
+ *     packs (int32 -> int16 -> uint8 is the clamp to [0, 255]; 4-bit codes
+ *     then min 15) and paired into nibbles with one multiply-add (even
+ *     element * 1 + odd element * 16). BF16 is widened by unpacking with
+ *     zeros (elements {0-3, 8-11} and {4-7, 12-15} of 16 per vector); the
+ *     lane counters follow that order, and the packs' final permute undoes
+ *     it.
  * unpack, per full block: codes widened by one byte shuffle per 8 (4-bit:
  *   nibbles split to bytes first), (c - z) as float times s (exact int ->
  *   float; one rounding), clamped to +-vmax only when 255 * s can exceed it
@@ -34,7 +42,10 @@
  *   FP16 by F16C (nearest even, as mixprec__f32_to_f16) and BF16 rounded to
  *   nearest even on the integer bits as mixprec__f32_to_bf16 (no NaN can
  *   occur here: s is finite, the non-finite blocks are filled with the
- *   fixed NaN before). A partial last block goes through the scalar body. */
+ *   fixed NaN before; even and odd elements in two vectors, so the rounded
+ *   halves interleave back with one blend). 4-bit codes to FP16 / BF16: the
+ *   block's 16 values computed once into byte tables, then two byte
+ *   lookups per element. */
 #ifndef MIXPREC_ACT_PACK_AVX2_BODY_H
 #define MIXPREC_ACT_PACK_AVX2_BODY_H
 
@@ -43,6 +54,8 @@
 #include "act_pack_internal.h"
 
 #define MIXPREC__ACT_K 0x9e3779b1u
+/* F16C's rounding: nearest even (an immediate: a macro, not a const) */
+#define MIXPREC__ACT_RN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
 /* ---- pack ------------------------------------------------------------------ */
 
@@ -395,9 +408,53 @@ MIXPREC__FORCE_INLINE void mixprec__act_decode16(__m256i g, __m256i z, __m256 s,
     const __m256i h = _mm256_blend_epi16(lo, mixprec__act_bf16_hi(v2), 0xaa);
     _mm256_storeu_si256((__m256i *)((uint16_t *)out + i), h);
   } else {
-    const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    _mm_storeu_si128((__m128i *)((uint16_t *)out + i), _mm256_cvtps_ph(v1, rn));
-    _mm_storeu_si128((__m128i *)((uint16_t *)out + i + 8), _mm256_cvtps_ph(v2, rn));
+    _mm_storeu_si128((__m128i *)((uint16_t *)out + i), _mm256_cvtps_ph(v1, MIXPREC__ACT_RN));
+    _mm_storeu_si128((__m128i *)((uint16_t *)out + i + 8), _mm256_cvtps_ph(v2, MIXPREC__ACT_RN));
+  }
+}
+
+/* 4-bit codes to FP16 / BF16: a block has 16 values, so they are computed
+ * once (the same decode and rounding as above) into two 16-byte tables,
+ * low and high bytes, and each element is two byte lookups. */
+MIXPREC__FORCE_INLINE void mixprec__act_decode_block_lut(const uint8_t *codes, float stored,
+                                                         int64_t len, mixprec_dtype dtype,
+                                                         void *out, int64_t first) {
+  const __m256i z = _mm256_set1_epi32(mixprec__act_zero_of(stored));
+  const __m256 s = _mm256_set1_ps(mixprec__act_scale_of(stored));
+  const __m256 vmax = _mm256_set1_ps(mixprec__act_max_of(dtype));
+  const __m256 vmin = _mm256_sub_ps(_mm256_setzero_ps(), vmax);
+  const __m256i c0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i c1 = _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15);
+  __m256 v0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c0, z)), s);
+  __m256 v1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c1, z)), s);
+  v0 = _mm256_max_ps(_mm256_min_ps(v0, vmax), vmin);
+  v1 = _mm256_max_ps(_mm256_min_ps(v1, vmax), vmin);
+  __m256i w; /* the 16 values as uint16, in order */
+  if (dtype == MIXPREC_BF16) {
+    const __m256i r0 = _mm256_srli_epi32(mixprec__act_bf16_hi(v0), 16);
+    const __m256i r1 = _mm256_srli_epi32(mixprec__act_bf16_hi(v1), 16);
+    w = _mm256_permute4x64_epi64(_mm256_packus_epi32(r0, r1), 0xd8);
+  } else {
+    w = _mm256_set_m128i(_mm256_cvtps_ph(v1, MIXPREC__ACT_RN), _mm256_cvtps_ph(v0, MIXPREC__ACT_RN));
+  }
+  /* low bytes of values 0-15 in the low half, high bytes in the high half */
+  const __m256i lh = _mm256_permute4x64_epi64(
+      _mm256_packus_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0xff)), _mm256_srli_epi16(w, 8)),
+      0xd8);
+  const __m256i tlo = _mm256_permute4x64_epi64(lh, 0x44), thi = _mm256_permute4x64_epi64(lh, 0xee);
+  uint16_t *o = (uint16_t *)out + first;
+  for (int64_t i = 0; i < len; i += 32) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)(codes + i / 2));
+    const __m128i nib = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(b, nib);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), nib);
+    /* element codes 0-15 | 16-31 */
+    const __m256i idx = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+    const __m256i l = _mm256_shuffle_epi8(tlo, idx), h = _mm256_shuffle_epi8(thi, idx);
+    const __m256i e0 = _mm256_unpacklo_epi8(l, h); /* elements 0-7 | 16-23 */
+    const __m256i e1 = _mm256_unpackhi_epi8(l, h); /* elements 8-15 | 24-31 */
+    _mm256_storeu_si256((__m256i *)(o + i), _mm256_permute2x128_si256(e0, e1, 0x20));
+    _mm256_storeu_si256((__m256i *)(o + i + 16), _mm256_permute2x128_si256(e0, e1, 0x31));
   }
 }
 
@@ -440,6 +497,10 @@ MIXPREC__FORCE_INLINE void mixprec__act_unpack_full(const uint8_t *codes, const 
       continue;
     }
     const uint8_t *src = codes + (bits == 8 ? first : first / 2);
+    if (bits == 4 && dtype != MIXPREC_F32) {
+      mixprec__act_decode_block_lut(src, stored, block, dtype, out, first);
+      continue;
+    }
     /* |c - z| <= 255: (c - z) * s is within +-vmax whenever 255 * s is
      * (rounding is monotone; s may be negative in fuzzed input), and the
      * clamp is a no-op. */
