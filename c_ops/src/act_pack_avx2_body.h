@@ -340,6 +340,7 @@ MIXPREC__FORCE_INLINE void mixprec__act_pack_full(const void *x, mixprec_dtype d
                                                   int64_t b0, int64_t bf, uint8_t *codes,
                                                   float *scales) {
   float ub[MIXPREC_ACT_BLOCK_MAX] __attribute__((aligned(32)));
+  const int64_t esize = dtype == MIXPREC_F32 ? 4 : 2;
   for (int64_t g = b0; g < bf; g += 8) {
     const int64_t nb = bf - g < 8 ? bf - g : 8;
     mixprec__act_batch p;
@@ -347,6 +348,13 @@ MIXPREC__FORCE_INLINE void mixprec__act_pack_full(const void *x, mixprec_dtype d
     for (int64_t j = 0; j < nb; j++) {
       const int64_t first = (g + j) * block;
       uint8_t *dst = codes + (bits == 8 ? first : first / 2);
+      /* The next batch's block j into the cache while this one is coded:
+       * the statistics pass would otherwise wait on memory (the hardware
+       * prefetcher idles while the codes are computed from L1). */
+      if (g + 8 + j < bf) {
+        const char *nx = (const char *)x + (first + 8 * block) * esize;
+        for (int64_t o = 0; o < block * esize; o += 64) _mm_prefetch(nx + o, _MM_HINT_T0);
+      }
       scales[g + j] = p.stored[j];
       if (p.bad >> j & 1)
         memset(dst, 0, (size_t)(bits == 8 ? block : block / 2));
