@@ -1,10 +1,13 @@
-/* The CPU bodies of the act_pack family, written once and stamped per
- * instruction set (zstd's `_body` compiled twice): act_pack.c instantiates
- * them for the scalar path, act_pack_avx2.c and act_pack_avx512.c with their
- * ISA flags, where the compiler vectorises the same loops. Each ISA file only
+/* The generic CPU bodies of the act_pack family, written once and stamped
+ * per instruction set (zstd's `_body` compiled twice): act_pack.c
+ * instantiates them for the scalar path, act_pack_avx512.c with its ISA
+ * flags, where the compiler vectorises the same loops. Each ISA file only
  * supplies how FP16 is widened and narrowed (the portable converters, or
- * F16C's instructions, which give the same bits). Every element goes
- * through act_pack_rules.h, so all paths and the GPU agree bit for bit. */
+ * F16C's instructions, which give the same bits). The AVX2 path is written
+ * with intrinsics instead (act_pack_avx2_body.h), on the same rules, and
+ * sends a tensor's partial last block to the scalar body here. Every
+ * element goes through act_pack_rules.h, so all paths and the GPU agree bit
+ * for bit. */
 #ifndef MIXPREC_ACT_PACK_INTERNAL_H
 #define MIXPREC_ACT_PACK_INTERNAL_H
 

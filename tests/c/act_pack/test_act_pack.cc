@@ -735,6 +735,60 @@ TEST(ActPack, ZerosModesAndTinyValues) {
     }
 }
 
+// The SIMD bodies' own paths, on every ISA: blocks where the zero guard
+// (a non-zero x whose q would be 0 takes +-1) fires in most lanes next to
+// lanes of +0 and -0 (which must keep code z), a signed block of -0 and one
+// tiny negative, subnormal-only blocks; 11 or 12 full blocks (a batch of 8
+// and a short one) and a partial last block; unpacked to every dtype.
+TEST(ActPack, ZeroGuardEveryLaneAndSignedZeros) {
+  mpt::GlobalStateGuard restore;
+  std::mt19937 rng(mpt::kSeed + 511);
+  for (mixprec_dtype dt : kDtypes)
+    for (int bits : kBits)
+      for (int64_t block : {int64_t{32}, int64_t{256}}) {
+        const int64_t n = 11 * block + 33;
+        Buf x(dt, n, true);
+        const float tiny = dt == MIXPREC_F16 ? 0x1p-20f : 1e-6f;
+        const float big = dt == MIXPREC_F16 ? 6e4f : 1e30f;
+        for (int64_t i = 0; i < n; i++) {
+          const int64_t b = i / block;
+          const uint32_t r = rng();
+          const float t = tiny * float(1 + r % 16) * (r & 0x10000u ? -1.0f : 1.0f);
+          float v = 0.0f;
+          switch (b % 4) {
+            case 0:  // one large element, every other lane takes the guard
+              v = i % block == int64_t(b * 7 % block) ? (b % 8 ? big : -big) : t;
+              break;
+            case 1:  // the same with +0 / -0 lanes between
+              v = i % block == 5 ? big : r % 3 == 0 ? 0.0f : r % 3 == 1 ? -0.0f : t;
+              break;
+            case 2:  // -0 everywhere but one tiny negative: signed, z >= 1
+              v = i % block == block - 1 ? -tiny : -0.0f;
+              break;
+            default:  // tiny values of one sign with zeros: unsigned
+              v = r % 5 == 0 ? (r & 1 ? 0.0f : -0.0f) : std::fabs(t);
+          }
+          x.set_value(i, v);
+        }
+        for (mixprec_cpu_isa isa : mpt::supported_isas()) {
+          ASSERT_EQ(mixprec_set_cpu_isa(isa), MIXPREC_OK);
+          const uint64_t seed = rng();
+          const std::string what = label(dt, bits, block, n, seed) + " " + mpt::isa_name(isa);
+          const Packed want = ref_pack(x, bits, block, seed);
+          const Packed got = lib_pack(x, bits, block, seed);
+          expect_same_packed(got, want, what);
+          if (::testing::Test::HasFailure()) return;
+          for (mixprec_dtype od : kDtypes) {
+            const Buf y = lib_unpack(got, n, bits, block, od, true);
+            ASSERT_EQ(count_bit_mismatches(y, ref_unpack(want, n, bits, block, od),
+                                           what + " unpack to " + mpt::dtype_name(od)),
+                      0);
+          }
+          check_round_trip(x, got, lib_unpack(got, n, bits, block, dt), block, what);
+        }
+      }
+}
+
 // Library bug (1), reproduced: a finite value near the largest of its dtype
 // comes back as inf, where the header promises |error| < s in expectation
 // terms ("E[(c - z) * s] = x") and a non-finite backward only from a
