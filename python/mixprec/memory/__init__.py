@@ -586,6 +586,8 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
             return _Kept(t)
         packed = self._cached(t)
         if packed is not None:
+            if isinstance(packed, _NormReLU):
+                packed.uses += 1
             return packed
         if self.recompute_relu and type(t.grad_fn).__name__ == "ReluBackward0":
             derived = self._norm_relu(t)

@@ -408,7 +408,7 @@ class _NormReLU:
 
     __slots__ = (
         "src", "a", "b", "shape", "strides", "dtype", "numel", "mask", "alias", "version", "pending",
-        "nbytes", "__weakref__",
+        "nbytes", "uses", "_left", "_last", "__weakref__",
     )
 
     def __init__(self, t: torch.Tensor, src, a: torch.Tensor, b: torch.Tensor, *, lazy: bool = False):
@@ -421,6 +421,10 @@ class _NormReLU:
         self.alias = _version_alias(t)
         self.mask = None
         self.nbytes = (self.numel + 7) // 8
+        # Ops that saved it (the ReLU and the next conv): backward unpacks it
+        # once per op, one right after the other, so the recomputed tensor is
+        # kept from the first of a backward's unpacks to its last.
+        self.uses, self._left, self._last = 1, 0, None
         self.pending = t.detach()
         if not lazy:
             self.resolve()
@@ -450,6 +454,18 @@ class _NormReLU:
         _no_double_backward()
         if self.pending is not None:  # backward inside the block, before the mask was taken: exact
             return self.pending
+        if self._left > 0:
+            out = self._last
+            self._left -= 1
+            if self._left == 0:
+                self._last = None
+            return out
+        out = self._recompute()
+        if self.uses > 1:
+            self._last, self._left = out, self.uses - 1
+        return out
+
+    def _recompute(self) -> torch.Tensor:
         out = torch.empty_strided(self.shape, self.strides, dtype=self.dtype, device=self.mask.device)
         n = self.shape[0]
         per = self.numel // n if n else 0
@@ -466,9 +482,9 @@ class _NormReLU:
             s, e = n0 * per, n1 * per
             shape = (n1 - n0,) + self.shape[1:]
             x = self.src.flat_range(s, e).as_strided(shape, self.strides)
-            v = torch.mul(x, self.a)  # float32 (a is)
+            v = torch.addcmul(self.b, x, self.a)  # float32 (a and b are)
             del x
-            v.add_(self.b).clamp_(min=tiny)
+            v.clamp_(min=tiny)
             m = self.mask[s // 8 : (e + 7) // 8].view(-1, 1).bitwise_and(w).ne(0).view(-1)[: e - s]
             v.mul_(m.as_strided(shape, self.strides))
             del m

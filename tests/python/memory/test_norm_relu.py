@@ -240,3 +240,34 @@ def test_checkpointed_blocks_inside_are_left_to_checkpoint():
     assert len(made) == 1  # the outer block's ReLU; the inner one is the checkpoint's
     for n in ref:  # (the outer conv1's input, the inner block's output, is packed at 8 bits)
         assert _cos(got[n].double(), ref[n].double()) > 0.999, n
+
+
+def test_recomputed_once_per_backward_and_released():
+    """The ReLU and the next conv both save the output: backward recomputes
+    it once, hands it to both, and lets it go after the second."""
+    torch.manual_seed(0)
+    model = _ConvBNReLU()
+    x = torch.randn(2, 16, 16, 16)
+    made, calls = [], []
+    orig_init, orig_rec = _NormReLU.__init__, _NormReLU._recompute
+
+    def spy(self, *a, **k):
+        made.append(self)
+        orig_init(self, *a, **k)
+
+    def rec(self):
+        calls.append(self)
+        return orig_rec(self)
+
+    _NormReLU.__init__, _NormReLU._recompute = spy, rec
+    try:
+        with compressed_activations(seed=1, min_numel=64):
+            out = model(x)
+        (d,) = made
+        assert d.uses == 2
+        out.sum().backward(retain_graph=True)
+        assert len(calls) == 1 and d._last is None and d._left == 0
+        out.sum().backward()  # a second backward recomputes again
+        assert len(calls) == 2 and d._last is None
+    finally:
+        _NormReLU.__init__, _NormReLU._recompute = orig_init, orig_rec
