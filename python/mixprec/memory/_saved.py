@@ -473,7 +473,7 @@ class _NormReLU:
         # memory), starting on a block of the source and a byte of the mask.
         step = max(1, _slice(self.mask.device) // max(per, 1))
         align = 8 * getattr(self.src, "block", 1)
-        if per % align:
+        if per % align or self.strides[0] != per:  # (a sample is not one aligned range: one slice)
             step = n
         tiny = torch.finfo(self.dtype).tiny
         w = _bit_weights(self.mask.device)
