@@ -342,6 +342,20 @@ def _bit_weights(device) -> torch.Tensor:
     return w
 
 
+def _pack_bits(m: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """A fresh 1-D uint8 tensor of 0s and 1s (changed in place) as bits, 8
+    per byte, the first element in the lowest bit; into ``out`` if given."""
+    pad = (-m.numel()) % 8
+    if pad:
+        m = torch.cat([m, m.new_zeros(pad)])
+    return torch.sum(m.view(-1, 8).mul_(_bit_weights(m.device)), 1, dtype=torch.uint8, out=out)
+
+
+def _unpack_bits(bits: torch.Tensor, n: int) -> torch.Tensor:
+    """The first ``n`` bits of ``bits`` (``_pack_bits``' layout) as a 1-D bool tensor."""
+    return bits.view(-1, 1).bitwise_and(_bit_weights(bits.device)).ne(0).view(-1)[:n]
+
+
 class _Bits:
     """A bool mask (or a tensor of zeros and one value ``value``) at one bit
     per element."""
@@ -355,12 +369,9 @@ class _Bits:
         self.shape, self.strides = tuple(src.shape), src.stride()
         self.numel, self.dtype, self.value = src.numel(), t.dtype, value
         with torch.no_grad():
-            flat = src.as_strided((self.numel,), (1,))  # memory order (src is dense)
+            flat = _flat(src)  # memory order (src is dense)
             m = (flat != 0).to(torch.uint8) if value is not None else flat.to(torch.uint8)
-            pad = (-self.numel) % 8
-            if pad:
-                m = torch.cat([m, m.new_zeros(pad)])
-            self.bits = m.view(-1, 8).mul_(_bit_weights(m.device)).sum(1, dtype=torch.uint8)
+            self.bits = _pack_bits(m)
         self.version = t._version
         self.alias = _version_alias(t)
 
@@ -371,8 +382,7 @@ class _Bits:
     def unpack(self) -> torch.Tensor:
         if self.alias._version != self.version:
             raise _inplace_error(f"{self.dtype} {list(self.shape)}", self.version, self.alias._version)
-        w = _bit_weights(self.bits.device)
-        m = self.bits.view(-1, 1).bitwise_and(w).ne(0).view(-1)[: self.numel]
+        m = _unpack_bits(self.bits, self.numel)
         out = m if self.value is None else m.to(self.dtype).mul_(self.value)
         return out.as_strided(self.shape, self.strides)  # the memory order it was read in
 
@@ -436,16 +446,11 @@ class _NormReLU:
             return  # (changed in place: unpack raises torch's error)
         flat = _flat(src)
         mask = torch.empty(self.nbytes, dtype=torch.uint8, device=src.device)
-        w = _bit_weights(src.device)
         with torch.no_grad():
             step = _slice(src.device)
             for s in range(0, self.numel, step):
                 e = min(s + step, self.numel)
-                m = flat[s:e].gt(0).to(torch.uint8)
-                pad = (-(e - s)) % 8
-                if pad:
-                    m = torch.cat([m, m.new_zeros(pad)])
-                torch.sum(m.view(-1, 8).mul_(w), 1, dtype=torch.uint8, out=mask[s // 8 : (e + 7) // 8])
+                _pack_bits(flat[s:e].gt(0).to(torch.uint8), out=mask[s // 8 : (e + 7) // 8])
         self.mask = mask
 
     def unpack(self) -> torch.Tensor:
@@ -476,7 +481,6 @@ class _NormReLU:
         if per % align or self.strides[0] != per:  # (a sample is not one aligned range: one slice)
             step = n
         tiny = torch.finfo(self.dtype).tiny
-        w = _bit_weights(self.mask.device)
         for n0 in range(0, n, step):
             n1 = min(n0 + step, n)
             s, e = n0 * per, n1 * per
@@ -485,7 +489,7 @@ class _NormReLU:
             v = torch.addcmul(self.b, x, self.a)  # float32 (a and b are)
             del x
             v.clamp_(min=tiny)
-            m = self.mask[s // 8 : (e + 7) // 8].view(-1, 1).bitwise_and(w).ne(0).view(-1)[: e - s]
+            m = _unpack_bits(self.mask[s // 8 : (e + 7) // 8], e - s)
             v.mul_(m.as_strided(shape, self.strides))
             del m
             out[n0:n1].copy_(v)

@@ -28,6 +28,20 @@ class _ConvBNReLU(nn.Module):
         return self.conv2(self.relu(self.bn(self.conv1(x))))
 
 
+@pytest.fixture
+def made(monkeypatch):
+    """The _NormReLU objects made while the test runs."""
+    made = []
+    orig = _NormReLU.__init__
+
+    def spy(self, *a, **k):
+        made.append(self)
+        orig(self, *a, **k)
+
+    monkeypatch.setattr(_NormReLU, "__init__", spy)
+    return made
+
+
 def _grads(model, x, ctx=None, autocast=True):
     model.zero_grad(set_to_none=True)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
@@ -100,7 +114,7 @@ def test_saves_bytes_and_matches_packing_gradients():
 
 
 @pytest.mark.parametrize("case", ["eval", "no_affine", "functional", "channels_last", "fp32", "odd"])
-def test_forms_of_batch_norm(case):
+def test_forms_of_batch_norm(case, made):
     torch.manual_seed(1)
     model = _ConvBNReLU(affine=case != "no_affine", inplace=case != "functional")
     shape = (4, 16, 7, 5) if case == "odd" else (4, 16, 20, 20)
@@ -127,20 +141,8 @@ def test_forms_of_batch_norm(case):
     state = {k: v.clone() for k, v in model.state_dict().items()}
     ref = _grads(model, x, autocast=autocast)
     model.load_state_dict(state)
-    ca = compressed_activations(seed=2, norm_bits=16, min_numel=64)
-    derived = []
-    orig = _NormReLU.__init__
-
-    def spy(self, *a, **k):
-        derived.append(self)
-        orig(self, *a, **k)
-
-    _NormReLU.__init__ = spy
-    try:
-        g = _grads(model, x, ca, autocast=autocast)
-    finally:
-        _NormReLU.__init__ = orig
-    assert len(derived) == 1
+    g = _grads(model, x, compressed_activations(seed=2, norm_bits=16, min_numel=64), autocast=autocast)
+    assert len(made) == 1
     for n in ref:
         assert _cos(g[n], ref[n]) > 0.99999, n
 
@@ -197,7 +199,7 @@ def test_backward_inside_block_and_option_is_checked():
             compressed_activations(recompute_relu=bad)
 
 
-def test_checkpointed_blocks_inside_are_left_to_checkpoint():
+def test_checkpointed_blocks_inside_are_left_to_checkpoint(made):
     """Inside a torch.utils.checkpoint region the checkpoint's own hooks
     save the tensors: no statistics are read there (that would unpack
     through the checkpoint during the forward), and the gradients match."""
@@ -225,49 +227,31 @@ def test_checkpointed_blocks_inside_are_left_to_checkpoint():
         return {n: p.grad.clone() for n, p in mods.named_parameters()}
 
     ref = grads(None)
-    made = []
-    orig = _NormReLU.__init__
-
-    def spy(self, *a, **k):
-        made.append(self)
-        orig(self, *a, **k)
-
-    _NormReLU.__init__ = spy
-    try:
-        got = grads(compressed_activations(seed=1, min_numel=64, norm_bits=16))
-    finally:
-        _NormReLU.__init__ = orig
+    got = grads(compressed_activations(seed=1, min_numel=64, norm_bits=16))
     assert len(made) == 1  # the outer block's ReLU; the inner one is the checkpoint's
     for n in ref:  # (the outer conv1's input, the inner block's output, is packed at 8 bits)
         assert _cos(got[n].double(), ref[n].double()) > 0.999, n
 
 
-def test_recomputed_once_per_backward_and_released():
+def test_recomputed_once_per_backward_and_released(made, monkeypatch):
     """The ReLU and the next conv both save the output: backward recomputes
     it once, hands it to both, and lets it go after the second."""
     torch.manual_seed(0)
     model = _ConvBNReLU()
     x = torch.randn(2, 16, 16, 16)
-    made, calls = [], []
-    orig_init, orig_rec = _NormReLU.__init__, _NormReLU._recompute
-
-    def spy(self, *a, **k):
-        made.append(self)
-        orig_init(self, *a, **k)
+    calls = []
+    orig_rec = _NormReLU._recompute
 
     def rec(self):
         calls.append(self)
         return orig_rec(self)
 
-    _NormReLU.__init__, _NormReLU._recompute = spy, rec
-    try:
-        with compressed_activations(seed=1, min_numel=64):
-            out = model(x)
-        (d,) = made
-        assert d.uses == 2
-        out.sum().backward(retain_graph=True)
-        assert len(calls) == 1 and d._last is None and d._left == 0
-        out.sum().backward()  # a second backward recomputes again
-        assert len(calls) == 2 and d._last is None
-    finally:
-        _NormReLU.__init__, _NormReLU._recompute = orig_init, orig_rec
+    monkeypatch.setattr(_NormReLU, "_recompute", rec)
+    with compressed_activations(seed=1, min_numel=64):
+        out = model(x)
+    (d,) = made
+    assert d.uses == 2
+    out.sum().backward(retain_graph=True)
+    assert len(calls) == 1 and d._last is None and d._left == 0
+    out.sum().backward()  # a second backward recomputes again
+    assert len(calls) == 2 and d._last is None
