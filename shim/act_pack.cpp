@@ -18,6 +18,17 @@ struct CpuBackend {
                                int64_t block, void* out, mixprec_dtype dtype, const Where&) {
     return mixprec_act_unpack(codes, scales, n, bits, block, out, dtype);
   }
+  static mixprec_status mask(const void* x, mixprec_dtype dtype, int64_t n, uint8_t* mask,
+                             const Where&) {
+    return mixprec_act_mask(x, dtype, n, mask);
+  }
+  static mixprec_status norm_relu(const uint8_t* codes, const float* scales, int64_t n,
+                                  int64_t bits, int64_t block, const float* a, const float* b,
+                                  int64_t channels, int64_t inner, const uint8_t* mask, void* out,
+                                  mixprec_dtype dtype, const Where&) {
+    return mixprec_act_unpack_norm_relu(codes, scales, n, bits, block, a, b, channels, inner, mask,
+                                        out, dtype);
+  }
 };
 
 }  // namespace
@@ -32,10 +43,21 @@ STABLE_TORCH_LIBRARY_FRAGMENT(mixprec, m) {
   // The numel values of a packed tensor as dtype, shape [numel].
   m.def("act_unpack(Tensor codes, Tensor scales, int numel, int bits, int block, "
         "ScalarType dtype) -> Tensor");
+  // The set of x's positive elements (memory order), 1 bit each.
+  m.def("act_mask(Tensor x) -> Tensor");
+  // A ReLU's output recomputed from its BatchNorm's packed input:
+  // [note: norm_relu recompute] in mixprec/act_pack.h.
+  m.def("act_unpack_norm_relu(Tensor codes, Tensor scales, Tensor a, Tensor b, Tensor mask, "
+        "int numel, int bits, int block, int inner, ScalarType dtype) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
   m.impl("act_pack", TORCH_BOX(&mixprec_shim::act_pack::act_pack_op<mixprec_shim::act_pack::CpuBackend>));
   m.impl("act_unpack",
          TORCH_BOX(&mixprec_shim::act_pack::act_unpack_op<mixprec_shim::act_pack::CpuBackend>));
+  m.impl("act_mask",
+         TORCH_BOX(&mixprec_shim::act_pack::act_mask_op<mixprec_shim::act_pack::CpuBackend>));
+  m.impl("act_unpack_norm_relu",
+         TORCH_BOX(&mixprec_shim::act_pack::act_unpack_norm_relu_op<
+                   mixprec_shim::act_pack::CpuBackend>));
 }

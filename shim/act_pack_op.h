@@ -1,9 +1,13 @@
-// The act_pack family's ops (act_pack, act_unpack), validated once for both
+// The act_pack family's ops (act_pack, act_unpack, act_mask,
+// act_unpack_norm_relu), validated once for both
 // devices: templates over a backend B (act_pack.cpp: CPU, act_pack_cuda.cpp:
 // CUDA) that only says how to run the C entry points:
 //   B::check_device(op, where)
 //   B::pack(x, dtype, n, bits, block, seed, codes, scales, device) -> mixprec_status
 //   B::unpack(codes, scales, n, bits, block, out, dtype, device) -> mixprec_status
+//   B::mask(x, dtype, n, mask, device) -> mixprec_status
+//   B::norm_relu(codes, scales, n, bits, block, a, b, channels, inner, mask, out, dtype,
+//                device) -> mixprec_status
 // Every check runs before anything is allocated or written.
 #pragma once
 
@@ -85,6 +89,90 @@ Tensor act_unpack_op(Tensor codes, Tensor scales, int64_t numel, int64_t bits, i
   check_status(B::unpack(static_cast<const uint8_t*>(codes.data_ptr()),
                          static_cast<const float*>(scales.data_ptr()), numel, bits, block,
                          out.data_ptr(), od, dev),
+               op);
+  return out;
+}
+
+// x: float32 / float16 / bfloat16, dense in memory. Returns uint8
+// [ceil(numel / 8)] on x's device: bit (i & 7) of byte i >> 3 is x's element
+// i (memory order) > 0.
+template <class B>
+Tensor act_mask_op(Tensor x) {
+  const char* op = "act_mask";
+  const mixprec_dtype xd = float_arg(op, "x", x);
+  MIXPREC_CHECK(is_dense(x), "mixprec::", op,
+                ": x must be dense in memory (contiguous, channels_last or another "
+                "permutation without gaps); call .contiguous() on it");
+  const Where dev = where(x);
+  B::check_device(op, dev);
+  const int64_t n = x.numel();
+  Tensor mask = torch::stable::new_empty(x, {(n + 7) / 8}, ScalarType::Byte);
+  if (n == 0) return mask;
+  check_status(B::mask(x.data_ptr(), xd, n, static_cast<uint8_t*>(mask.data_ptr()), dev), op);
+  return mask;
+}
+
+// A float32 1-D contiguous tensor of `channels` elements (a / b).
+inline void check_affine(const char* op, const char* name, const Tensor& t, int64_t channels) {
+  MIXPREC_CHECK(t.defined() && t.layout() == Layout::Strided &&
+                    t.scalar_type() == ScalarType::Float,
+                "mixprec::", op, ": ", name, " must be a float32 tensor");
+  MIXPREC_CHECK(t.dim() == 1 && t.numel() == channels && t.is_contiguous(), "mixprec::", op,
+                ": ", name, " must be a contiguous 1-D tensor of ", channels,
+                " elements (a's), got ", shape_str(t));
+}
+
+// [note: norm_relu recompute] in mixprec/act_pack.h: the numel values of a
+// ReLU's output recomputed from the packed BatchNorm input (codes, scales),
+// the per-channel a and b (float32 [channels], channels = a.numel() >= 1),
+// channel c of element i = (i / inner) % channels, and the ReLU's mask
+// (act_mask's uint8 [ceil(numel / 8)]). Returns dtype [numel].
+template <class B>
+Tensor act_unpack_norm_relu_op(Tensor codes, Tensor scales, Tensor a, Tensor b, Tensor mask,
+                               int64_t numel, int64_t bits, int64_t block, int64_t inner,
+                               ScalarType dtype) {
+  const char* op = "act_unpack_norm_relu";
+  check_format(op, bits, block);
+  MIXPREC_CHECK(numel >= 0, "mixprec::", op, ": numel must be >= 0, got ", numel);
+  MIXPREC_CHECK(inner >= 1, "mixprec::", op, ": inner must be >= 1, got ", inner);
+  mixprec_dtype od;
+  MIXPREC_CHECK(to_mixprec_dtype(dtype, &od), "mixprec::", op,
+                ": dtype must be float32, float16 or bfloat16, got ", dtype_name(dtype));
+  MIXPREC_CHECK(codes.defined() && codes.layout() == Layout::Strided &&
+                    codes.scalar_type() == ScalarType::Byte,
+                "mixprec::", op, ": codes must be a uint8 tensor");
+  MIXPREC_CHECK(scales.defined() && scales.layout() == Layout::Strided &&
+                    scales.scalar_type() == ScalarType::Float,
+                "mixprec::", op, ": scales must be a float32 tensor");
+  MIXPREC_CHECK(codes.dim() == 1 && codes.numel() == code_bytes(numel, bits) && codes.is_contiguous(),
+                "mixprec::", op, ": codes must be a contiguous [", code_bytes(numel, bits),
+                "] tensor for numel ", numel, " at ", bits, " bits, got ", shape_str(codes));
+  MIXPREC_CHECK(scales.dim() == 1 && scales.numel() == n_scales(numel, block) && scales.is_contiguous(),
+                "mixprec::", op, ": scales must be a contiguous [", n_scales(numel, block),
+                "] tensor for numel ", numel, " and block ", block, ", got ", shape_str(scales));
+  MIXPREC_CHECK(a.defined() && a.dim() == 1 && a.numel() >= 1, "mixprec::", op,
+                ": a must be a 1-D tensor of at least one element");
+  const int64_t channels = a.numel();
+  check_affine(op, "a", a, channels);
+  check_affine(op, "b", b, channels);
+  MIXPREC_CHECK(mask.defined() && mask.layout() == Layout::Strided &&
+                    mask.scalar_type() == ScalarType::Byte && mask.dim() == 1 &&
+                    mask.numel() == (numel + 7) / 8 && mask.is_contiguous(),
+                "mixprec::", op, ": mask must be a contiguous uint8 [", (numel + 7) / 8,
+                "] tensor for numel ", numel, ", got ", shape_str(mask));
+  const Where dev = where(codes);
+  same_device(op, "scales", scales, dev, "codes");
+  same_device(op, "a", a, dev, "codes");
+  same_device(op, "b", b, dev, "codes");
+  same_device(op, "mask", mask, dev, "codes");
+  B::check_device(op, dev);
+  Tensor out = torch::stable::new_empty(codes, {numel}, dtype);
+  if (numel == 0) return out;
+  check_status(B::norm_relu(static_cast<const uint8_t*>(codes.data_ptr()),
+                            static_cast<const float*>(scales.data_ptr()), numel, bits, block,
+                            static_cast<const float*>(a.data_ptr()),
+                            static_cast<const float*>(b.data_ptr()), channels, inner,
+                            static_cast<const uint8_t*>(mask.data_ptr()), out.data_ptr(), od, dev),
                op);
   return out;
 }

@@ -4,3 +4,4 @@
 #include "act_pack_avx2_body.h"
 
 MIXPREC__ACT_DEFINE_SIMD256(avx2)
+MIXPREC__ACT_DEFINE_EXTRA(avx2)

@@ -3,3 +3,4 @@
 #include "act_pack_avx2_body.h"
 
 MIXPREC__ACT_DEFINE_SIMD256(avx512)
+MIXPREC__ACT_DEFINE_EXTRA(avx512)

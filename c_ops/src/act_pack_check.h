@@ -37,4 +37,30 @@ MIXPREC__INLINE mixprec_status mixprec__act_check(const void *data, mixprec_dtyp
   return MIXPREC_OK;
 }
 
+/* The checks of mixprec_act_mask (and its CUDA twin), in the contract's order. */
+MIXPREC__INLINE mixprec_status mixprec__act_mask_check(const void *x, mixprec_dtype dtype, int64_t n,
+                                                       const void *mask) {
+  if (n < 0) return MIXPREC_ERR_BAD_SIZE;
+  if (mixprec_dtype_size(dtype) == 0) return MIXPREC_ERR_BAD_DTYPE;
+  if (n > 0 && (x == NULL || mask == NULL)) return MIXPREC_ERR_NULL_POINTER;
+  return MIXPREC_OK;
+}
+
+/* The checks of mixprec_act_unpack_norm_relu (and its CUDA twin). */
+MIXPREC__INLINE mixprec_status mixprec__act_norm_relu_check(const void *codes, const void *scales,
+                                                            int64_t n, int64_t bits, int64_t block,
+                                                            const void *a, const void *b,
+                                                            int64_t channels, int64_t inner,
+                                                            const void *mask, const void *out,
+                                                            mixprec_dtype dtype) {
+  if (n < 0) return MIXPREC_ERR_BAD_SIZE;
+  if (!mixprec__act_format_ok(bits, block) || channels < 1 || inner < 1)
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  if (mixprec_dtype_size(dtype) == 0) return MIXPREC_ERR_BAD_DTYPE;
+  if (n > 0 && (codes == NULL || scales == NULL || a == NULL || b == NULL || mask == NULL ||
+                out == NULL))
+    return MIXPREC_ERR_NULL_POINTER;
+  return MIXPREC_OK;
+}
+
 #endif /* MIXPREC_ACT_PACK_CHECK_H */

@@ -150,6 +150,123 @@ MIXPREC__FORCE_INLINE void mixprec__act_unpack_block(const uint8_t *codes, float
     }                                                                                            \
   }
 
+/* The other two of the family, stamped per ISA like the bodies above (the
+ * compiler vectorises their loops): mixprec__act_mask_<SUF> writes the mask
+ * bytes [k0, k1) of n elements at x ([note: norm_relu recompute]);
+ * mixprec__act_norm_relu_<SUF> turns len decoded floats v of elements
+ * [first, first + len) into the recomputed ReLU output at out (element
+ * first), with keep[j] the mask bit of element first + j (0 or 1). */
+typedef void (*mixprec__act_mask_fn)(const void *x, mixprec_dtype dtype, int64_t n, int64_t k0,
+                                     int64_t k1, uint8_t *mask);
+typedef void (*mixprec__act_norm_relu_fn)(float *v, const uint8_t *keep, const float *a,
+                                          const float *b, int64_t channels, int64_t inner,
+                                          int64_t first, int64_t len, void *out,
+                                          mixprec_dtype dtype);
+#define MIXPREC__ACT_DECLARE_EXTRA(SUF)                                                         \
+  void mixprec__act_mask_##SUF(const void *, mixprec_dtype, int64_t, int64_t, int64_t,          \
+                               uint8_t *);                                                       \
+  void mixprec__act_norm_relu_##SUF(float *, const uint8_t *, const float *, const float *,     \
+                                    int64_t, int64_t, int64_t, int64_t, void *, mixprec_dtype);
+MIXPREC__ACT_DECLARE_EXTRA(scalar)
+#if defined(MIXPREC_X86)
+MIXPREC__ACT_DECLARE_EXTRA(avx2)
+MIXPREC__ACT_DECLARE_EXTRA(avx512)
+#endif
+
+/* Mask bytes from 16-bit elements: 8 per byte, from their bits. */
+MIXPREC__FORCE_INLINE void mixprec__act_mask16(const uint16_t *h, int64_t nbytes, uint32_t top,
+                                               uint8_t *mask) {
+  for (int64_t k = 0; k < nbytes; k++) {
+    uint32_t m = 0;
+    for (int j = 0; j < 8; j++) m |= (uint32_t)((uint32_t)h[8 * k + j] - 1u < top) << j;
+    mask[k] = (uint8_t)m;
+  }
+}
+MIXPREC__FORCE_INLINE void mixprec__act_mask32(const uint32_t *u, int64_t nbytes, uint8_t *mask) {
+  for (int64_t k = 0; k < nbytes; k++) {
+    uint32_t m = 0;
+    for (int j = 0; j < 8; j++) m |= (uint32_t)(u[8 * k + j] - 1u < 0x7f800000u) << j;
+    mask[k] = (uint8_t)m;
+  }
+}
+
+/* relu(v * a + b) over a run of one channel (a, b scalars) or of
+ * consecutive channels (a, b arrays): mixprec__act_norm_relu per element. */
+MIXPREC__FORCE_INLINE void mixprec__act_nr_const(float *v, const uint8_t *keep, float a, float b,
+                                                 int64_t len, float tiny) {
+  for (int64_t j = 0; j < len; j++) v[j] = mixprec__act_norm_relu(v[j], a, b, keep[j], tiny);
+}
+MIXPREC__FORCE_INLINE void mixprec__act_nr_rows(float *v, const uint8_t *keep, const float *a,
+                                                const float *b, int64_t len, float tiny) {
+  for (int64_t j = 0; j < len; j++) v[j] = mixprec__act_norm_relu(v[j], a[j], b[j], keep[j], tiny);
+}
+
+/* len floats to BF16, nearest even; a NaN as the fixed one. */
+MIXPREC__FORCE_INLINE void mixprec__act_narrow_bf16(const float *restrict v, uint16_t *restrict h,
+                                                    int64_t len) {
+  for (int64_t j = 0; j < len; j++) {
+    uint32_t u;
+    memcpy(&u, v + j, 4);
+    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    h[j] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? MIXPREC__ACT_NAN_BF16 : r);
+  }
+}
+
+#define MIXPREC__ACT_DEFINE_EXTRA(SUF)                                                          \
+  void mixprec__act_mask_##SUF(const void *x, mixprec_dtype dtype, int64_t n, int64_t k0,       \
+                               int64_t k1, uint8_t *mask) {                                     \
+    const int64_t full = n / 8 < k1 ? n / 8 : k1; /* bytes of 8 elements */                     \
+    if (full > k0) {                                                                            \
+      if (dtype == MIXPREC_F32)                                                                 \
+        mixprec__act_mask32((const uint32_t *)x + 8 * k0, full - k0, mask + k0);                \
+      else                                                                                      \
+        mixprec__act_mask16((const uint16_t *)x + 8 * k0, full - k0,                            \
+                            dtype == MIXPREC_F16 ? 0x7c00u : 0x7f80u, mask + k0);               \
+    }                                                                                           \
+    for (int64_t k = full > k0 ? full : k0; k < k1; k++) { /* the partial last byte */          \
+      uint32_t m = 0;                                                                           \
+      for (int64_t i = 8 * k; i < n && i < 8 * k + 8; i++) {                                    \
+        const uint32_t u = dtype == MIXPREC_F32 ? ((const uint32_t *)x)[i]                      \
+                                                : ((const uint16_t *)x)[i];                     \
+        m |= (uint32_t)mixprec__act_positive(u, dtype) << (i - 8 * k);                          \
+      }                                                                                         \
+      mask[k] = (uint8_t)m;                                                                     \
+    }                                                                                           \
+  }                                                                                             \
+  void mixprec__act_norm_relu_##SUF(float *v, const uint8_t *keep, const float *a,              \
+                                    const float *b, int64_t channels, int64_t inner,            \
+                                    int64_t first, int64_t len, void *out,                      \
+                                    mixprec_dtype dtype) {                                      \
+    const float tiny = mixprec__act_tiny_of(dtype);                                             \
+    if (inner == 1) {                                                                           \
+      int64_t c = first % channels;                                                             \
+      for (int64_t i = 0; i < len;) {                                                           \
+        const int64_t run = channels - c < len - i ? channels - c : len - i;                    \
+        mixprec__act_nr_rows(v + i, keep + i, a + c, b + c, run, tiny);                         \
+        i += run;                                                                               \
+        c = 0;                                                                                  \
+      }                                                                                         \
+    } else {                                                                                    \
+      int64_t r = first % inner, c = (first / inner) % channels;                                \
+      for (int64_t i = 0; i < len;) {                                                           \
+        const int64_t run = inner - r < len - i ? inner - r : len - i;                          \
+        mixprec__act_nr_const(v + i, keep + i, a[c], b[c], run, tiny);                          \
+        i += run;                                                                               \
+        r = 0;                                                                                  \
+        c = c + 1 == channels ? 0 : c + 1;                                                      \
+      }                                                                                         \
+    }                                                                                           \
+    if (dtype == MIXPREC_F32) {                                                                 \
+      memcpy((float *)out + first, v, (size_t)len * sizeof(float));                             \
+    } else if (dtype == MIXPREC_BF16) {                                                         \
+      mixprec__act_narrow_bf16(v, (uint16_t *)out + first, len);                                \
+    } else {                                                                                    \
+      uint16_t *h = (uint16_t *)out + first;                                                    \
+      for (int64_t j = 0; j < len; j++)                                                         \
+        h[j] = v[j] != v[j] ? (uint16_t)MIXPREC__ACT_NAN_F16 : mixprec__f32_to_f16(v[j]);       \
+    }                                                                                           \
+  }
+
 /* A non-finite block's elements: the one NaN of their dtype. */
 MIXPREC__FORCE_INLINE void mixprec__act_fill_nan(void *out, mixprec_dtype dtype, int64_t first,
                                                  int64_t len) {

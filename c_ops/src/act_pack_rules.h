@@ -150,4 +150,28 @@ MIXPREC__HD float mixprec__act_decode(int32_t c, int32_t z, float s, float vmax)
   return v < -vmax ? -vmax : v;
 }
 
+/* x > 0 from its bits (a 16-bit element in the low half): +inf counts,
+ * +-0, negatives and NaN do not. */
+MIXPREC__HD int mixprec__act_positive(uint32_t u, mixprec_dtype dtype) {
+  if (dtype == MIXPREC_F32) return u - 1u < 0x7f800000u;
+  return (u & 0xffffu) - 1u < (dtype == MIXPREC_F16 ? 0x7c00u : 0x7f80u);
+}
+
+/* The dtype's smallest normal: what a kept element of a recomputed ReLU
+ * output is at least. */
+MIXPREC__HD float mixprec__act_tiny_of(mixprec_dtype dtype) {
+  return dtype == MIXPREC_F16 ? 0x1p-14f : 0x1p-126f;
+}
+
+/* [note: norm_relu recompute] One element before the rounding to the
+ * output dtype: relu(x * a + b) with the ReLU's mask given, a kept element
+ * at least tiny; a NaN comes out as MIXPREC__ACT_NAN_F32 (the caller writes
+ * the dtype's fixed NaN for it). */
+MIXPREC__HD float mixprec__act_norm_relu(float x, float a, float b, int keep, float tiny) {
+  const float v = MIXPREC__ACT_ADD(MIXPREC__ACT_MUL(x, a), b);
+  if (!keep) return 0.0f;
+  if (v != v) return mixprec__act_f32_of_bits(MIXPREC__ACT_NAN_F32);
+  return v < tiny ? tiny : v;
+}
+
 #endif /* MIXPREC_ACT_PACK_RULES_H */

@@ -17,11 +17,11 @@ import torch
 from ._library import FLOAT_DTYPES as _FLOAT
 from ._registration import _refuse_sparse, _same_device
 
-__all__ = ["act_pack", "act_unpack", "packed_nbytes", "keep_exact", "marked_exact", "BLOCK_MIN", "BLOCK_MAX"]
+__all__ = ["act_pack", "act_unpack", "act_mask", "act_unpack_norm_relu", "packed_nbytes", "keep_exact", "marked_exact", "BLOCK_MIN", "BLOCK_MAX"]
 
 BLOCK_MIN, BLOCK_MAX = 32, 4096  # MIXPREC_ACT_BLOCK_MIN / _MAX
 
-for _name in ("act_pack", "act_unpack"):
+for _name in ("act_pack", "act_unpack", "act_mask", "act_unpack_norm_relu"):
     _refuse_sparse(_name)
 
 
@@ -125,6 +125,81 @@ def _act_unpack_fake(codes, scales, numel, bits, block, dtype):
     torch._check(codes.is_contiguous(), lambda: f"mixprec::{op}: codes must be contiguous")
     torch._check(scales.is_contiguous(), lambda: f"mixprec::{op}: scales must be contiguous")
     _same_device(op, "codes", codes, ("scales", scales))
+    return codes.new_empty((numel,), dtype=dtype)
+
+
+def act_mask(x: torch.Tensor) -> torch.Tensor:
+    """The set of ``x``'s positive elements (memory order; +inf counts, +-0
+    and NaN do not) as bits: uint8 ``[ceil(numel / 8)]``, element ``i`` in
+    bit ``i % 8`` of byte ``i // 8``."""
+    return torch.ops.mixprec.act_mask.default(x)
+
+
+def act_unpack_norm_relu(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    mask: torch.Tensor,
+    numel: int,
+    bits: int,
+    block: int,
+    inner: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """A ReLU's output recomputed from its BatchNorm's packed input: element
+    ``i`` (memory order) of channel ``c = (i // inner) % a.numel()`` is
+    ``max(x_i * a[c] + b[c], tiny)`` where ``mask`` (``act_mask`` of the
+    ReLU's output) has its bit, else +0; ``x_i`` the float32 value
+    ``act_unpack`` gives. [note: norm_relu recompute] in mixprec/act_pack.h."""
+    return torch.ops.mixprec.act_unpack_norm_relu.default(codes, scales, a, b, mask, numel, bits, block, inner, dtype)
+
+
+@torch.library.register_fake("mixprec::act_mask")
+def _act_mask_fake(x):
+    op = "act_mask"
+    torch._check(x.dtype in _FLOAT, lambda: f"mixprec::{op}: x must be float32, float16 or bfloat16, got {x.dtype}")
+    torch._check(
+        _is_dense(x),
+        lambda: f"mixprec::{op}: x must be dense in memory (contiguous, channels_last or another permutation "
+        "without gaps); call .contiguous() on it",
+    )
+    return x.new_empty(((x.numel() + 7) // 8,), dtype=torch.uint8)
+
+
+@torch.library.register_fake("mixprec::act_unpack_norm_relu")
+def _act_unpack_norm_relu_fake(codes, scales, a, b, mask, numel, bits, block, inner, dtype):
+    op = "act_unpack_norm_relu"
+    _check_format(op, bits, block)
+    torch._check(numel >= 0, lambda: f"mixprec::{op}: numel must be >= 0, got {numel}")
+    torch._check(inner >= 1, lambda: f"mixprec::{op}: inner must be >= 1, got {inner}")
+    torch._check(dtype in _FLOAT, lambda: f"mixprec::{op}: dtype must be float32, float16 or bfloat16, got {dtype}")
+    torch._check(codes.dtype == torch.uint8, lambda: f"mixprec::{op}: codes must be a uint8 tensor")
+    torch._check(scales.dtype == torch.float32, lambda: f"mixprec::{op}: scales must be a float32 tensor")
+    torch._check(
+        codes.dim() == 1 and codes.shape[0] == _code_bytes(numel, bits) and codes.is_contiguous(),
+        lambda: f"mixprec::{op}: codes must be a contiguous [{_code_bytes(numel, bits)}] tensor for numel {numel} "
+        f"at {bits} bits, got {list(codes.shape)}",
+    )
+    torch._check(
+        scales.dim() == 1 and scales.shape[0] == _n_scales(numel, block) and scales.is_contiguous(),
+        lambda: f"mixprec::{op}: scales must be a contiguous [{_n_scales(numel, block)}] tensor for numel {numel} "
+        f"and block {block}, got {list(scales.shape)}",
+    )
+    torch._check(a.dim() == 1 and a.numel() >= 1, lambda: f"mixprec::{op}: a must be a 1-D tensor of at least one element")
+    for name, t in (("a", a), ("b", b)):
+        torch._check(t.dtype == torch.float32, lambda: f"mixprec::{op}: {name} must be a float32 tensor")
+        torch._check(
+            t.dim() == 1 and t.numel() == a.numel() and t.is_contiguous(),
+            lambda: f"mixprec::{op}: {name} must be a contiguous 1-D tensor of {a.numel()} elements (a's), "
+            f"got {list(t.shape)}",
+        )
+    torch._check(
+        mask.dtype == torch.uint8 and mask.dim() == 1 and mask.shape[0] == (numel + 7) // 8 and mask.is_contiguous(),
+        lambda: f"mixprec::{op}: mask must be a contiguous uint8 [{(numel + 7) // 8}] tensor for numel {numel}, "
+        f"got {list(mask.shape)}",
+    )
+    _same_device(op, "codes", codes, ("scales", scales), ("a", a), ("b", b), ("mask", mask))
     return codes.new_empty((numel,), dtype=dtype)
 
 

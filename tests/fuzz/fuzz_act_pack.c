@@ -1,6 +1,11 @@
-/* libFuzzer harness: mixprec_act_packed_size(), mixprec_act_pack() and
- * mixprec_act_unpack() (act_pack.h), the C entry points of compressed
- * activations.
+/* libFuzzer harness: mixprec_act_packed_size(), mixprec_act_pack(),
+ * mixprec_act_unpack(), mixprec_act_mask() and mixprec_act_unpack_norm_relu()
+ * (act_pack.h), the C entry points of compressed activations. The mask runs
+ * on every pack input (x's own bits: NaN payloads, +-0, infinities); the
+ * recomputed ReLU output on every valid pack's result, with fuzzed a, b
+ * (specials included), channel count, inner run length and mask, each
+ * element against the header's rule, then with a bad channel count, inner
+ * or a NULL mask (nothing written).
  *
  * One input = one of two calls, on n from 0 to past the 2^17 threading
  * limit, a dtype, 8- or 4-bit codes, a block of 32..4096 and a 64-bit seed:
@@ -357,6 +362,125 @@ static void check_round_trip(const call *c, const void *x, const float *scales, 
 }
 
 /* Pack of fuzzed data, then unpack of the result. */
+/* mixprec_act_mask of x (x's own n; with the call's NULL faults) on every
+ * configuration: bit i = x[i] > 0 from its value (NaN and +-0 give 0), the
+ * last byte's unused bits 0, nothing written on an error, x untouched. */
+static void check_mask(const call *c, const void *x, mixprec_dtype xd, int64_t n_x) {
+  const int64_t n = c->n >= 0 && c->n <= n_x ? c->n : c->n < 0 ? c->n : n_x;
+  const size_t bytes = n > 0 ? (size_t)((n + 7) / 8) : 8;
+  fz_allowed e = 0;
+  if (n < 0) e |= FZ_BIT(MIXPREC_ERR_BAD_SIZE);
+  if (n > 0 && (c->x_null || c->out_null)) e |= FZ_BIT(MIXPREC_ERR_NULL_POINTER);
+  uint8_t *poison = (uint8_t *)fz_alloc(bytes), *m0 = (uint8_t *)fz_alloc(bytes),
+          *m = (uint8_t *)fz_alloc(bytes);
+  memset(poison, 0x5b, bytes);
+  FZ_CONFIGS(cfg, n_cfg);
+  mixprec_status st0 = MIXPREC_OK;
+  FZ_FOR_EACH_CONFIG(cfg, n_cfg, k) {
+    uint8_t *o = k == 0 ? m0 : m;
+    memcpy(o, poison, bytes);
+    const mixprec_status st =
+        mixprec_act_mask(c->x_null ? NULL : x, xd, n, c->out_null ? NULL : o);
+    if (k == 0) {
+      st0 = st;
+      fz_check_status("mixprec_act_mask", st, e);
+    } else {
+      FZ_CHECK(st == st0, "mask status %d vs %d", (int)st, (int)st0);
+      if (st == MIXPREC_OK) fz_same("mask", o, m0, bytes, cfg[k], cfg[0]);
+    }
+    if (st != MIXPREC_OK) fz_unchanged("mask", poison, o, bytes, st);
+  }
+  if (st0 == MIXPREC_OK)
+    for (int64_t i = 0; i < (n > 0 ? n : 0); i++) {
+      const float v = fz_load(x, xd, i);
+      const int want = v == v && v > 0.0f;
+      FZ_CHECK(((m0[i / 8] >> (i % 8)) & 1) == want, "mask bit %lld: x 0x%x", (long long)i,
+               raw_at(x, xd, i));
+    }
+  if (st0 == MIXPREC_OK && n > 0 && n % 8)
+    FZ_CHECK((m0[n / 8] >> (n % 8)) == 0, "mask: unused bits of the last byte set");
+  free(poison);
+  free(m0);
+  free(m);
+}
+
+/* mixprec_act_unpack_norm_relu of a valid packed tensor with fuzzed a, b
+ * (specials included), channels, inner and mask, on every configuration,
+ * each element bit for bit the header's rule; then its argument faults
+ * (channels / inner < 1, NULLs) write nothing. */
+static void check_norm_relu(fz *f, const call *c, const uint8_t *codes, const float *scales) {
+  const int64_t n = c->n;
+  const int64_t channels = 1 + fz_u8(f) % 70, inner = 1 + (int64_t)(fz_u32(f) % 3000);
+  float *a = (float *)fz_alloc(4 * (size_t)channels), *b = (float *)fz_alloc(4 * (size_t)channels);
+  for (int64_t k = 0; k < channels; k++) {
+    const uint8_t m = fz_u8(f);
+    a[k] = m < 32 ? fz_special(f) : (float)fz_param(f, -8, 8);
+    b[k] = m >= 224 ? fz_special(f) : (float)fz_param(f, -8, 8);
+  }
+  const size_t mb = (size_t)((n + 7) / 8);
+  uint8_t *mask = (uint8_t *)fz_alloc(mb);
+  for (size_t k = 0; k < mb; k++) mask[k] = (uint8_t)fz_rng(f);
+  const mixprec_dtype od = (mixprec_dtype)((c->dtype + (fz_u8(f) % 3)) % 3);
+  const size_t bytes = (size_t)n * fz_dsize(od);
+  void *poison = fz_alloc(bytes), *y0 = fz_alloc(bytes), *y = fz_alloc(bytes);
+  memset(poison, 0x5b, bytes);
+  FZ_CONFIGS(cfg, n_cfg);
+  FZ_FOR_EACH_CONFIG(cfg, n_cfg, k) {
+    void *o = k == 0 ? y0 : y;
+    memcpy(o, poison, bytes);
+    const mixprec_status st = mixprec_act_unpack_norm_relu(codes, scales, n, c->bits, c->block, a,
+                                                           b, channels, inner, mask, o, od);
+    fz_check_status("mixprec_act_unpack_norm_relu", st, 0);
+    if (k > 0 && st == MIXPREC_OK) fz_same("norm_relu output", o, y0, bytes, cfg[k], cfg[0]);
+  }
+  const float tiny = od == MIXPREC_F16 ? 0x1p-14f : 0x1p-126f;
+  for (int64_t i = 0; i < n; i++) {
+    const float stored = scales[i / c->block];
+    float x;
+    if (fz_finite(scale_part(stored))) {
+      x = (float)(code_at(codes, c->bits, i) - zero_part(stored)) * scale_part(stored);
+      x = x > 0x1.fffffep127f ? 0x1.fffffep127f : x < -0x1.fffffep127f ? -0x1.fffffep127f : x;
+    } else {
+      x = fz_f32_from_bits(0x7fc00000u);
+    }
+    const int64_t ch = (i / inner) % channels;
+    volatile float prod = x * a[ch]; /* one rounding each, never fused */
+    const float v = prod + b[ch];
+    uint32_t want;
+    if (!((mask[i / 8] >> (i % 8)) & 1)) {
+      want = 0;
+    } else if (v != v) {
+      want = kFixedNan[od];
+    } else {
+      char tmp[4];
+      fz_store(tmp, od, 0, v < tiny ? tiny : v);
+      want = raw_at(tmp, od, 0);
+    }
+    const uint32_t got = raw_at(y0, od, i);
+    FZ_CHECK(got == want,
+             "norm_relu element %lld (x %a, a %a, b %a, channel %lld, dtype %d): 0x%x, want 0x%x",
+             (long long)i, (double)x, (double)a[ch], (double)b[ch], (long long)ch, (int)od, got,
+             want);
+  }
+  /* faults: nothing written */
+  static const int64_t bad_counts[] = {0, -1, INT64_MIN};
+  const int64_t bc = bad_counts[fz_u8(f) % 3];
+  const int which = fz_u8(f) % 3;
+  memcpy(y, poison, bytes);
+  const mixprec_status st = mixprec_act_unpack_norm_relu(
+      codes, scales, n, c->bits, c->block, a, b, which == 0 ? bc : channels,
+      which == 1 ? bc : inner, which == 2 ? NULL : mask, y, od);
+  FZ_CHECK(st == (which == 2 ? MIXPREC_ERR_NULL_POINTER : MIXPREC_ERR_BAD_ARGUMENT),
+           "norm_relu fault %d: status %d", which, (int)st);
+  fz_unchanged("norm_relu output", poison, y, bytes, st);
+  free(a);
+  free(b);
+  free(mask);
+  free(poison);
+  free(y0);
+  free(y);
+}
+
 static void run_pack(fz *f, call *c) {
   int64_t cb = 0, ns = 0;
   const int known = sizes(c, &cb, &ns);
@@ -423,8 +547,10 @@ static void run_pack(fz *f, call *c) {
     FZ_CHECK(!memcmp(x, x_in, (size_t)n_x * es), "pack wrote its input");
   }
 
+  if (fz_dtype_ok(c->dtype)) check_mask(c, x, xd, n_x);
   if (st0 == MIXPREC_OK && c->n > 0) {
     check_packed(c, x, codes0, scales0, cb);
+    check_norm_relu(f, c, codes0, scales0);
     /* Unpack to x's dtype and (below the threading limit, to keep inputs
      * fast) to another one, valid pointers. */
     call u = *c;

@@ -106,6 +106,46 @@ MIXPREC_API mixprec_status mixprec_act_unpack(const uint8_t *codes, const float 
                                               int64_t bits, int64_t block, void *out,
                                               mixprec_dtype dtype);
 
+/*! mixprec_act_mask() :
+ *  The set of positive elements of the n elements at x (F32, F16 or BF16) as
+ *  bits: bit (i & 7) of mask[i >> 3] is 1 exactly when x[i] > 0 (+inf
+ *  included; +-0, negatives and NaN give 0). ceil(n / 8) bytes, written
+ *  whole (the last byte's unused high bits 0). What a ReLU that follows a
+ *  BatchNorm keeps of its output: [note: norm_relu recompute].
+ *  @return : MIXPREC_OK; MIXPREC_ERR_BAD_SIZE if n < 0; MIXPREC_ERR_BAD_DTYPE;
+ *            MIXPREC_ERR_NULL_POINTER if x or mask is NULL with n > 0.
+ *            Nothing is written unless the status is OK. */
+MIXPREC_API mixprec_status mixprec_act_mask(const void *x, mixprec_dtype dtype, int64_t n,
+                                            uint8_t *mask);
+
+/*! mixprec_act_unpack_norm_relu() :
+ *  [note: norm_relu recompute] A ReLU's output recomputed from the packed
+ *  input x of the BatchNorm before it (codes, scales, n, bits, block as
+ *  mixprec_act_unpack takes them) and the bits of mixprec_act_mask of the
+ *  ReLU's output: element i (memory order), of channel c = (i / inner) %
+ *  channels, is
+ *      v = x_i * a[c] + b[c]          (two IEEE roundings, never fused)
+ *      out[i] = mask bit i ? max(v, tiny) : +0
+ *  rounded to dtype (nearest even), where x_i is the float value
+ *  mixprec_act_unpack gives for dtype F32 and tiny the dtype's smallest
+ *  normal (2^-126 for F32 / BF16, 2^-14 for F16), so every kept element
+ *  comes back positive and the ReLU's mask is exact. A NaN v (a block
+ *  holding an inf or NaN, or non-finite a / b) of a kept element gives the
+ *  dtype's one fixed NaN (as mixprec_act_unpack's non-finite blocks). inner
+ *  = H * W for an NCHW tensor, 1 for channels_last or (N, C).
+ *  a, b: `channels` floats each (a = weight * invstd, b = bias - mean * a).
+ *  @return : MIXPREC_OK; MIXPREC_ERR_BAD_SIZE if n < 0;
+ *            MIXPREC_ERR_BAD_ARGUMENT for bits, block, channels < 1 or
+ *            inner < 1; MIXPREC_ERR_BAD_DTYPE; MIXPREC_ERR_NULL_POINTER if
+ *            any pointer is NULL with n > 0. Nothing is written unless the
+ *            status is OK. */
+MIXPREC_API mixprec_status mixprec_act_unpack_norm_relu(const uint8_t *codes, const float *scales,
+                                                        int64_t n, int64_t bits, int64_t block,
+                                                        const float *a, const float *b,
+                                                        int64_t channels, int64_t inner,
+                                                        const uint8_t *mask, void *out,
+                                                        mixprec_dtype dtype);
+
 /* ---- CUDA (libmixprec_cuda) ---------------------------------------------- */
 
 /*! mixprec_cuda_act_pack() / mixprec_cuda_act_unpack() :
@@ -122,6 +162,19 @@ MIXPREC_API mixprec_status mixprec_cuda_act_pack(const void *x, mixprec_dtype dt
 MIXPREC_API mixprec_status mixprec_cuda_act_unpack(const uint8_t *codes, const float *scales,
                                                    int64_t n, int64_t bits, int64_t block,
                                                    void *out, mixprec_dtype dtype, void *stream);
+
+/*! mixprec_cuda_act_mask() / mixprec_cuda_act_unpack_norm_relu() :
+ *  As the CPU entry points, on the GPU (device pointers, one launch on
+ *  `stream`, no host synchronisation), bit for bit the CPU's output.
+ *  @return : as the CPU's; MIXPREC_ERR_BAD_ARGUMENT also for x, out, a, b
+ *            or scales not aligned to its element size; MIXPREC_ERR_CUDA if
+ *            the launch failed. */
+MIXPREC_API mixprec_status mixprec_cuda_act_mask(const void *x, mixprec_dtype dtype, int64_t n,
+                                                 uint8_t *mask, void *stream);
+MIXPREC_API mixprec_status mixprec_cuda_act_unpack_norm_relu(
+    const uint8_t *codes, const float *scales, int64_t n, int64_t bits, int64_t block,
+    const float *a, const float *b, int64_t channels, int64_t inner, const uint8_t *mask,
+    void *out, mixprec_dtype dtype, void *stream);
 
 #ifdef __cplusplus
 }

@@ -400,6 +400,12 @@ def _two_valued(t: torch.Tensor) -> torch.Tensor | None:
 # temporaries (about 10 bytes per element of the slice) stay a constant
 # whatever the batch, so they add nothing per sample to the peak. Larger on
 # a GPU, where each slice is a few kernel launches.
+def _fused_norm_relu():
+    """torch.ops.mixprec.act_unpack_norm_relu (a module attribute ``_FUSED``
+    stands in for it when set: the tests' spy)."""
+    return globals().get("_FUSED") or torch.ops.mixprec.act_unpack_norm_relu.default
+
+
 def _slice(device) -> int:
     return 1 << (22 if device.type == "cuda" else 16)
 
@@ -444,6 +450,9 @@ class _NormReLU:
         src, self.pending = self.pending, None
         if src is None or src._version != self.version:
             return  # (changed in place: unpack raises torch's error)
+        if _act_pack._is_dense(src):  # one pass in C / CUDA (act_mask: the same bits)
+            self.mask = torch.ops.mixprec.act_mask.default(src)
+            return
         flat = _flat(src)
         mask = torch.empty(self.nbytes, dtype=torch.uint8, device=src.device)
         with torch.no_grad():
@@ -470,7 +479,36 @@ class _NormReLU:
             self._last, self._left = out, self.uses - 1
         return out
 
+    def _inner(self) -> int | None:
+        """Elements per channel run in memory order: H * W (...) for a
+        contiguous tensor, 1 for channels_last or (N, C); None for another
+        layout."""
+        shape, strides = self.shape, self.strides
+        if len(shape) < 2:
+            return None
+        meta = torch.empty_strided(shape, strides, device="meta")
+        if meta.is_contiguous():
+            inner = 1
+            for d in shape[2:]:
+                inner *= d
+            return inner
+        fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(len(shape))
+        if fmt is not None and meta.is_contiguous(memory_format=fmt):
+            return 1
+        return None
+
     def _recompute(self) -> torch.Tensor:
+        src = self.src
+        if isinstance(src, _Packed):
+            src._check()
+            inner = self._inner() if src.pending is None else None
+            if inner is not None:  # one fused pass: act_unpack_norm_relu
+                a = self.a.reshape(-1).to(torch.float32).contiguous()
+                b = self.b.reshape(-1).to(torch.float32).contiguous()
+                flat = _fused_norm_relu()(
+                    src.codes, src.scales, a, b, self.mask, self.numel, src.bits, src.block, inner, self.dtype
+                )
+                return flat.as_strided(self.shape, self.strides)
         out = torch.empty_strided(self.shape, self.strides, dtype=self.dtype, device=self.mask.device)
         n = self.shape[0]
         per = self.numel // n if n else 0
