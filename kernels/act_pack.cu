@@ -12,7 +12,12 @@
  * L1/L2) to write the codes. At 4 bits a lane codes an element pair (2k,
  * 2k + 1) and writes its whole byte, so no two lanes share a byte. One
  * launch on the caller's stream, nothing synchronises, capturable in a CUDA
- * graph. */
+ * graph.
+ *
+ * The ReLU recompute ([note: norm_relu recompute]) is element-wise: act_mask
+ * has one thread per mask byte (its 8 elements, so no two threads share a
+ * byte), act_unpack_norm_relu one thread per element; both grid-strided over
+ * a grid of at most MIXPREC__ACT_EW_MAX_GRID CUDA blocks. */
 #include "act_pack_check.h"
 #include "act_pack_rules.h"
 #include "common.cuh"
@@ -21,6 +26,10 @@
 #define MIXPREC__ACT_WARPS (MIXPREC__ACT_THREADS / MIXPREC__WARP)
 /* A grid this large already fills any GPU; more blocks are grid-strided. */
 #define MIXPREC__ACT_MAX_GRID 65535
+/* The element-wise kernels' cap: 4096 * 256 threads, several times what an
+ * H100 / H200 holds at once (132 SMs * 2048); more elements are
+ * grid-strided. */
+#define MIXPREC__ACT_EW_MAX_GRID 4096
 
 namespace {
 
@@ -168,6 +177,77 @@ __global__ void __launch_bounds__(MIXPREC__ACT_THREADS)
   }
 }
 
+/* The bits of element i of x (a 16-bit element in the low half). */
+template <int D>
+MIXPREC__DEVICE uint32_t bits_at(const void *__restrict__ x, int64_t i) {
+  return D == MIXPREC_F32 ? ((const uint32_t *)x)[i] : ((const uint16_t *)x)[i];
+}
+
+/* [note: norm_relu recompute] Mask byte j (elements 8j .. 8j + 7 that
+ * exist; the others' bits 0), one thread per byte, grid-strided. */
+template <int D>
+__global__ void __launch_bounds__(MIXPREC__ACT_THREADS)
+    act_mask_kernel(const void *__restrict__ x, int64_t n, int64_t n_bytes,
+                    uint8_t *__restrict__ mask) {
+  const int64_t stride = (int64_t)gridDim.x * MIXPREC__ACT_THREADS;
+  for (int64_t j = (int64_t)blockIdx.x * MIXPREC__ACT_THREADS + threadIdx.x; j < n_bytes;
+       j += stride) {
+    const int64_t first = j * 8;
+    const int len = (int)(n - first < 8 ? n - first : 8);
+    uint32_t byte = 0;
+    for (int k = 0; k < len; k++)
+      byte |= (uint32_t)mixprec__act_positive(bits_at<D>(x, first + k), (mixprec_dtype)D) << k;
+    mask[j] = (uint8_t)byte;
+  }
+}
+
+/* One element per thread, grid-strided: x_i as act_unpack_kernel<F32> gives
+ * it (the fixed NaN for a non-finite stored scale), then
+ * mixprec__act_norm_relu with its channel's a, b and its mask bit. A NaN
+ * result is written as the dtype's fixed NaN bits (a conversion would give
+ * the hardware's NaN); any other value rounded to nearest even as put()
+ * does. block_log2 = log2(block). */
+template <int D, int BITS>
+__global__ void __launch_bounds__(MIXPREC__ACT_THREADS)
+    act_norm_relu_kernel(const uint8_t *__restrict__ codes, const float *__restrict__ scales,
+                         int64_t n, int block_log2, const float *__restrict__ a,
+                         const float *__restrict__ b, int64_t channels, int64_t inner,
+                         const uint8_t *__restrict__ mask, void *__restrict__ out) {
+  const int64_t stride = (int64_t)gridDim.x * MIXPREC__ACT_THREADS;
+  const float vmax = mixprec__act_max_of(MIXPREC_F32);
+  const float tiny = mixprec__act_tiny_of((mixprec_dtype)D);
+  for (int64_t i = (int64_t)blockIdx.x * MIXPREC__ACT_THREADS + threadIdx.x; i < n;
+       i += stride) {
+    const float stored = scales[i >> block_log2];
+    float x;
+    if (mixprec__act_scale_nonfinite(stored)) {
+      x = mixprec__act_f32_of_bits(MIXPREC__ACT_NAN_F32);
+    } else {
+      const int32_t byte = codes[BITS == 8 ? i : i >> 1];
+      const int32_t c = BITS == 8 ? byte : (i & 1) ? byte >> 4 : byte & 15;
+      x = mixprec__act_decode(c, mixprec__act_zero_of(stored), mixprec__act_scale_of(stored),
+                              vmax);
+    }
+    const int64_t ch = (inner == 1 ? i : i / inner) % channels;
+    const int keep = (mask[i >> 3] >> (i & 7)) & 1;
+    const float f = mixprec__act_norm_relu(x, a[ch], b[ch], keep, tiny);
+    if (f != f) {
+      if (D == MIXPREC_F32)
+        ((uint32_t *)out)[i] = MIXPREC__ACT_NAN_F32;
+      else
+        ((uint16_t *)out)[i] = D == MIXPREC_F16 ? MIXPREC__ACT_NAN_F16 : MIXPREC__ACT_NAN_BF16;
+    } else {
+      put<D>(out, i, f);
+    }
+  }
+}
+
+/* Enough CUDA blocks for one thread per item (element or mask byte), capped. */
+unsigned ew_grid_for(int64_t items) {
+  const int64_t g = (items + MIXPREC__ACT_THREADS - 1) / MIXPREC__ACT_THREADS;
+  return (unsigned)(g < MIXPREC__ACT_EW_MAX_GRID ? g : MIXPREC__ACT_EW_MAX_GRID);
+}
+
 /* Enough CUDA blocks for one warp per quantisation block, capped. */
 unsigned grid_for(int64_t n_blocks) {
   const int64_t g = (n_blocks + MIXPREC__ACT_WARPS - 1) / MIXPREC__ACT_WARPS;
@@ -223,6 +303,46 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_act_unpack(const uint8_t *cod
     else
       act_unpack_kernel<D, 4><<<grid, MIXPREC__ACT_THREADS, 0, s>>>(codes, scales, n, block,
                                                                      n_blocks, out);
+  });
+  return mixprec__cuda_launch_status();
+}
+
+extern "C" MIXPREC_API mixprec_status mixprec_cuda_act_mask(const void *x, mixprec_dtype dtype,
+                                                            int64_t n, uint8_t *mask,
+                                                            void *stream) {
+  const mixprec_status st = mixprec__act_mask_check(x, dtype, n, mask);
+  if (st != MIXPREC_OK || n == 0) return st;
+  if ((uintptr_t)x % (uintptr_t)mixprec_dtype_size(dtype) != 0) return MIXPREC_ERR_BAD_ARGUMENT;
+  const int64_t n_bytes = n / 8 + (n % 8 != 0);
+  const unsigned grid = ew_grid_for(n_bytes);
+  const cudaStream_t s = (cudaStream_t)stream;
+  MIXPREC__DISPATCH(dtype, D, {
+    act_mask_kernel<D><<<grid, MIXPREC__ACT_THREADS, 0, s>>>(x, n, n_bytes, mask);
+  });
+  return mixprec__cuda_launch_status();
+}
+
+extern "C" MIXPREC_API mixprec_status mixprec_cuda_act_unpack_norm_relu(
+    const uint8_t *codes, const float *scales, int64_t n, int64_t bits, int64_t block,
+    const float *a, const float *b, int64_t channels, int64_t inner, const uint8_t *mask,
+    void *out, mixprec_dtype dtype, void *stream) {
+  const mixprec_status st = mixprec__act_norm_relu_check(codes, scales, n, bits, block, a, b,
+                                                         channels, inner, mask, out, dtype);
+  if (st != MIXPREC_OK || n == 0) return st;
+  if (misaligned(out, dtype, scales) || (uintptr_t)a % sizeof(float) != 0 ||
+      (uintptr_t)b % sizeof(float) != 0)
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  int block_log2 = 0;
+  while (((int64_t)1 << block_log2) < block) block_log2++;  /* block: a power of two */
+  const unsigned grid = ew_grid_for(n);
+  const cudaStream_t s = (cudaStream_t)stream;
+  MIXPREC__DISPATCH(dtype, D, {
+    if (bits == 8)
+      act_norm_relu_kernel<D, 8><<<grid, MIXPREC__ACT_THREADS, 0, s>>>(
+          codes, scales, n, block_log2, a, b, channels, inner, mask, out);
+    else
+      act_norm_relu_kernel<D, 4><<<grid, MIXPREC__ACT_THREADS, 0, s>>>(
+          codes, scales, n, block_log2, a, b, channels, inner, mask, out);
   });
   return mixprec__cuda_launch_status();
 }

@@ -25,6 +25,20 @@ struct CudaBackend {
     return mixprec_cuda_act_unpack(codes, scales, n, bits, block, out, dtype,
                                    current_cuda_stream("act_unpack", w.index));
   }
+  static mixprec_status mask(const void* x, mixprec_dtype dtype, int64_t n, uint8_t* mask,
+                             const Where& w) {
+    torch::stable::accelerator::DeviceGuard guard(w.index);
+    return mixprec_cuda_act_mask(x, dtype, n, mask, current_cuda_stream("act_mask", w.index));
+  }
+  static mixprec_status norm_relu(const uint8_t* codes, const float* scales, int64_t n,
+                                  int64_t bits, int64_t block, const float* a, const float* b,
+                                  int64_t channels, int64_t inner, const uint8_t* mask, void* out,
+                                  mixprec_dtype dtype, const Where& w) {
+    torch::stable::accelerator::DeviceGuard guard(w.index);
+    return mixprec_cuda_act_unpack_norm_relu(
+        codes, scales, n, bits, block, a, b, channels, inner, mask, out, dtype,
+        current_cuda_stream("act_unpack_norm_relu", w.index));
+  }
 };
 
 }  // namespace
@@ -36,4 +50,6 @@ STABLE_TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
   using B = ap::CudaBackend;
   m.impl("act_pack", TORCH_BOX(&ap::act_pack_op<B>));
   m.impl("act_unpack", TORCH_BOX(&ap::act_unpack_op<B>));
+  m.impl("act_mask", TORCH_BOX(&ap::act_mask_op<B>));
+  m.impl("act_unpack_norm_relu", TORCH_BOX(&ap::act_unpack_norm_relu_op<B>));
 }

@@ -1,6 +1,7 @@
-// mixprec_cuda_act_pack / _unpack against their CPU twins: codes and scales
-// byte for byte, unpacked values bit for bit (the format fixes every bit,
-// NaNs included: [note: act_pack format]). Built only with CUDA
+// mixprec_cuda_act_pack / _unpack / _act_mask / _act_unpack_norm_relu
+// against their CPU twins: codes, scales and masks byte for byte, unpacked
+// and recomputed values bit for bit (the format fixes every bit, NaNs
+// included: [note: act_pack format]). Built only with CUDA
 // (MIXPREC_TEST_CUDA); every test skips itself without a device.
 #ifdef MIXPREC_TEST_CUDA
 
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -443,6 +445,532 @@ TEST_F(ActPackCudaTest, StatusesMatchCpu) {
   // Only the codes + 1 calls wrote codes: byte 0 keeps its poison.
   uint8_t first = 0;
   ASSERT_EQ(cudaMemcpy(&first, dcodes.p, 1, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(first, 0x77);
+}
+
+
+// ---- [note: norm_relu recompute]: act_mask / act_unpack_norm_relu ----------
+
+int64_t mask_bytes(int64_t n) { return n / 8 + (n % 8 != 0); }
+
+// Mask bytes as the CPU's against the GPU's: the first mask_bytes(n) equal,
+// the poisoned bytes after them untouched.
+void expect_mask_equal(const std::vector<uint8_t> &got, const std::vector<uint8_t> &want,
+                       int64_t n, uint8_t poison, const std::string &what) {
+  const size_t nb = size_t(mask_bytes(n));
+  ASSERT_GE(got.size(), nb) << what;
+  EXPECT_EQ(count_byte_mismatches(std::vector<uint8_t>(got.begin(), got.begin() + long(nb)), want,
+                                  what + " mask"),
+            0)
+      << what;
+  for (size_t i = nb; i < got.size(); i++)
+    if (got[i] != poison) {
+      ADD_FAILURE() << what << ": byte " << i << " after the mask's " << nb << " was written";
+      break;
+    }
+}
+
+// Every special class of each dtype: +-0, +-inf, NaNs of both signs, the
+// smallest and largest subnormals and normals of both signs.
+std::vector<uint32_t> special_bits(mixprec_dtype dt) {
+  if (dt == MIXPREC_F32)
+    return {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u,
+            0x7f800001u, 0xff800001u, 0x7fffffffu, 0xffffffffu, 0x00000001u, 0x80000001u,
+            0x007fffffu, 0x807fffffu, 0x00800000u, 0x80800000u, 0x7f7fffffu, 0xff7fffffu,
+            0x3f800000u, 0xbf800000u};
+  if (dt == MIXPREC_F16)
+    return {0x0000u, 0x8000u, 0x7c00u, 0xfc00u, 0x7e00u, 0xfe00u, 0x7c01u, 0xfc01u,
+            0x7fffu, 0xffffu, 0x0001u, 0x8001u, 0x03ffu, 0x83ffu, 0x0400u, 0x8400u,
+            0x7bffu, 0xfbffu, 0x3c00u, 0xbc00u};
+  return {0x0000u, 0x8000u, 0x7f80u, 0xff80u, 0x7fc0u, 0xffc0u, 0x7f81u, 0xff81u,
+          0x7fffu, 0xffffu, 0x0001u, 0x8001u, 0x007fu, 0x807fu, 0x0080u, 0x8080u,
+          0x7f7fu, 0xff7fu, 0x3f80u, 0xbf80u};
+}
+
+class ActMaskCuda : public ActPackCudaTest,
+                    public ::testing::WithParamInterface<mixprec_dtype> {
+ protected:
+  // The mask of x on the CPU and on the GPU (poisoned, 4 bytes to spare).
+  // On the device x is followed by 8 positive elements, which must not show
+  // in the last byte's unused bits.
+  void check_mask(Buf &x, const std::string &what) {
+    const int64_t n = x.numel();
+    std::vector<uint8_t> want(size_t(mask_bytes(n)), 0x3c), got(size_t(mask_bytes(n)) + 4);
+    ASSERT_EQ(mixprec_act_mask(x.data(), x.dtype(), n, want.data()), MIXPREC_OK) << what;
+    Buf padded(x.dtype(), n + 8);
+    for (int64_t i = 0; i < n + 8; i++) {
+      if (i < n) padded.set_raw(i, x.raw(i));
+      else padded.set_value(i, 1.0f);
+    }
+    Dev dx(padded.data(), nbytes(padded)), dm(got.size());
+    ASSERT_EQ(cudaMemsetAsync(dm.p, 0xa5, dm.bytes, stream_), cudaSuccess);
+    ASSERT_EQ(mixprec_cuda_act_mask(dx.p, x.dtype(), n, static_cast<uint8_t *>(dm.p), stream_),
+              MIXPREC_OK)
+        << what;
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess) << what;
+    dm.to_host(got.data());
+    expect_mask_equal(got, want, n, 0xa5, what);
+  }
+};
+
+// Sizes around multiples of 8, random finite bits with the special classes
+// sprinkled in (so some bytes mix them), and every 16-bit pattern.
+TEST_P(ActMaskCuda, MatchesCpu) {
+  const mixprec_dtype dt = GetParam();
+  std::mt19937 rng(mpt::kSeed + 89 + uint32_t(dt));
+  const std::vector<uint32_t> specials = special_bits(dt);
+  std::uniform_int_distribution<size_t> pick(0, specials.size() - 1);
+  for (int64_t n : {1, 2, 7, 8, 9, 15, 16, 17, 63, 255, 257, 1001, 4099, 100003}) {
+    Buf x(dt, n);
+    mpt::fill_random(x, rng);
+    for (int64_t i = 0; i < n; i++)
+      if (rng() % 4 == 0) x.set_raw(i, specials[pick(rng)]);
+    check_mask(x, std::string(mpt::dtype_name(dt)) + " n " + std::to_string(n));
+    if (HasFatalFailure()) return;
+  }
+  // Every special at every bit position of a byte.
+  {
+    const int64_t n = int64_t(specials.size()) * 8 + 3;
+    Buf x(dt, n);
+    for (int64_t i = 0; i < n; i++) x.set_raw(i, specials[size_t(i / 8 + i) % specials.size()]);
+    check_mask(x, std::string(mpt::dtype_name(dt)) + " specials");
+  }
+  // Every 16-bit pattern (for F32, the same patterns in the high half and
+  // in the low half).
+  {
+    const int64_t n = 65536 + 5;
+    Buf x(dt, n);
+    for (int64_t i = 0; i < n; i++) {
+      const uint32_t h = uint32_t(i & 0xffff);
+      x.set_raw(i, dt == MIXPREC_F32 ? ((i & 1) ? h << 16 : h | (h << 16)) : h);
+    }
+    check_mask(x, std::string(mpt::dtype_name(dt)) + " all 16-bit patterns");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, ActMaskCuda,
+                         ::testing::Values(MIXPREC_F32, MIXPREC_F16, MIXPREC_BF16),
+                         [](const ::testing::TestParamInfo<mixprec_dtype> &info) {
+                           return std::string(mpt::dtype_name(info.param));
+                         });
+
+// A BatchNorm's a (= weight * invstd) and b (= bias - mean * a) for
+// `channels` channels; with `special`, channel 1 has a = +inf, channel 2
+// b = NaN, channel 3 a = 1e6 (an F16 output overflows), channel 4 a = 0 and
+// b tiny (kept elements below the dtype's smallest normal), channel 5
+// b = -inf.
+void make_affine(int64_t channels, bool special, std::mt19937 &rng, std::vector<float> &a,
+                 std::vector<float> &b) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  a.assign(size_t(channels), 0.0f);
+  b.assign(size_t(channels), 0.0f);
+  for (int64_t c = 0; c < channels; c++) {
+    a[size_t(c)] = std::ldexp(normal(rng), int(rng() % 9) - 4);
+    b[size_t(c)] = normal(rng);
+  }
+  if (!special) return;
+  if (channels > 1) a[1] = std::numeric_limits<float>::infinity();
+  if (channels > 2) b[2] = std::numeric_limits<float>::quiet_NaN();
+  if (channels > 3) a[3] = 1e6f;
+  if (channels > 4) {
+    a[4] = 0.0f;
+    b[4] = 1e-30f;
+  }
+  if (channels > 5) b[5] = -std::numeric_limits<float>::infinity();
+}
+
+// The recompute of (codes, scales) with a, b and mask on the CPU and the
+// GPU (output poisoned: every element must be written), bit for bit.
+void check_norm_relu(cudaStream_t stream, const std::vector<uint8_t> &codes,
+                     const std::vector<float> &scales, int64_t n, int64_t bits, int64_t block, const std::vector<float> &a,
+                     const std::vector<float> &b, int64_t inner,
+                     const std::vector<uint8_t> &mask, mixprec_dtype od,
+                     const std::string &what) {
+  const int64_t channels = int64_t(a.size());
+  Buf cpu(od, n), gpu(od, n);
+  ASSERT_EQ(mixprec_act_unpack_norm_relu(codes.data(), scales.data(), n, bits, block, a.data(),
+                                         b.data(), channels, inner, mask.data(), cpu.data(),
+                                         od),
+            MIXPREC_OK)
+      << what;
+  Dev dc(codes.data(), codes.size()), ds(scales.data(), scales.size() * sizeof(float)),
+      da(a.data(), a.size() * sizeof(float)), db(b.data(), b.size() * sizeof(float)),
+      dm(mask.data(), mask.size()), dout(nbytes(gpu));
+  ASSERT_EQ(cudaMemsetAsync(dout.p, 0xa5, dout.bytes, stream), cudaSuccess);
+  ASSERT_EQ(mixprec_cuda_act_unpack_norm_relu(
+                static_cast<const uint8_t *>(dc.p), static_cast<const float *>(ds.p), n, bits,
+                block, static_cast<const float *>(da.p), static_cast<const float *>(db.p),
+                channels, inner, static_cast<const uint8_t *>(dm.p), dout.p, od, stream),
+            MIXPREC_OK)
+      << what;
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess) << what;
+  dout.to_host(gpu.data());
+  EXPECT_EQ(count_value_mismatches(gpu, cpu, what), 0) << what;
+}
+
+class NormReluCuda : public ActPackCudaTest,
+                     public ::testing::WithParamInterface<std::tuple<mixprec_dtype, int>> {};
+
+// Packed BatchNorm inputs (signed data with zeros, -0, subnormals, a NaN /
+// +inf / -inf block), random masks (bits past n random too), NCHW-like
+// inner = 7 * 7 and inner = 1 with 3 to 64 channels, sizes that are not
+// multiples of 8, of the block or of channels * inner; plain and special
+// a / b. Output dtype = packed dtype, as the torch face uses it, and F32.
+TEST_P(NormReluCuda, MatchesCpu) {
+  const mixprec_dtype dt = std::get<0>(GetParam());
+  const int64_t bits = std::get<1>(GetParam());
+  std::mt19937 rng(mpt::kSeed + 97 + 10 * uint32_t(dt) + uint32_t(bits));
+  struct Shape {
+    int64_t channels, inner, n;
+  };
+  const Shape shapes[] = {
+      {3, 49, 3 * 49 * 5},        {7, 49, 7 * 49 * 3},  {64, 49, 64 * 49 * 2 + 13},
+      {3, 1, 1001},               {17, 1, 17 * 61},     {64, 1, 64 * 33 + 5},
+      {5, 7, 1},                  {5, 7, 9},            {6, 3, 31},
+  };
+  for (int64_t block : {32, 256})
+    for (const Shape &sh : shapes)
+      for (int special = 0; special < 2; special++) {
+        const int64_t n = sh.n;
+        Buf x = make(dt, n, Data::kSigned, rng);
+        if (special) add_nonfinite(x, block);
+        const Sizes sz = packed_size(n, bits, block);
+        std::vector<uint8_t> codes(size_t(sz.code_bytes));
+        std::vector<float> scales(size_t(sz.n_scales));
+        ASSERT_EQ(mixprec_act_pack(x.data(), dt, n, bits, block, 11u + uint64_t(n), codes.data(),
+                                   scales.data()),
+                  MIXPREC_OK);
+        std::vector<float> a, b;
+        make_affine(sh.channels, special != 0, rng, a, b);
+        std::vector<uint8_t> mask(size_t(mask_bytes(n)));
+        for (uint8_t &m : mask) m = uint8_t(rng());
+        for (mixprec_dtype od : {dt, MIXPREC_F32}) {
+          if (od == MIXPREC_F32 && dt == MIXPREC_F32 && special) continue;
+          const std::string what = std::string(mpt::dtype_name(dt)) + "->" +
+                                   mpt::dtype_name(od) + " bits " + std::to_string(bits) +
+                                   " block " + std::to_string(block) + " C " +
+                                   std::to_string(sh.channels) + " inner " +
+                                   std::to_string(sh.inner) + " n " + std::to_string(n) +
+                                   (special ? " special" : "");
+          check_norm_relu(stream_, codes, scales, n, bits, block, a, b, sh.inner, mask, od, what);
+          if (HasFatalFailure()) return;
+        }
+      }
+}
+
+// The mask of a real ReLU(BatchNorm) output, as the torch face makes it:
+// every kept element must come back positive, every other +0.
+TEST_P(NormReluCuda, MaskOfReluOutputMatchesCpu) {
+  const mixprec_dtype dt = std::get<0>(GetParam());
+  const int64_t bits = std::get<1>(GetParam()), block = 256, channels = 16, inner = 49;
+  const int64_t n = channels * inner * 3 + 7;
+  std::mt19937 rng(mpt::kSeed + 101 + 10 * uint32_t(dt) + uint32_t(bits));
+  Buf x = make(dt, n, Data::kSigned, rng);
+  std::vector<float> a, b;
+  make_affine(channels, false, rng, a, b);
+  Buf y(dt, n);
+  for (int64_t i = 0; i < n; i++) {
+    const size_t c = size_t((i / inner) % channels);
+    y.set_value(i, x.value(i) * a[c] + b[c]);
+  }
+  std::vector<uint8_t> mask(size_t(mask_bytes(n)));
+  ASSERT_EQ(mixprec_act_mask(y.data(), dt, n, mask.data()), MIXPREC_OK);
+  const Sizes sz = packed_size(n, bits, block);
+  std::vector<uint8_t> codes(size_t(sz.code_bytes));
+  std::vector<float> scales(size_t(sz.n_scales));
+  ASSERT_EQ(mixprec_act_pack(x.data(), dt, n, bits, block, 3u, codes.data(), scales.data()),
+            MIXPREC_OK);
+  check_norm_relu(stream_, codes, scales, n, bits, block, a, b, inner, mask, dt,
+                  std::string(mpt::dtype_name(dt)) + " relu mask");
+}
+
+INSTANTIATE_TEST_SUITE_P(DtypesBits, NormReluCuda,
+                         ::testing::Combine(::testing::Values(MIXPREC_F32, MIXPREC_F16,
+                                                              MIXPREC_BF16),
+                                            ::testing::Values(8, 4)),
+                         param_name);
+
+// Any code and scale bits (NaN, inf, subnormal, huge scales) recompute to
+// the CPU's bits.
+TEST_F(ActPackCudaTest, NormReluOfArbitraryBitsMatchesCpu) {
+  std::mt19937 rng(mpt::kSeed + 103);
+  std::uniform_int_distribution<uint32_t> u32;
+  for (int64_t bits : {8, 4})
+    for (int64_t block : {32, 256}) {
+      const int64_t n = 3 * block + 33, channels = 5, inner = 7;
+      const Sizes sz = packed_size(n, bits, block);
+      std::vector<uint8_t> codes(size_t(sz.code_bytes));
+      for (uint8_t &c : codes) c = uint8_t(u32(rng));
+      std::vector<float> scales(size_t(sz.n_scales));
+      for (float &s : scales) s = mpt::f32_from_bits(u32(rng));
+      scales[0] = mpt::f32_from_bits(0x7f800000u);
+      scales[1] = mpt::f32_from_bits((u32(rng) & 0x807fffffu));  // subnormal or zero
+      scales[2] = mpt::f32_from_bits((u32(rng) & 0x807fffffu) | 0x7f000000u);  // huge
+      std::vector<float> a, b;
+      make_affine(channels, false, rng, a, b);
+      std::vector<uint8_t> mask(size_t(mask_bytes(n)));
+      for (uint8_t &m : mask) m = uint8_t(u32(rng));
+      for (mixprec_dtype od : kDtypes) {
+        check_norm_relu(stream_, codes, scales, n, bits, block, a, b, inner, mask, od,
+                        "arbitrary bits " + std::to_string(bits) + "/" + std::to_string(block) +
+                            " to " + mpt::dtype_name(od));
+        if (HasFatalFailure()) return;
+      }
+    }
+}
+
+// More elements (and mask bytes) than the capped grid (4096 blocks of 256
+// threads) has threads: the grid-stride loops.
+TEST_F(ActPackCudaTest, MaskAndNormReluGridStrideMatchCpu) {
+  std::mt19937 rng(mpt::kSeed + 107);
+  {
+    const int64_t n = int64_t(4096) * 256 * 8 + 8 * 1000 + 5;
+    Buf x(MIXPREC_BF16, n);
+    std::uniform_int_distribution<uint32_t> u32;
+    for (int64_t i = 0; i < n; i++) x.set_raw(i, u32(rng) & 0xffffu);
+    std::vector<uint8_t> want(size_t(mask_bytes(n))), got(want.size() + 4);
+    ASSERT_EQ(mixprec_act_mask(x.data(), MIXPREC_BF16, n, want.data()), MIXPREC_OK);
+    Dev dx(x.data(), nbytes(x)), dm(got.size());
+    ASSERT_EQ(cudaMemsetAsync(dm.p, 0xa5, dm.bytes, stream_), cudaSuccess);
+    ASSERT_EQ(mixprec_cuda_act_mask(dx.p, MIXPREC_BF16, n, static_cast<uint8_t *>(dm.p), stream_),
+              MIXPREC_OK);
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    dm.to_host(got.data());
+    expect_mask_equal(got, want, n, 0xa5, "grid stride mask");
+  }
+  {
+    const int64_t n = int64_t(4096) * 256 + 3000 + 3, bits = 4, block = 256, channels = 64;
+    Buf x = make(MIXPREC_F16, n, Data::kSigned, rng);
+    const Sizes sz = packed_size(n, bits, block);
+    std::vector<uint8_t> codes(size_t(sz.code_bytes));
+    std::vector<float> scales(size_t(sz.n_scales));
+    ASSERT_EQ(mixprec_act_pack(x.data(), MIXPREC_F16, n, bits, block, 9u, codes.data(),
+                               scales.data()),
+              MIXPREC_OK);
+    std::vector<float> a, b;
+    make_affine(channels, true, rng, a, b);
+    std::vector<uint8_t> mask(size_t(mask_bytes(n)));
+    for (uint8_t &m : mask) m = uint8_t(rng());
+    check_norm_relu(stream_, codes, scales, n, bits, block, a, b, 14 * 14, mask, MIXPREC_F16,
+                    "grid stride norm_relu");
+  }
+}
+
+// Mask then recompute captured in a CUDA graph and replayed twice: the
+// eager CPU calls' bits.
+TEST_F(ActPackCudaTest, MaskAndNormReluGraphCaptureMatchesCpu) {
+  std::mt19937 rng(mpt::kSeed + 109);
+  const int64_t n = 5 * 256 + 3, bits = 8, block = 256, channels = 6, inner = 9;
+  Buf x = make(MIXPREC_BF16, n, Data::kSigned, rng);
+  const Sizes sz = packed_size(n, bits, block);
+  std::vector<uint8_t> codes(size_t(sz.code_bytes));
+  std::vector<float> scales(size_t(sz.n_scales));
+  ASSERT_EQ(mixprec_act_pack(x.data(), MIXPREC_BF16, n, bits, block, 5u, codes.data(),
+                             scales.data()),
+            MIXPREC_OK);
+  std::vector<float> a, b;
+  make_affine(channels, false, rng, a, b);
+  std::vector<uint8_t> mask(size_t(mask_bytes(n))), gmask(mask.size());
+  ASSERT_EQ(mixprec_act_mask(x.data(), MIXPREC_BF16, n, mask.data()), MIXPREC_OK);
+  Buf want(MIXPREC_BF16, n), got(MIXPREC_BF16, n);
+  ASSERT_EQ(mixprec_act_unpack_norm_relu(codes.data(), scales.data(), n, bits, block, a.data(),
+                                         b.data(), channels, inner, mask.data(), want.data(),
+                                         MIXPREC_BF16),
+            MIXPREC_OK);
+  Dev dx(x.data(), nbytes(x)), dc(codes.data(), codes.size()),
+      ds(scales.data(), scales.size() * sizeof(float)), da(a.data(), a.size() * sizeof(float)),
+      db(b.data(), b.size() * sizeof(float)), dm(mask.size()), dout(nbytes(got));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const mixprec_status st1 =
+      mixprec_cuda_act_mask(dx.p, MIXPREC_BF16, n, static_cast<uint8_t *>(dm.p), stream_);
+  const mixprec_status st2 = mixprec_cuda_act_unpack_norm_relu(
+      static_cast<const uint8_t *>(dc.p), static_cast<const float *>(ds.p), n, bits, block,
+      static_cast<const float *>(da.p), static_cast<const float *>(db.p), channels, inner,
+      static_cast<const uint8_t *>(dm.p), dout.p, MIXPREC_BF16, stream_);
+  ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
+  EXPECT_EQ(st1, MIXPREC_OK);
+  EXPECT_EQ(st2, MIXPREC_OK);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int rep = 0; rep < 2; rep++) ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  dm.to_host(gmask.data());
+  dout.to_host(got.data());
+  EXPECT_EQ(count_byte_mismatches(gmask, mask, "graph mask"), 0);
+  EXPECT_EQ(count_value_mismatches(got, want, "graph norm_relu"), 0);
+}
+
+// The CPU's status for every bad argument, nothing written (the outputs
+// keep their poison), n == 0 with NULL pointers, and misaligned x / out /
+// scales / a / b refused with MIXPREC_ERR_BAD_ARGUMENT (codes and mask need
+// no alignment).
+TEST_F(ActPackCudaTest, MaskAndNormReluStatusesMatchCpu) {
+  const int64_t n = 100;
+  const mixprec_dtype bad_dtype = static_cast<mixprec_dtype>(3);  // in the enum's range, unknown
+  std::vector<float> hx(n + 1, 1.0f), hscales(8, 0.5f), ha(8, 1.0f), hb(8, 0.0f),
+      hout(n + 1, 7.0f);
+  std::vector<uint8_t> hcodes(n + 8, 3), hmask(n / 8 + 8, 0xffu);
+  std::vector<uint8_t> hmask_out(hmask.size(), 0x77);
+  Dev dx(hx.data(), hx.size() * sizeof(float)), dcodes(hcodes.data(), hcodes.size()),
+      dscales(hscales.data(), hscales.size() * sizeof(float)),
+      da(ha.data(), ha.size() * sizeof(float)), db(hb.data(), hb.size() * sizeof(float)),
+      dmask(hmask.data(), hmask.size()), dmask_out(hmask.size()), dout((n + 1) * sizeof(float));
+  std::vector<uint8_t> poison(dout.bytes, 0x77);
+  ASSERT_EQ(cudaMemcpy(dout.p, poison.data(), dout.bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dmask_out.p, poison.data(), dmask_out.bytes, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  auto expect_poisoned = [&](const std::string &what) {
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess) << what;
+    std::vector<uint8_t> o(dout.bytes), m(dmask_out.bytes);
+    dout.to_host(o.data());
+    dmask_out.to_host(m.data());
+    EXPECT_EQ(o, std::vector<uint8_t>(o.size(), 0x77)) << what << ": out written";
+    EXPECT_EQ(m, std::vector<uint8_t>(m.size(), 0x77)) << what << ": mask written";
+  };
+
+  struct MaskCase {
+    const char *what;
+    bool null_x, null_mask;
+    mixprec_dtype dtype;
+    int64_t n;
+  };
+  const MaskCase mask_cases[] = {
+      {"n < 0", false, false, MIXPREC_F32, -1},
+      {"bad dtype", false, false, bad_dtype, n},
+      {"NULL x", true, false, MIXPREC_F32, n},
+      {"NULL mask", false, true, MIXPREC_F16, n},
+      {"n < 0 and bad dtype", false, false, bad_dtype, -3},
+      {"bad dtype and NULL", true, true, bad_dtype, n},
+      {"n < 0 and NULL", true, true, MIXPREC_F32, -1},
+      {"n 0 all NULL", true, true, MIXPREC_BF16, 0},
+      {"n 0 bad dtype", true, true, bad_dtype, 0},
+  };
+  for (const MaskCase &c : mask_cases) {
+    std::vector<uint8_t> hm(hmask_out);
+    const mixprec_status cpu = mixprec_act_mask(c.null_x ? nullptr : hx.data(), c.dtype, c.n,
+                                                c.null_mask ? nullptr : hm.data());
+    const mixprec_status gpu =
+        mixprec_cuda_act_mask(c.null_x ? nullptr : dx.p, c.dtype, c.n,
+                              c.null_mask ? nullptr : static_cast<uint8_t *>(dmask_out.p),
+                              stream_);
+    EXPECT_EQ(gpu, cpu) << "mask: " << c.what;
+    if (c.n != 0) EXPECT_NE(cpu, MIXPREC_OK) << "mask: " << c.what;
+    EXPECT_EQ(hm, hmask_out) << "mask: " << c.what << ": the CPU wrote its mask";
+  }
+  expect_poisoned("mask statuses");
+
+  enum Null { kNone = 0, kCodes = 1, kScales = 2, kA = 4, kB = 8, kMask = 16, kOut = 32, kAll = 63 };
+  struct NrCase {
+    const char *what;
+    int nulls;
+    mixprec_dtype dtype;
+    int64_t n, bits, block, channels, inner;
+  };
+  const NrCase nr_cases[] = {
+      {"n < 0", kNone, MIXPREC_F32, -1, 8, 256, 3, 7},
+      {"bits 6", kNone, MIXPREC_F32, n, 6, 256, 3, 7},
+      {"bits 0", kNone, MIXPREC_F32, n, 0, 256, 3, 7},
+      {"block 16", kNone, MIXPREC_F32, n, 8, 16, 3, 7},
+      {"block 48", kNone, MIXPREC_F32, n, 8, 48, 3, 7},
+      {"block 8192", kNone, MIXPREC_F32, n, 4, 8192, 3, 7},
+      {"channels 0", kNone, MIXPREC_F32, n, 8, 32, 0, 7},
+      {"channels -1", kNone, MIXPREC_F16, n, 8, 32, -1, 7},
+      {"inner 0", kNone, MIXPREC_F32, n, 8, 32, 3, 0},
+      {"inner -5", kNone, MIXPREC_BF16, n, 4, 32, 3, -5},
+      {"bad dtype", kNone, bad_dtype, n, 8, 32, 3, 7},
+      {"NULL codes", kCodes, MIXPREC_F32, n, 8, 32, 3, 7},
+      {"NULL scales", kScales, MIXPREC_F32, n, 8, 32, 3, 7},
+      {"NULL a", kA, MIXPREC_F32, n, 8, 32, 3, 7},
+      {"NULL b", kB, MIXPREC_F16, n, 4, 32, 3, 7},
+      {"NULL mask", kMask, MIXPREC_BF16, n, 8, 32, 3, 7},
+      {"NULL out", kOut, MIXPREC_F32, n, 4, 32, 3, 7},
+      {"n < 0 and bad bits", kNone, MIXPREC_F32, -5, 3, 32, 3, 7},
+      {"bad bits and dtype", kNone, bad_dtype, n, 3, 32, 3, 7},
+      {"bad channels and dtype", kNone, bad_dtype, n, 8, 32, 0, 7},
+      {"bad inner and NULL", kAll, MIXPREC_F32, n, 8, 32, 3, 0},
+      {"bad dtype and NULL", kOut, bad_dtype, n, 8, 32, 3, 7},
+      {"n 0 all NULL", kAll, MIXPREC_F32, 0, 8, 32, 3, 7},
+      {"n 0 bad bits", kAll, MIXPREC_F32, 0, 5, 32, 3, 7},
+      {"n 0 channels 0", kAll, MIXPREC_F16, 0, 8, 32, 0, 7},
+      {"n 0 bad dtype", kAll, bad_dtype, 0, 8, 32, 3, 7},
+  };
+  for (const NrCase &c : nr_cases) {
+    std::vector<float> ho(hout);
+    const mixprec_status cpu = mixprec_act_unpack_norm_relu(
+        (c.nulls & kCodes) ? nullptr : hcodes.data(), (c.nulls & kScales) ? nullptr : hscales.data(),
+        c.n, c.bits, c.block, (c.nulls & kA) ? nullptr : ha.data(),
+        (c.nulls & kB) ? nullptr : hb.data(), c.channels, c.inner,
+        (c.nulls & kMask) ? nullptr : hmask.data(), (c.nulls & kOut) ? nullptr : ho.data(),
+        c.dtype);
+    const mixprec_status gpu = mixprec_cuda_act_unpack_norm_relu(
+        (c.nulls & kCodes) ? nullptr : static_cast<const uint8_t *>(dcodes.p),
+        (c.nulls & kScales) ? nullptr : static_cast<const float *>(dscales.p), c.n, c.bits,
+        c.block, (c.nulls & kA) ? nullptr : static_cast<const float *>(da.p),
+        (c.nulls & kB) ? nullptr : static_cast<const float *>(db.p), c.channels, c.inner,
+        (c.nulls & kMask) ? nullptr : static_cast<const uint8_t *>(dmask.p),
+        (c.nulls & kOut) ? nullptr : dout.p, c.dtype, stream_);
+    EXPECT_EQ(gpu, cpu) << "norm_relu: " << c.what;
+    if (c.n != 0) EXPECT_NE(cpu, MIXPREC_OK) << "norm_relu: " << c.what;
+    EXPECT_EQ(ho, hout) << "norm_relu: " << c.what << ": the CPU wrote its out";
+  }
+  expect_poisoned("norm_relu statuses");
+
+  // Misaligned pointers (the CPU takes them; a device access would fault).
+  const uint8_t *codes = static_cast<const uint8_t *>(dcodes.p);
+  const uint8_t *mask = static_cast<const uint8_t *>(dmask.p);
+  const float *scales = static_cast<const float *>(dscales.p);
+  const float *a = static_cast<const float *>(da.p), *b = static_cast<const float *>(db.p);
+  const char *x = static_cast<const char *>(dx.p);
+  char *out = static_cast<char *>(dout.p);
+  uint8_t *mask_out = static_cast<uint8_t *>(dmask_out.p);
+  auto off = [](const float *p, int k) {
+    return reinterpret_cast<const float *>(reinterpret_cast<const char *>(p) + k);
+  };
+  for (mixprec_dtype dt : kDtypes) {
+    const std::string w = mpt::dtype_name(dt);
+    std::vector<int> offsets = {1};
+    if (dt == MIXPREC_F32) offsets = {1, 2, 3};
+    for (int k : offsets) {
+      const std::string wk = w + " + " + std::to_string(k);
+      EXPECT_EQ(mixprec_cuda_act_mask(x + k, dt, n, mask_out, stream_), MIXPREC_ERR_BAD_ARGUMENT)
+          << wk << " x";
+      EXPECT_EQ(mixprec_cuda_act_unpack_norm_relu(codes, scales, n, 8, 32, a, b, 3, 7, mask,
+                                                  out + k, dt, stream_),
+                MIXPREC_ERR_BAD_ARGUMENT)
+          << wk << " out";
+    }
+    for (int k : {1, 2, 3}) {
+      const std::string wk = w + " + " + std::to_string(k);
+      for (int bits : {8, 4}) {
+        EXPECT_EQ(mixprec_cuda_act_unpack_norm_relu(codes, off(scales, k), n, bits, 32, a, b, 3,
+                                                    7, mask, out, dt, stream_),
+                  MIXPREC_ERR_BAD_ARGUMENT)
+            << wk << " scales";
+        EXPECT_EQ(mixprec_cuda_act_unpack_norm_relu(codes, scales, n, bits, 32, off(a, k), b, 3,
+                                                    7, mask, out, dt, stream_),
+                  MIXPREC_ERR_BAD_ARGUMENT)
+            << wk << " a";
+        EXPECT_EQ(mixprec_cuda_act_unpack_norm_relu(codes, scales, n, bits, 32, a, off(b, k), 3,
+                                                    7, mask, out, dt, stream_),
+                  MIXPREC_ERR_BAD_ARGUMENT)
+            << wk << " b";
+      }
+    }
+  }
+  expect_poisoned("misaligned");
+
+  // Codes and mask need no alignment: codes + 1 / mask + 1 (and a mask
+  // output at an odd byte) are fine.
+  EXPECT_EQ(mixprec_cuda_act_mask(x, MIXPREC_F32, n, mask_out + 1, stream_), MIXPREC_OK);
+  EXPECT_EQ(mixprec_cuda_act_unpack_norm_relu(codes + 1, scales, n, 4, 32, a, b, 3, 7, mask + 1,
+                                              out, MIXPREC_F16, stream_),
+            MIXPREC_OK);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  uint8_t first = 0;
+  ASSERT_EQ(cudaMemcpy(&first, dmask_out.p, 1, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(first, 0x77);
 }
 
