@@ -29,6 +29,16 @@ struct CpuBackend {
     return mixprec_act_unpack_norm_relu(codes, scales, n, bits, block, a, b, channels, inner, mask,
                                         out, dtype);
   }
+  static mixprec_status pool_encode(const int64_t* idx, int64_t n, int64_t HO, int64_t WO,
+                                    int64_t s_ho, int64_t s_wo, const int64_t* geom,
+                                    uint8_t* codes, int64_t* inexact, const Where&) {
+    return mixprec_act_pool_encode(idx, n, HO, WO, s_ho, s_wo, geom, codes, inexact);
+  }
+  static mixprec_status pool_decode(const uint8_t* codes, int64_t n, int64_t HO, int64_t WO,
+                                    int64_t s_ho, int64_t s_wo, const int64_t* geom, int64_t* idx,
+                                    const Where&) {
+    return mixprec_act_pool_decode(codes, n, HO, WO, s_ho, s_wo, geom, idx);
+  }
 };
 
 }  // namespace
@@ -49,6 +59,12 @@ STABLE_TORCH_LIBRARY_FRAGMENT(mixprec, m) {
   // [note: norm_relu recompute] in mixprec/act_pack.h.
   m.def("act_unpack_norm_relu(Tensor codes, Tensor scales, Tensor a, Tensor b, Tensor mask, "
         "int numel, int bits, int block, int inner, ScalarType dtype) -> Tensor");
+  // A 2-D max pool's int64 indices as window offsets, 1 byte each:
+  // [note: pool codes] in mixprec/act_pack.h.
+  m.def("act_pool_encode(Tensor idx, int W, int kH, int kW, int sH, int sW, int pH, int pW, "
+        "int dH, int dW) -> (Tensor codes, Tensor inexact)");
+  m.def("act_pool_decode(Tensor codes, int HO, int WO, int s_ho, int s_wo, int W, int kH, "
+        "int kW, int sH, int sW, int pH, int pW, int dH, int dW) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
@@ -60,4 +76,8 @@ STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
   m.impl("act_unpack_norm_relu",
          TORCH_BOX(&mixprec_shim::act_pack::act_unpack_norm_relu_op<
                    mixprec_shim::act_pack::CpuBackend>));
+  m.impl("act_pool_encode",
+         TORCH_BOX(&mixprec_shim::act_pack::act_pool_encode_op<mixprec_shim::act_pack::CpuBackend>));
+  m.impl("act_pool_decode",
+         TORCH_BOX(&mixprec_shim::act_pack::act_pool_decode_op<mixprec_shim::act_pack::CpuBackend>));
 }

@@ -1,5 +1,5 @@
 // The act_pack family's ops (act_pack, act_unpack, act_mask,
-// act_unpack_norm_relu), validated once for both
+// act_unpack_norm_relu, act_pool_encode, act_pool_decode), validated once for both
 // devices: templates over a backend B (act_pack.cpp: CPU, act_pack_cuda.cpp:
 // CUDA) that only says how to run the C entry points:
 //   B::check_device(op, where)
@@ -8,6 +8,8 @@
 //   B::mask(x, dtype, n, mask, device) -> mixprec_status
 //   B::norm_relu(codes, scales, n, bits, block, a, b, channels, inner, mask, out, dtype,
 //                device) -> mixprec_status
+//   B::pool_encode(idx, n, HO, WO, s_ho, s_wo, geom, codes, inexact, device)
+//   B::pool_decode(codes, n, HO, WO, s_ho, s_wo, geom, idx, device)
 // Every check runs before anything is allocated or written.
 #pragma once
 
@@ -175,6 +177,83 @@ Tensor act_unpack_norm_relu_op(Tensor codes, Tensor scales, Tensor a, Tensor b, 
                             static_cast<const uint8_t*>(mask.data_ptr()), out.data_ptr(), od, dev),
                op);
   return out;
+}
+
+// A max pool's geometry {W, kH, kW, sH, sW, pH, pW, dH, dW} as the C entry
+// points take it, each checked with the argument's name.
+inline void check_pool_geom(const char* op, const int64_t* g) {
+  static const char* names[9] = {"W", "kH", "kW", "sH", "sW", "pH", "pW", "dH", "dW"};
+  for (int k = 0; k < 9; k++) {
+    const int64_t lo = k == 5 || k == 6 ? 0 : 1;
+    MIXPREC_CHECK(g[k] >= lo, "mixprec::", op, ": ", names[k], " must be >= ", lo, ", got ",
+                  g[k]);
+  }
+  MIXPREC_CHECK(g[1] <= 255 && g[2] <= 255 && g[1] * g[2] <= 255, "mixprec::", op,
+                ": the window must have at most 255 elements (kH * kW), got ", g[1], " x ", g[2]);
+}
+
+// [note: pool codes] in mixprec/act_pack.h. idx: int64, dense in memory, at
+// least 2-D (its last two dimensions are the pool's output rows and
+// columns). Returns (codes uint8 [numel] in idx's memory order, inexact
+// int64 [1]: how many codes are 255).
+template <class B>
+std::tuple<Tensor, Tensor> act_pool_encode_op(Tensor idx, int64_t W, int64_t kH, int64_t kW,
+                                              int64_t sH, int64_t sW, int64_t pH, int64_t pW,
+                                              int64_t dH, int64_t dW) {
+  const char* op = "act_pool_encode";
+  MIXPREC_CHECK(idx.defined() && idx.layout() == Layout::Strided &&
+                    idx.scalar_type() == ScalarType::Long,
+                "mixprec::", op, ": idx must be an int64 tensor, got ",
+                idx.defined() ? dtype_name(idx.scalar_type()) : "undefined");
+  MIXPREC_CHECK(idx.dim() >= 2, "mixprec::", op, ": idx must have at least 2 dimensions, got ",
+                shape_str(idx));
+  MIXPREC_CHECK(is_dense(idx), "mixprec::", op,
+                ": idx must be dense in memory (contiguous, channels_last or another "
+                "permutation without gaps); call .contiguous() on it");
+  const int64_t g[9] = {W, kH, kW, sH, sW, pH, pW, dH, dW};
+  check_pool_geom(op, g);
+  const Where dev = where(idx);
+  B::check_device(op, dev);
+  const int64_t d = idx.dim(), n = idx.numel();
+  const int64_t HO = idx.size(d - 2), WO = idx.size(d - 1);
+  MIXPREC_CHECK(n == 0 || (HO >= 1 && WO >= 1), "mixprec::", op, ": idx has an empty plane");
+  const int64_t s_ho = HO == 1 ? 1 : idx.stride(d - 2), s_wo = WO == 1 ? 1 : idx.stride(d - 1);
+  Tensor codes = torch::stable::new_empty(idx, {n}, ScalarType::Byte);
+  Tensor inexact = torch::stable::new_empty(idx, {1}, ScalarType::Long);
+  check_status(B::pool_encode(static_cast<const int64_t*>(idx.data_ptr()), n, HO < 1 ? 1 : HO,
+                              WO < 1 ? 1 : WO, s_ho, s_wo, g,
+                              static_cast<uint8_t*>(codes.data_ptr()),
+                              static_cast<int64_t*>(inexact.data_ptr()), dev),
+               op);
+  return {codes, inexact};
+}
+
+// The indices back from act_pool_encode's codes (uint8 [numel], contiguous):
+// int64 [numel] in the same memory order; HO, WO, s_ho, s_wo: the pool
+// output's last two sizes and their strides (elements).
+template <class B>
+Tensor act_pool_decode_op(Tensor codes, int64_t HO, int64_t WO, int64_t s_ho, int64_t s_wo,
+                          int64_t W, int64_t kH, int64_t kW, int64_t sH, int64_t sW, int64_t pH,
+                          int64_t pW, int64_t dH, int64_t dW) {
+  const char* op = "act_pool_decode";
+  MIXPREC_CHECK(codes.defined() && codes.layout() == Layout::Strided &&
+                    codes.scalar_type() == ScalarType::Byte && codes.dim() == 1 &&
+                    codes.is_contiguous(),
+                "mixprec::", op, ": codes must be a contiguous 1-D uint8 tensor");
+  MIXPREC_CHECK(HO >= 1 && WO >= 1 && s_ho >= 1 && s_wo >= 1, "mixprec::", op,
+                ": HO, WO, s_ho and s_wo must be >= 1, got ", HO, ", ", WO, ", ", s_ho, ", ",
+                s_wo);
+  const int64_t g[9] = {W, kH, kW, sH, sW, pH, pW, dH, dW};
+  check_pool_geom(op, g);
+  const Where dev = where(codes);
+  B::check_device(op, dev);
+  const int64_t n = codes.numel();
+  Tensor idx = torch::stable::new_empty(codes, {n}, ScalarType::Long);
+  if (n == 0) return idx;
+  check_status(B::pool_decode(static_cast<const uint8_t*>(codes.data_ptr()), n, HO, WO, s_ho,
+                              s_wo, g, static_cast<int64_t*>(idx.data_ptr()), dev),
+               op);
+  return idx;
 }
 
 }  // namespace act_pack

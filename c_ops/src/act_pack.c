@@ -192,3 +192,152 @@ mixprec_status mixprec_act_unpack_norm_relu(const uint8_t *codes, const float *s
   }
   return MIXPREC_OK;
 }
+
+/* [note: pool codes] The position (ho, wo) of element i in memory order,
+ * stepped as i does: no division per element. */
+typedef struct {
+  int64_t ho, r_ho, wo, r_wo; /* ho = (i / s_ho) % HO, r_ho = i % s_ho; the same for wo */
+} pool_pos;
+
+MIXPREC__FORCE_INLINE pool_pos pool_pos_at(int64_t i, int64_t HO, int64_t WO, int64_t s_ho,
+                                           int64_t s_wo) {
+  pool_pos p = {(i / s_ho) % HO, i % s_ho, (i / s_wo) % WO, i % s_wo};
+  return p;
+}
+
+MIXPREC__FORCE_INLINE void pool_pos_next(pool_pos *p, int64_t HO, int64_t WO, int64_t s_ho,
+                                         int64_t s_wo) {
+  if (++p->r_wo == s_wo) {
+    p->r_wo = 0;
+    if (++p->wo == WO) p->wo = 0;
+  }
+  if (++p->r_ho == s_ho) {
+    p->r_ho = 0;
+    if (++p->ho == HO) p->ho = 0;
+  }
+}
+
+/* mixprec__act_pool_code by search over the window's rows (kH of them,
+ * no division by W): the row h whose columns [h * W, h * W + W) hold v,
+ * then its column's offset from the window's. The same code as the rule
+ * (the row is unique; the tests compare both with an independent search). */
+MIXPREC__FORCE_INLINE uint8_t pool_code_search(int64_t v, int64_t h0, int64_t w0,
+                                               const int64_t *g, int undilated) {
+  const int64_t W = g[0], kH = g[1], kW = g[2], dH = g[7], dW = g[8];
+  for (int64_t kh = 0; kh < kH; kh++) {
+    const int64_t h = h0 + kh * dH;
+    if (h < 0 || v >= ((int64_t)1 << 52)) continue;
+    const int64_t w = v - h * W;
+    if (w < 0 || w >= W) continue;
+    const int64_t dw = w - w0;
+    if (dw < 0) return 255;
+    if (undilated) return dw < kW ? (uint8_t)(kh * kW + dw) : 255;
+    const int64_t kw = dw / dW;
+    if (kw >= kW || kw * dW != dw) return 255;
+    return (uint8_t)(kh * kW + kw);
+  }
+  return 255;
+}
+
+/* Elements [e0, e1); returns the number of codes 255. */
+static int64_t pool_encode_range(const int64_t *idx, int64_t HO, int64_t WO, int64_t s_ho,
+                                 int64_t s_wo, const int64_t *geom, uint8_t *codes, int64_t e0,
+                                 int64_t e1) {
+  const int64_t sH = geom[3], sW = geom[4], pH = geom[5], pW = geom[6];
+  pool_pos p = pool_pos_at(e0, HO, WO, s_ho, s_wo);
+  int64_t bad = 0;
+#define POOL_ENCODE_LOOP(UNDILATED)                                                          \
+  for (int64_t i = e0; i < e1; i++) {                                                        \
+    const uint8_t c = pool_code_search(idx[i], p.ho * sH - pH, p.wo * sW - pW, geom, UNDILATED); \
+    codes[i] = c;                                                                            \
+    bad += c == 255;                                                                         \
+    pool_pos_next(&p, HO, WO, s_ho, s_wo);                                                   \
+  }
+  if (geom[7] == 1 && geom[8] == 1) {
+    /* Undilated: the row h = v / W by a float estimate corrected by one step
+     * each way (exact: |v| < 2^53 here or the element is refused anyway),
+     * then two range checks; no branch on the data, so no mispredictions
+     * on which window row holds the maximum. */
+    const int64_t W = geom[0], kH = geom[1], kW = geom[2];
+    const double inv_w = 1.0 / (double)W;
+    for (int64_t i = e0; i < e1; i++) {
+      const int64_t v = idx[i];
+      int64_t h = (int64_t)((double)v * inv_w);
+      h -= h * W > v;
+      h += (h + 1) * W <= v;
+      const int64_t dh = h - (p.ho * sH - pH), dw = v - h * W - (p.wo * sW - pW);
+      const int ok = (v >= 0) & (v < ((int64_t)1 << 52)) & ((uint64_t)dh < (uint64_t)kH) &
+                     ((uint64_t)dw < (uint64_t)kW);
+      const uint8_t c = ok ? (uint8_t)(dh * kW + dw) : 255;
+      codes[i] = c;
+      bad += !ok;
+      pool_pos_next(&p, HO, WO, s_ho, s_wo);
+    }
+  } else if (geom[8] == 1) { /* the loop without a division by dW */
+    POOL_ENCODE_LOOP(1)
+  } else {
+    POOL_ENCODE_LOOP(0)
+  }
+#undef POOL_ENCODE_LOOP
+  return bad;
+}
+
+mixprec_status mixprec_act_pool_encode(const int64_t *idx, int64_t n, int64_t HO, int64_t WO,
+                                       int64_t s_ho, int64_t s_wo, const int64_t *geom,
+                                       uint8_t *codes, int64_t *inexact) {
+  const mixprec_status st =
+      mixprec__act_pool_check(idx, n, HO, WO, s_ho, s_wo, geom, codes, inexact, 1);
+  if (st != MIXPREC_OK) return st;
+  int64_t bad = 0;
+  if (n < PARALLEL_MIN) {
+    *inexact = pool_encode_range(idx, HO, WO, s_ho, s_wo, geom, codes, 0, n);
+    return MIXPREC_OK;
+  }
+  const int64_t n_tasks = (n + TASK_ELEMS - 1) / TASK_ELEMS;
+  const int n_threads = mixprec__num_threads();
+  (void)n_threads;
+#pragma omp parallel for schedule(static) num_threads(n_threads) reduction(+ : bad)
+  for (int64_t t = 0; t < n_tasks; t++) {
+    const int64_t e1 = (t + 1) * TASK_ELEMS < n ? (t + 1) * TASK_ELEMS : n;
+    bad += pool_encode_range(idx, HO, WO, s_ho, s_wo, geom, codes, t * TASK_ELEMS, e1);
+  }
+  *inexact = bad;
+  return MIXPREC_OK;
+}
+
+/* Elements [e0, e1): the window origin's index plus the code's offset in
+ * it (a table of the 256 offsets, mixprec__act_pool_index's terms). */
+static void pool_decode_range(const uint8_t *codes, int64_t HO, int64_t WO, int64_t s_ho,
+                              int64_t s_wo, const int64_t *geom, int64_t *idx, int64_t e0,
+                              int64_t e1) {
+  const int64_t W = geom[0], kW = geom[2], sH = geom[3], sW = geom[4], pH = geom[5];
+  const int64_t pW = geom[6], dH = geom[7], dW = geom[8];
+  int64_t off[256];
+  for (int c = 0; c < 256; c++) off[c] = (c / kW) * dH * W + (c % kW) * dW;
+  pool_pos p = pool_pos_at(e0, HO, WO, s_ho, s_wo);
+  for (int64_t i = e0; i < e1; i++) {
+    idx[i] = (p.ho * sH - pH) * W + p.wo * sW - pW + off[codes[i]];
+    pool_pos_next(&p, HO, WO, s_ho, s_wo);
+  }
+}
+
+mixprec_status mixprec_act_pool_decode(const uint8_t *codes, int64_t n, int64_t HO, int64_t WO,
+                                       int64_t s_ho, int64_t s_wo, const int64_t *geom,
+                                       int64_t *idx) {
+  const mixprec_status st =
+      mixprec__act_pool_check(codes, n, HO, WO, s_ho, s_wo, geom, idx, NULL, 0);
+  if (st != MIXPREC_OK) return st;
+  if (n < PARALLEL_MIN) {
+    pool_decode_range(codes, HO, WO, s_ho, s_wo, geom, idx, 0, n);
+    return MIXPREC_OK;
+  }
+  const int64_t n_tasks = (n + TASK_ELEMS - 1) / TASK_ELEMS;
+  const int n_threads = mixprec__num_threads();
+  (void)n_threads;
+#pragma omp parallel for schedule(static) num_threads(n_threads)
+  for (int64_t t = 0; t < n_tasks; t++) {
+    const int64_t e1 = (t + 1) * TASK_ELEMS < n ? (t + 1) * TASK_ELEMS : n;
+    pool_decode_range(codes, HO, WO, s_ho, s_wo, geom, idx, t * TASK_ELEMS, e1);
+  }
+  return MIXPREC_OK;
+}

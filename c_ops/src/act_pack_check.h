@@ -63,4 +63,20 @@ MIXPREC__INLINE mixprec_status mixprec__act_norm_relu_check(const void *codes, c
   return MIXPREC_OK;
 }
 
+/* The checks of mixprec_act_pool_encode / _decode (and their CUDA twins):
+ * `in` is idx (encode) or codes (decode), `out` codes or idx. */
+MIXPREC__INLINE mixprec_status mixprec__act_pool_check(const void *in, int64_t n, int64_t HO,
+                                                       int64_t WO, int64_t s_ho, int64_t s_wo,
+                                                       const int64_t *geom, const void *out,
+                                                       const void *inexact, int encode) {
+  if (n < 0) return MIXPREC_ERR_BAD_SIZE;
+  if (geom == NULL || (encode && inexact == NULL)) return MIXPREC_ERR_NULL_POINTER;
+  if (HO < 1 || WO < 1 || s_ho < 1 || s_wo < 1) return MIXPREC_ERR_BAD_ARGUMENT;
+  for (int k = 0; k < 9; k++)
+    if (geom[k] < (k == 5 || k == 6 ? 0 : 1)) return MIXPREC_ERR_BAD_ARGUMENT;
+  if (geom[1] > 255 || geom[2] > 255 || geom[1] * geom[2] > 255) return MIXPREC_ERR_BAD_ARGUMENT;
+  if (n > 0 && (in == NULL || out == NULL)) return MIXPREC_ERR_NULL_POINTER;
+  return MIXPREC_OK;
+}
+
 #endif /* MIXPREC_ACT_PACK_CHECK_H */

@@ -174,4 +174,28 @@ MIXPREC__HD float mixprec__act_norm_relu(float x, float a, float b, int keep, fl
   return v < tiny ? tiny : v;
 }
 
+/* [note: pool codes] The code of a max-pool index at output (ho, wo), geom
+ * = {W, kH, kW, sH, sW, pH, pW, dH, dW}: 255 when it is not in the window
+ * (or is negative, or 2^52 or more: no plane is that large). */
+MIXPREC__HD uint8_t mixprec__act_pool_code(int64_t index, int64_t ho, int64_t wo,
+                                           const int64_t *geom) {
+  const int64_t W = geom[0], kH = geom[1], kW = geom[2];
+  if (index < 0 || index >= ((int64_t)1 << 52)) return 255;
+  const int64_t dh = index / W - (ho * geom[3] - geom[5]);
+  const int64_t dw = index % W - (wo * geom[4] - geom[6]);
+  if (dh < 0 || dw < 0 || dh % geom[7] != 0 || dw % geom[8] != 0) return 255;
+  const int64_t kh = dh / geom[7], kw = dw / geom[8];
+  if (kh >= kH || kw >= kW) return 255;
+  return (uint8_t)(kh * kW + kw);
+}
+
+/* The index a code stands for at output (ho, wo). */
+MIXPREC__HD int64_t mixprec__act_pool_index(uint8_t code, int64_t ho, int64_t wo,
+                                            const int64_t *geom) {
+  const int64_t kW = geom[2];
+  const int64_t h = ho * geom[3] - geom[5] + (code / kW) * geom[7];
+  const int64_t w = wo * geom[4] - geom[6] + (code % kW) * geom[8];
+  return h * geom[0] + w;
+}
+
 #endif /* MIXPREC_ACT_PACK_RULES_H */

@@ -21,7 +21,7 @@ __all__ = ["act_pack", "act_unpack", "act_mask", "act_unpack_norm_relu", "packed
 
 BLOCK_MIN, BLOCK_MAX = 32, 4096  # MIXPREC_ACT_BLOCK_MIN / _MAX
 
-for _name in ("act_pack", "act_unpack", "act_mask", "act_unpack_norm_relu"):
+for _name in ("act_pack", "act_unpack", "act_mask", "act_unpack_norm_relu", "act_pool_encode", "act_pool_decode"):
     _refuse_sparse(_name)
 
 
@@ -201,6 +201,47 @@ def _act_unpack_norm_relu_fake(codes, scales, a, b, mask, numel, bits, block, in
     )
     _same_device(op, "codes", codes, ("scales", scales), ("a", a), ("b", b), ("mask", mask))
     return codes.new_empty((numel,), dtype=dtype)
+
+
+_POOL_NAMES = ("W", "kH", "kW", "sH", "sW", "pH", "pW", "dH", "dW")
+
+
+def _check_pool_geom(op: str, geom) -> None:
+    for name, v, lo in zip(_POOL_NAMES, geom, (1, 1, 1, 1, 1, 0, 0, 1, 1)):
+        torch._check(v >= lo, lambda: f"mixprec::{op}: {name} must be >= {lo}, got {v}")
+    torch._check(
+        geom[1] <= 255 and geom[2] <= 255 and geom[1] * geom[2] <= 255,
+        lambda: f"mixprec::{op}: the window must have at most 255 elements (kH * kW), got {geom[1]} x {geom[2]}",
+    )
+
+
+@torch.library.register_fake("mixprec::act_pool_encode")
+def _act_pool_encode_fake(idx, W, kH, kW, sH, sW, pH, pW, dH, dW):
+    op = "act_pool_encode"
+    torch._check(idx.dtype == torch.int64, lambda: f"mixprec::{op}: idx must be an int64 tensor, got {idx.dtype}")
+    torch._check(idx.dim() >= 2, lambda: f"mixprec::{op}: idx must have at least 2 dimensions, got {list(idx.shape)}")
+    torch._check(
+        _is_dense(idx),
+        lambda: f"mixprec::{op}: idx must be dense in memory (contiguous, channels_last or another permutation "
+        "without gaps); call .contiguous() on it",
+    )
+    _check_pool_geom(op, (W, kH, kW, sH, sW, pH, pW, dH, dW))
+    return idx.new_empty((idx.numel(),), dtype=torch.uint8), idx.new_empty((1,), dtype=torch.int64)
+
+
+@torch.library.register_fake("mixprec::act_pool_decode")
+def _act_pool_decode_fake(codes, HO, WO, s_ho, s_wo, W, kH, kW, sH, sW, pH, pW, dH, dW):
+    op = "act_pool_decode"
+    torch._check(
+        codes.dtype == torch.uint8 and codes.dim() == 1 and codes.is_contiguous(),
+        lambda: f"mixprec::{op}: codes must be a contiguous 1-D uint8 tensor",
+    )
+    torch._check(
+        HO >= 1 and WO >= 1 and s_ho >= 1 and s_wo >= 1,
+        lambda: f"mixprec::{op}: HO, WO, s_ho and s_wo must be >= 1, got {HO}, {WO}, {s_ho}, {s_wo}",
+    )
+    _check_pool_geom(op, (W, kH, kW, sH, sW, pH, pW, dH, dW))
+    return codes.new_empty((codes.numel(),), dtype=torch.int64)
 
 
 # ---- tensors mixprec's own autograd saves and needs exactly ---------------------

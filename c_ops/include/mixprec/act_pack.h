@@ -146,6 +146,39 @@ MIXPREC_API mixprec_status mixprec_act_unpack_norm_relu(const uint8_t *codes, co
                                                         const uint8_t *mask, void *out,
                                                         mixprec_dtype dtype);
 
+/*! mixprec_act_pool_encode() :
+ *  [note: pool codes] The int64 indices a 2-D max pool saves (h * W + w in
+ *  its input plane of width W) as one byte each: the offset
+ *  ((h - h0) / dH) * kW + (w - w0) / dW of the chosen element in its output
+ *  element's window, whose origin is h0 = ho * sH - pH, w0 = wo * sW - pW.
+ *  Element i of idx (n elements, memory order of a dense tensor whose last
+ *  two dimensions are the pool's output rows and columns) is at ho =
+ *  (i / s_ho) % HO, wo = (i / s_wo) % WO (s_ho, s_wo: those dimensions'
+ *  strides in elements: WO and 1 when contiguous, WO * C and C when
+ *  channels_last). An index outside its window, not on its dilation grid,
+ *  negative or >= 2^52 gets the code 255 and counts in *inexact (kH * kW <= 255, so
+ *  255 is no valid offset).
+ *  geom = {W, kH, kW, sH, sW, pH, pW, dH, dW}.
+ *  @return : MIXPREC_OK; MIXPREC_ERR_BAD_SIZE if n < 0;
+ *            MIXPREC_ERR_BAD_ARGUMENT for HO, WO, s_ho, s_wo, W, kH, kW, sH,
+ *            sW, dH or dW < 1, pH or pW < 0, or kH * kW > 255;
+ *            MIXPREC_ERR_NULL_POINTER if idx, codes (n > 0), geom or inexact
+ *            is NULL. Nothing is written unless the status is OK. */
+MIXPREC_API mixprec_status mixprec_act_pool_encode(const int64_t *idx, int64_t n, int64_t HO,
+                                                   int64_t WO, int64_t s_ho, int64_t s_wo,
+                                                   const int64_t *geom, uint8_t *codes,
+                                                   int64_t *inexact);
+
+/*! mixprec_act_pool_decode() :
+ *  The indices back from codes: (h0 + (c / kW) * dH) * W + w0 + (c % kW) * dW
+ *  for element i at (ho, wo) as above. Any code decodes (a code >= kH * kW
+ *  gives an index past the window, never an error).
+ *  @return : as mixprec_act_pool_encode (idx takes codes' role, out the
+ *            indices). Nothing is written unless the status is OK. */
+MIXPREC_API mixprec_status mixprec_act_pool_decode(const uint8_t *codes, int64_t n, int64_t HO,
+                                                   int64_t WO, int64_t s_ho, int64_t s_wo,
+                                                   const int64_t *geom, int64_t *idx);
+
 /* ---- CUDA (libmixprec_cuda) ---------------------------------------------- */
 
 /*! mixprec_cuda_act_pack() / mixprec_cuda_act_unpack() :
@@ -175,6 +208,21 @@ MIXPREC_API mixprec_status mixprec_cuda_act_unpack_norm_relu(
     const uint8_t *codes, const float *scales, int64_t n, int64_t bits, int64_t block,
     const float *a, const float *b, int64_t channels, int64_t inner, const uint8_t *mask,
     void *out, mixprec_dtype dtype, void *stream);
+
+/*! mixprec_cuda_act_pool_encode() / mixprec_cuda_act_pool_decode() :
+ *  As the CPU entry points, on the GPU (device pointers for idx, codes and
+ *  inexact; geom on the host), bit for bit the CPU's; *inexact (a device
+ *  int64) is written, not read back: no host synchronisation.
+ *  @return : as the CPU's; MIXPREC_ERR_BAD_ARGUMENT also for idx or inexact
+ *            not aligned to 8 bytes; MIXPREC_ERR_CUDA if the launch failed. */
+MIXPREC_API mixprec_status mixprec_cuda_act_pool_encode(const int64_t *idx, int64_t n, int64_t HO,
+                                                        int64_t WO, int64_t s_ho, int64_t s_wo,
+                                                        const int64_t *geom, uint8_t *codes,
+                                                        int64_t *inexact, void *stream);
+MIXPREC_API mixprec_status mixprec_cuda_act_pool_decode(const uint8_t *codes, int64_t n,
+                                                        int64_t HO, int64_t WO, int64_t s_ho,
+                                                        int64_t s_wo, const int64_t *geom,
+                                                        int64_t *idx, void *stream);
 
 #ifdef __cplusplus
 }

@@ -296,6 +296,11 @@ class _PoolIndices:
         CPU; on a GPU the pool's geometry guarantees it)."""
         W, kH, kW, sH, sW, pH, pW, dH, dW = geom
         idx = t.detach()
+        if cls._fused(idx.shape, geom) and _act_pack._is_dense(idx):  # one C / CUDA pass
+            codes, inexact = torch.ops.mixprec.act_pool_encode.default(idx, *geom)
+            if idx.device.type == "cpu" and int(inexact[0]) != 0:
+                return None
+            return codes.as_strided(idx.shape, idx.stride())
         ho, wo = cls._origins(idx.shape, geom, idx.device)
         codes = torch.empty_like(idx, dtype=torch.uint8)
         with torch.no_grad():
@@ -315,6 +320,12 @@ class _PoolIndices:
         return codes
 
     @staticmethod
+    def _fused(shape, geom) -> bool:
+        """Whether act_pool_encode / _decode take it: at least 2-D, a window
+        of at most 255 elements (255 is their "not in the window" code)."""
+        return len(shape) >= 2 and geom[1] * geom[2] <= 255
+
+    @staticmethod
     def _decode(codes, geom, ho, wo):
         W, kH, kW, sH, sW, pH, pW, dH, dW = geom
         c = codes.to(torch.int64)
@@ -325,6 +336,12 @@ class _PoolIndices:
     def unpack(self) -> torch.Tensor:
         if self.alias._version != self.version:
             raise _inplace_error(f"torch.LongTensor {list(self.shape)}", self.version, self.alias._version)
+        if self._fused(self.shape, self.geom) and _act_pack._is_dense(self.codes):
+            HO, WO = self.shape[-2], self.shape[-1]
+            s_ho = self.strides[-2] if HO > 1 else 1
+            s_wo = self.strides[-1] if WO > 1 else 1
+            flat = torch.ops.mixprec.act_pool_decode.default(_flat(self.codes), HO, WO, s_ho, s_wo, *self.geom)
+            return flat.as_strided(self.shape, self.strides)
         ho, wo = self._origins(self.shape, self.geom, self.codes.device)
         idx = torch.empty_strided(self.shape, self.strides, dtype=torch.int64, device=self.codes.device)
         for a, b in self._slices(self.shape):
