@@ -17,7 +17,16 @@
  * The ReLU recompute ([note: norm_relu recompute]) is element-wise: act_mask
  * has one thread per mask byte (its 8 elements, so no two threads share a
  * byte), act_unpack_norm_relu one thread per element; both grid-strided over
- * a grid of at most MIXPREC__ACT_EW_MAX_GRID CUDA blocks. */
+ * a grid of at most MIXPREC__ACT_EW_MAX_GRID CUDA blocks.
+ *
+ * The max-pool index codes ([note: pool codes]) are element-wise too: one
+ * thread per element, grid-strided as above, each through
+ * mixprec__act_pool_code / _index of act_pack_rules.h (the CPU's rules) with
+ * the 9 geometry values passed by value. Encode counts its codes 255 per
+ * thread, sums them per CUDA block (warp shuffles, then the warps' sums in
+ * shared memory) and adds a block's non-zero sum to *inexact with one
+ * atomicAdd; *inexact is zeroed by a cudaMemsetAsync on the same stream
+ * first. The sum does not depend on the order of the adds (integers). */
 #include "act_pack_check.h"
 #include "act_pack_rules.h"
 #include "common.cuh"
@@ -242,6 +251,57 @@ __global__ void __launch_bounds__(MIXPREC__ACT_THREADS)
   }
 }
 
+/* [note: pool codes] geom = {W, kH, kW, sH, sW, pH, pW, dH, dW} by value
+ * (the caller's array is host memory). */
+struct PoolGeom {
+  int64_t g[9];
+};
+
+/* Codes of elements i, grid-strided, one thread per element; each CUDA
+ * block adds its number of codes 255 to *inexact (zeroed before the
+ * launch). Every thread reaches the shuffles and the barrier: the
+ * grid-stride loop is above them. */
+__global__ void __launch_bounds__(MIXPREC__ACT_THREADS)
+    act_pool_encode_kernel(const int64_t *__restrict__ idx, int64_t n, int64_t HO, int64_t WO,
+                           int64_t s_ho, int64_t s_wo, PoolGeom geom,
+                           uint8_t *__restrict__ codes, unsigned long long *__restrict__ inexact) {
+  __shared__ unsigned long long warp_bad[MIXPREC__ACT_WARPS];
+  const int64_t stride = (int64_t)gridDim.x * MIXPREC__ACT_THREADS;
+  unsigned long long bad = 0;
+  for (int64_t i = (int64_t)blockIdx.x * MIXPREC__ACT_THREADS + threadIdx.x; i < n;
+       i += stride) {
+    const uint8_t c = mixprec__act_pool_code(idx[i], (i / s_ho) % HO, (i / s_wo) % WO, geom.g);
+    codes[i] = c;
+    bad += c == 255;
+  }
+  for (int off = MIXPREC__WARP / 2; off > 0; off /= 2)
+    bad += __shfl_xor_sync(0xffffffffu, bad, off);
+  if (threadIdx.x % MIXPREC__WARP == 0) warp_bad[threadIdx.x / MIXPREC__WARP] = bad;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long sum = 0;
+    for (int w = 0; w < MIXPREC__ACT_WARPS; w++) sum += warp_bad[w];
+    if (sum != 0) atomicAdd(inexact, sum);
+  }
+}
+
+/* Indices of elements i, grid-strided, one thread per element. */
+__global__ void __launch_bounds__(MIXPREC__ACT_THREADS)
+    act_pool_decode_kernel(const uint8_t *__restrict__ codes, int64_t n, int64_t HO, int64_t WO,
+                           int64_t s_ho, int64_t s_wo, PoolGeom geom,
+                           int64_t *__restrict__ idx) {
+  const int64_t stride = (int64_t)gridDim.x * MIXPREC__ACT_THREADS;
+  for (int64_t i = (int64_t)blockIdx.x * MIXPREC__ACT_THREADS + threadIdx.x; i < n;
+       i += stride)
+    idx[i] = mixprec__act_pool_index(codes[i], (i / s_ho) % HO, (i / s_wo) % WO, geom.g);
+}
+
+PoolGeom pool_geom_of(const int64_t *geom) {
+  PoolGeom p;
+  for (int k = 0; k < 9; k++) p.g[k] = geom[k];
+  return p;
+}
+
 /* Enough CUDA blocks for one thread per item (element or mask byte), capped. */
 unsigned ew_grid_for(int64_t items) {
   const int64_t g = (items + MIXPREC__ACT_THREADS - 1) / MIXPREC__ACT_THREADS;
@@ -344,5 +404,36 @@ extern "C" MIXPREC_API mixprec_status mixprec_cuda_act_unpack_norm_relu(
       act_norm_relu_kernel<D, 4><<<grid, MIXPREC__ACT_THREADS, 0, s>>>(
           codes, scales, n, block_log2, a, b, channels, inner, mask, out);
   });
+  return mixprec__cuda_launch_status();
+}
+
+extern "C" MIXPREC_API mixprec_status mixprec_cuda_act_pool_encode(
+    const int64_t *idx, int64_t n, int64_t HO, int64_t WO, int64_t s_ho, int64_t s_wo,
+    const int64_t *geom, uint8_t *codes, int64_t *inexact, void *stream) {
+  const mixprec_status st =
+      mixprec__act_pool_check(idx, n, HO, WO, s_ho, s_wo, geom, codes, inexact, 1);
+  if (st != MIXPREC_OK) return st;
+  if ((uintptr_t)idx % sizeof(int64_t) != 0 || (uintptr_t)inexact % sizeof(int64_t) != 0)
+    return MIXPREC_ERR_BAD_ARGUMENT;
+  const cudaStream_t s = (cudaStream_t)stream;
+  /* Zeroed on the stream even for n == 0: *inexact is always written. */
+  if (cudaMemsetAsync(inexact, 0, sizeof(int64_t), s) != cudaSuccess) return MIXPREC_ERR_CUDA;
+  if (n == 0) return MIXPREC_OK;
+  act_pool_encode_kernel<<<ew_grid_for(n), MIXPREC__ACT_THREADS, 0, s>>>(
+      idx, n, HO, WO, s_ho, s_wo, pool_geom_of(geom), codes, (unsigned long long *)inexact);
+  return mixprec__cuda_launch_status();
+}
+
+extern "C" MIXPREC_API mixprec_status mixprec_cuda_act_pool_decode(
+    const uint8_t *codes, int64_t n, int64_t HO, int64_t WO, int64_t s_ho, int64_t s_wo,
+    const int64_t *geom, int64_t *idx, void *stream) {
+  const mixprec_status st =
+      mixprec__act_pool_check(codes, n, HO, WO, s_ho, s_wo, geom, idx, NULL, 0);
+  if (st != MIXPREC_OK) return st;
+  if ((uintptr_t)idx % sizeof(int64_t) != 0) return MIXPREC_ERR_BAD_ARGUMENT;
+  if (n == 0) return MIXPREC_OK;
+  const cudaStream_t s = (cudaStream_t)stream;
+  act_pool_decode_kernel<<<ew_grid_for(n), MIXPREC__ACT_THREADS, 0, s>>>(
+      codes, n, HO, WO, s_ho, s_wo, pool_geom_of(geom), idx);
   return mixprec__cuda_launch_status();
 }

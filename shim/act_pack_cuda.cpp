@@ -39,6 +39,22 @@ struct CudaBackend {
         codes, scales, n, bits, block, a, b, channels, inner, mask, out, dtype,
         current_cuda_stream("act_unpack_norm_relu", w.index));
   }
+  // geom stays on the host (the C entry point passes its values to the
+  // kernel); *inexact is written on the device, never read back.
+  static mixprec_status pool_encode(const int64_t* idx, int64_t n, int64_t HO, int64_t WO,
+                                    int64_t s_ho, int64_t s_wo, const int64_t* geom,
+                                    uint8_t* codes, int64_t* inexact, const Where& w) {
+    torch::stable::accelerator::DeviceGuard guard(w.index);
+    return mixprec_cuda_act_pool_encode(idx, n, HO, WO, s_ho, s_wo, geom, codes, inexact,
+                                        current_cuda_stream("act_pool_encode", w.index));
+  }
+  static mixprec_status pool_decode(const uint8_t* codes, int64_t n, int64_t HO, int64_t WO,
+                                    int64_t s_ho, int64_t s_wo, const int64_t* geom, int64_t* idx,
+                                    const Where& w) {
+    torch::stable::accelerator::DeviceGuard guard(w.index);
+    return mixprec_cuda_act_pool_decode(codes, n, HO, WO, s_ho, s_wo, geom, idx,
+                                        current_cuda_stream("act_pool_decode", w.index));
+  }
 };
 
 }  // namespace
@@ -52,4 +68,6 @@ STABLE_TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
   m.impl("act_unpack", TORCH_BOX(&ap::act_unpack_op<B>));
   m.impl("act_mask", TORCH_BOX(&ap::act_mask_op<B>));
   m.impl("act_unpack_norm_relu", TORCH_BOX(&ap::act_unpack_norm_relu_op<B>));
+  m.impl("act_pool_encode", TORCH_BOX(&ap::act_pool_encode_op<B>));
+  m.impl("act_pool_decode", TORCH_BOX(&ap::act_pool_decode_op<B>));
 }

@@ -5,7 +5,10 @@
  * recomputed ReLU output on every valid pack's result, with fuzzed a, b
  * (specials included), channel count, inner run length and mask, each
  * element against the header's rule, then with a bad channel count, inner
- * or a NULL mask (nothing written).
+ * or a NULL mask (nothing written). A quarter of the inputs (op bits 1 and
+ * 2 set) run mixprec_act_pool_encode / _decode instead ([note: pool
+ * codes]): fuzzed geometry, layout and indices against a search over each
+ * window, the inexact count, decode back, argument faults.
  *
  * One input = one of two calls, on n from 0 to past the 2^17 threading
  * limit, a dtype, 8- or 4-bit codes, a block of 32..4096 and a 64-bit seed:
@@ -575,6 +578,103 @@ static void run_pack(fz *f, call *c) {
   free(xbuf);
 }
 
+/* The code of max-pool index v at (ho, wo) by search over the window (an
+ * independent statement of [note: pool codes]): the position inside the
+ * plane's columns whose h * W + w is v; 255 if none (or v >= 2^52). */
+static int pool_ref_code(int64_t v, int64_t ho, int64_t wo, const int64_t *g) {
+  if (v >= ((int64_t)1 << 52)) return 255;
+  for (int64_t kh = 0; kh < g[1]; kh++)
+    for (int64_t kw = 0; kw < g[2]; kw++) {
+      const int64_t h = ho * g[3] - g[5] + kh * g[7], w = wo * g[4] - g[6] + kw * g[8];
+      if (h >= 0 && w >= 0 && w < g[0] && h * g[0] + w == v) return (int)(kh * g[2] + kw);
+    }
+  return 255;
+}
+
+/* mixprec_act_pool_encode / _decode on fuzzed geometry, layout and indices
+ * (most drawn inside their windows, some anywhere, negative or huge), on
+ * every configuration: each code is the search's, *inexact counts the 255s,
+ * decode gives every valid index back; faults (sizes, geometry, NULLs)
+ * write nothing. */
+static void run_pool(fz *f, int faults) {
+  int64_t g[9];
+  g[0] = 1 + fz_u8(f) % 200;                                 /* W */
+  g[1] = 1 + fz_u8(f) % 7, g[2] = 1 + fz_u8(f) % 7;          /* kH, kW */
+  g[3] = 1 + fz_u8(f) % 4, g[4] = 1 + fz_u8(f) % 4;          /* sH, sW */
+  g[5] = fz_u8(f) % 4, g[6] = fz_u8(f) % 4;                  /* pH, pW */
+  g[7] = 1 + fz_u8(f) % 3, g[8] = 1 + fz_u8(f) % 3;          /* dH, dW */
+  const int64_t HO = 1 + fz_u8(f) % 40, WO = 1 + fz_u8(f) % 40, C = 1 + fz_u8(f) % 9;
+  const int64_t planes = 1 + fz_u8(f) % 6;
+  const int cl = fz_u8(f) & 1; /* channels-last: (planes, HO, WO, C) */
+  const int64_t n = planes * C * HO * WO;
+  const int64_t s_wo = cl ? C : 1, s_ho = cl ? WO * C : WO;
+  int64_t *idx = (int64_t *)fz_alloc(8 * (size_t)n);
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t ho = (i / s_ho) % HO, wo = (i / s_wo) % WO;
+    const uint8_t m = fz_u8(f);
+    const int64_t kh = (int64_t)(fz_rng(f) % (uint64_t)g[1]), kw = (int64_t)(fz_rng(f) % (uint64_t)g[2]);
+    const int64_t in = (ho * g[3] - g[5] + kh * g[7]) * g[0] + wo * g[4] - g[6] + kw * g[8];
+    idx[i] = m < 200 ? in : m < 230 ? (int64_t)(fz_rng(f) % 4000) - 50
+                          : m < 245 ? -(int64_t)(fz_rng(f) >> 1) : ((int64_t)1 << 52) + m;
+  }
+  int64_t *idx_in = (int64_t *)fz_dup(idx, 8 * (size_t)n);
+  uint8_t *c0 = (uint8_t *)fz_alloc((size_t)n), *c = (uint8_t *)fz_alloc((size_t)n);
+  int64_t ie0 = -1, ie = -1;
+  FZ_CONFIGS(cfg, n_cfg);
+  FZ_FOR_EACH_CONFIG(cfg, n_cfg, k) {
+    uint8_t *o = k == 0 ? c0 : c;
+    int64_t *io = k == 0 ? &ie0 : &ie;
+    const mixprec_status st = mixprec_act_pool_encode(idx, n, HO, WO, s_ho, s_wo, g, o, io);
+    fz_check_status("mixprec_act_pool_encode", st, 0);
+    if (k > 0) {
+      fz_same("pool codes", o, c0, (size_t)n, cfg[k], cfg[0]);
+      FZ_CHECK(ie == ie0, "pool inexact %lld vs %lld", (long long)ie, (long long)ie0);
+    }
+  }
+  FZ_CHECK(!memcmp(idx, idx_in, 8 * (size_t)n), "pool encode wrote its input");
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; i++) {
+    const int want = pool_ref_code(idx[i], (i / s_ho) % HO, (i / s_wo) % WO, g);
+    FZ_CHECK(c0[i] == want, "pool code %lld (index %lld, geom W %lld k %lldx%lld s %lld,%lld p %lld,%lld d %lld,%lld): %d, want %d",
+             (long long)i, (long long)idx[i], (long long)g[0], (long long)g[1], (long long)g[2],
+             (long long)g[3], (long long)g[4], (long long)g[5], (long long)g[6], (long long)g[7],
+             (long long)g[8], c0[i], want);
+    bad += want == 255;
+  }
+  FZ_CHECK(ie0 == bad, "pool inexact %lld, want %lld", (long long)ie0, (long long)bad);
+  int64_t *back = (int64_t *)fz_alloc(8 * (size_t)n);
+  FZ_CHECK(mixprec_act_pool_decode(c0, n, HO, WO, s_ho, s_wo, g, back) == MIXPREC_OK, "pool decode");
+  for (int64_t i = 0; i < n; i++)
+    if (c0[i] != 255)
+      FZ_CHECK(back[i] == idx[i], "pool decode %lld: %lld, want %lld", (long long)i,
+               (long long)back[i], (long long)idx[i]);
+  if (faults) { /* one bad argument: nothing written */
+    int64_t gb[9];
+    memcpy(gb, g, sizeof gb);
+    const uint8_t which = fz_u8(f) % 12;
+    int64_t n2 = n, HO2 = HO, s2 = s_wo;
+    int64_t *iep = &ie;
+    mixprec_status want = MIXPREC_ERR_BAD_ARGUMENT;
+    if (which < 9) gb[which] = which == 5 || which == 6 ? -1 : 0;
+    else if (which == 9) { n2 = -1; want = MIXPREC_ERR_BAD_SIZE; }
+    else if (which == 10) { HO2 = 0; s2 = 0; }
+    else { iep = NULL; want = MIXPREC_ERR_NULL_POINTER; }
+    memset(c, 0x5b, (size_t)n);
+    ie = 77;
+    uint8_t *poison = (uint8_t *)fz_dup(c, (size_t)n);
+    FZ_CHECK(mixprec_act_pool_encode(idx, n2, HO2, WO, s_ho, s2, gb, c, iep) == want,
+             "pool encode fault %d", which);
+    fz_unchanged("pool codes", poison, c, (size_t)n, want);
+    FZ_CHECK(ie == 77, "pool encode fault %d wrote inexact", which);
+    free(poison);
+  }
+  free(idx);
+  free(idx_in);
+  free(c0);
+  free(c);
+  free(back);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   FZ_OPEN(f, c, op);
   const int faults = fz_faults(op, 0xe0);
@@ -585,7 +685,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             op & 1 ? "unpack" : "pack", (long long)c.n, (int)c.dtype, (long long)c.bits,
             (long long)c.block, (unsigned long long)c.seed, c.x_null, c.codes_null,
             c.scales_null, c.out_null);
-  if (op & 1)
+  if ((op & 6) == 6)
+    run_pool(&f, faults);
+  else if (op & 1)
     run_unpack(&f, &c, faults);
   else
     run_pack(&f, &c);

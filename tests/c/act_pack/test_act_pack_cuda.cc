@@ -1,6 +1,7 @@
-// mixprec_cuda_act_pack / _unpack / _act_mask / _act_unpack_norm_relu
-// against their CPU twins: codes, scales and masks byte for byte, unpacked
-// and recomputed values bit for bit (the format fixes every bit, NaNs
+// mixprec_cuda_act_pack / _unpack / _act_mask / _act_unpack_norm_relu /
+// _act_pool_encode / _act_pool_decode against their CPU twins: codes, scales,
+// masks and pool codes byte for byte, unpacked and recomputed values and pool
+// indices bit for bit (the format fixes every bit, NaNs
 // included: [note: act_pack format]). Built only with CUDA
 // (MIXPREC_TEST_CUDA); every test skips itself without a device.
 #ifdef MIXPREC_TEST_CUDA
@@ -972,6 +973,541 @@ TEST_F(ActPackCudaTest, MaskAndNormReluStatusesMatchCpu) {
   uint8_t first = 0;
   ASSERT_EQ(cudaMemcpy(&first, dmask_out.p, 1, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(first, 0x77);
+}
+
+// ---- max-pool index codes ([note: pool codes]) ---------------------------
+
+// A 2-D max pool's geometry and input plane size.
+struct PoolGeometry {
+  const char *name;
+  int64_t H, W, kH, kW, sH, sW, pH, pW, dH, dW;
+};
+
+const PoolGeometry kPoolGeometries[] = {
+    {"k3 s2 p1", 13, 11, 3, 3, 2, 2, 1, 1, 1, 1},
+    {"k2 s2 p0", 8, 9, 2, 2, 2, 2, 0, 0, 1, 1},
+    {"k3 s1 p1 d2", 12, 10, 3, 3, 1, 1, 1, 1, 2, 2},
+    {"k5 s3 p2", 17, 14, 5, 5, 3, 3, 2, 2, 1, 1},
+    {"k2x3 s1x2 p1x0 d1x3", 9, 16, 2, 3, 1, 2, 1, 0, 1, 3},
+    {"k3x2 s2x1 p0x1 d2x1", 15, 7, 3, 2, 2, 1, 0, 1, 2, 1},
+    {"k15x17 s4 p7x8 (255 offsets)", 40, 37, 15, 17, 4, 4, 7, 8, 1, 1},
+    {"k7 global", 7, 7, 7, 7, 1, 1, 0, 0, 1, 1},
+};
+
+int64_t pool_out(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
+  return (in + 2 * p - d * (k - 1) - 1) / s + 1;
+}
+
+// The saved indices of a pool over `planes` planes (N * C) in a layout:
+// contiguous (N, C, HO, WO) or channels_last (N, HO, WO, C).
+struct PoolTensor {
+  int64_t HO = 0, WO = 0, s_ho = 0, s_wo = 0, n = 0;
+  int64_t geom[9] = {};
+  std::vector<int64_t> idx;
+  std::vector<uint8_t> want;  // the code each element must get (255: corrupted)
+  int64_t corrupted = 0;
+};
+
+// Element (plane p = nb * C + c, ho, wo)'s memory position.
+int64_t pool_pos(bool channels_last, int64_t nb, int64_t c, int64_t C, int64_t ho, int64_t wo,
+                 int64_t HO, int64_t WO) {
+  return channels_last ? ((nb * HO + ho) * WO + wo) * C + c : ((nb * C + c) * HO + ho) * WO + wo;
+}
+
+// A host max pool (the first largest element of each window in (kh, kw)
+// order, padding skipped) over random planes (small integers: many ties),
+// then about one index in `corrupt_every` corrupted so that its code is
+// 255: a row below or above the window, a column right or left of it in a
+// window row, off the dilation grid, negative, huge.
+PoolTensor make_pool(const PoolGeometry &g, int64_t N, int64_t C, bool channels_last,
+                     int corrupt_every, std::mt19937 &rng) {
+  PoolTensor t;
+  t.HO = pool_out(g.H, g.kH, g.sH, g.pH, g.dH);
+  t.WO = pool_out(g.W, g.kW, g.sW, g.pW, g.dW);
+  t.s_wo = channels_last ? C : 1;
+  t.s_ho = t.WO * t.s_wo;
+  t.n = N * C * t.HO * t.WO;
+  const int64_t geom[9] = {g.W, g.kH, g.kW, g.sH, g.sW, g.pH, g.pW, g.dH, g.dW};
+  std::memcpy(t.geom, geom, sizeof geom);
+  t.idx.assign(size_t(t.n), -12345);
+  t.want.assign(size_t(t.n), 0xee);
+  std::uniform_int_distribution<int> val(0, 15), pct(0, corrupt_every > 0 ? corrupt_every - 1 : 0),
+      kind(0, 7);
+  std::vector<int> plane(size_t(g.H * g.W));
+  for (int64_t nb = 0; nb < N; nb++)
+    for (int64_t c = 0; c < C; c++) {
+      for (int &v : plane) v = val(rng);
+      for (int64_t ho = 0; ho < t.HO; ho++)
+        for (int64_t wo = 0; wo < t.WO; wo++) {
+          const int64_t h0 = ho * g.sH - g.pH, w0 = wo * g.sW - g.pW;
+          int best = -1;
+          int64_t bh = -1, bw = -1, bk = -1;
+          for (int64_t kh = 0; kh < g.kH; kh++)
+            for (int64_t kw = 0; kw < g.kW; kw++) {
+              const int64_t h = h0 + kh * g.dH, w = w0 + kw * g.dW;
+              if (h < 0 || h >= g.H || w < 0 || w >= g.W) continue;
+              if (plane[size_t(h * g.W + w)] > best) {
+                best = plane[size_t(h * g.W + w)];
+                bh = h, bw = w, bk = kh * g.kW + kw;
+              }
+            }
+          EXPECT_GE(bk, 0) << g.name << ": a window without an input element";
+          const size_t i = size_t(pool_pos(channels_last, nb, c, C, ho, wo, t.HO, t.WO));
+          t.idx[i] = bh * g.W + bw;
+          t.want[i] = uint8_t(bk);
+          if (corrupt_every <= 0 || pct(rng) != 0) continue;
+          // The corruption: an index whose code must be 255.
+          int64_t bad;
+          int k = kind(rng);
+          if (k == 2 && w0 + g.kW * g.dW >= g.W) k = 0;
+          if (k == 3 && w0 - 1 < 0) k = 1;
+          if (k == 4 && g.dH == 1 && g.dW == 1) k = 5;
+          switch (k) {
+            case 0: bad = (h0 + g.kH * g.dH) * g.W + bw; break;    // row below the window
+            case 1: bad = (h0 - 1) * g.W + bw; break;              // row above (maybe < 0)
+            case 2: bad = bh * g.W + w0 + g.kW * g.dW; break;      // right of the window
+            case 3: bad = bh * g.W + w0 - 1; break;                // left of the window
+            case 4:                                                // off the dilation grid
+              bad = g.dH > 1 && h0 + 1 >= 0 && h0 + 1 < g.H   ? (h0 + 1) * g.W + bw
+                    : g.dW > 1 && w0 + 1 >= 0 && w0 + 1 < g.W ? bh * g.W + w0 + 1
+                                                              : -1;
+              break;
+            case 5: bad = -1 - int64_t(rng() % 1000); break;      // negative
+            case 6: bad = std::numeric_limits<int64_t>::min() + int64_t(rng() % 3); break;
+            default: bad = std::numeric_limits<int64_t>::max() - int64_t(rng() % 3); break;
+          }
+          t.idx[i] = bad;
+          t.want[i] = 255;
+          t.corrupted++;
+        }
+    }
+  return t;
+}
+
+class PoolCudaTest : public ActPackCudaTest {
+ protected:
+  // Encodes idx[0, n) on the CPU and the GPU (codes and *inexact poisoned
+  // first) and compares codes and *inexact; returns the CPU's.
+  void encode_both(const std::vector<int64_t> &idx, int64_t n, const PoolTensor &t,
+                   std::vector<uint8_t> &codes, int64_t &inexact, const std::string &what) {
+    codes.assign(static_cast<size_t>(n), 0xa5);
+    inexact = -777;
+    ASSERT_EQ(mixprec_act_pool_encode(idx.data(), n, t.HO, t.WO, t.s_ho, t.s_wo, t.geom,
+                                      codes.data(), &inexact),
+              MIXPREC_OK)
+        << what;
+    Dev di(idx.data(), static_cast<size_t>(n) * sizeof(int64_t)), dc(static_cast<size_t>(n)), dx(sizeof(int64_t));
+    const int64_t poison = 0x5a5a5a5a5a5a5a5all;
+    ASSERT_EQ(cudaMemsetAsync(dc.p, 0x5a, dc.bytes, stream_), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dx.p, &poison, sizeof poison, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(mixprec_cuda_act_pool_encode(static_cast<const int64_t *>(di.p), n, t.HO, t.WO,
+                                           t.s_ho, t.s_wo, t.geom, static_cast<uint8_t *>(dc.p),
+                                           static_cast<int64_t *>(dx.p), stream_),
+              MIXPREC_OK)
+        << what;
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess) << what;
+    std::vector<uint8_t> gcodes(static_cast<size_t>(n));
+    int64_t ginexact = 0;
+    dc.to_host(gcodes.data());
+    dx.to_host(&ginexact);
+    EXPECT_EQ(count_byte_mismatches(gcodes, codes, what + " pool codes"), 0) << what;
+    EXPECT_EQ(ginexact, inexact) << what << ": *inexact";
+  }
+
+  // Decodes codes[0, n) on the CPU and the GPU (output poisoned first) and
+  // compares the indices; returns the CPU's.
+  void decode_both(const std::vector<uint8_t> &codes, int64_t n, const PoolTensor &t,
+                   std::vector<int64_t> &idx, const std::string &what) {
+    idx.assign(static_cast<size_t>(n), -5555);
+    ASSERT_EQ(mixprec_act_pool_decode(codes.data(), n, t.HO, t.WO, t.s_ho, t.s_wo, t.geom,
+                                      idx.data()),
+              MIXPREC_OK)
+        << what;
+    Dev dc(codes.data(), static_cast<size_t>(n)), di(static_cast<size_t>(n) * sizeof(int64_t));
+    ASSERT_EQ(cudaMemsetAsync(di.p, 0x5a, di.bytes, stream_), cudaSuccess);
+    ASSERT_EQ(mixprec_cuda_act_pool_decode(static_cast<const uint8_t *>(dc.p), n, t.HO, t.WO,
+                                           t.s_ho, t.s_wo, t.geom, static_cast<int64_t *>(di.p),
+                                           stream_),
+              MIXPREC_OK)
+        << what;
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess) << what;
+    std::vector<int64_t> gidx(static_cast<size_t>(n));
+    di.to_host(gidx.data());
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++)
+      if (gidx[size_t(i)] != idx[size_t(i)] && bad++ < 5)
+        ADD_FAILURE() << what << ": decoded index " << i << " of " << n << " got "
+                      << gidx[size_t(i)] << " want " << idx[size_t(i)];
+    EXPECT_EQ(bad, 0) << what;
+  }
+};
+
+// The indices of real max pools (every geometry, contiguous and
+// channels_last, odd plane counts and sizes, a prefix of the tensor that
+// ends mid-row), clean and with corrupted indices: codes and *inexact are
+// the CPU's and what the pool's windows say (255 and counted for each
+// corrupted index, inexact 0 for a clean pool), and decoding the codes gives
+// the CPU's indices, the original ones wherever the code is exact.
+TEST_F(PoolCudaTest, EncodeDecodeOfMaxPoolIndicesMatchCpu) {
+  std::mt19937 rng(mpt::kSeed + 113);
+  struct Layout {
+    int64_t N, C;
+    bool channels_last;
+  };
+  const Layout layouts[] = {{2, 3, false}, {1, 1, false}, {2, 5, true}, {3, 1, true}, {1, 7, true}};
+  for (const PoolGeometry &g : kPoolGeometries)
+    for (const Layout &L : layouts)
+      for (int corrupt_every : {0, 7, 2}) {
+        const PoolTensor t = make_pool(g, L.N, L.C, L.channels_last, corrupt_every, rng);
+        if (HasFailure()) return;
+        const std::string what = std::string(g.name) + " N " + std::to_string(L.N) + " C " +
+                                 std::to_string(L.C) +
+                                 (L.channels_last ? " channels_last" : " contiguous") +
+                                 " corrupt 1/" + std::to_string(corrupt_every) + " HO " +
+                                 std::to_string(t.HO) + " WO " + std::to_string(t.WO);
+        for (int64_t n : {t.n, t.n - 3, int64_t(1)}) {
+          if (n < 1) continue;
+          const std::string w = what + " n " + std::to_string(n);
+          std::vector<uint8_t> codes;
+          int64_t inexact = 0;
+          encode_both(t.idx, n, t, codes, inexact, w);
+          if (HasFatalFailure()) return;
+          int64_t want_inexact = 0;
+          for (int64_t i = 0; i < n; i++) want_inexact += t.want[size_t(i)] == 255;
+          if (corrupt_every == 0 && n == t.n) EXPECT_EQ(want_inexact, 0) << w;
+          if (corrupt_every == 0 && n == t.n) EXPECT_EQ(t.corrupted, 0) << w;
+          EXPECT_EQ(inexact, want_inexact) << w << ": the CPU's *inexact";
+          std::vector<uint8_t> want(t.want.begin(), t.want.begin() + n);
+          EXPECT_EQ(count_byte_mismatches(codes, want, w + " codes vs windows"), 0) << w;
+          std::vector<int64_t> back;
+          decode_both(codes, n, t, back, w);
+          if (HasFatalFailure()) return;
+          int64_t bad = 0;
+          for (int64_t i = 0; i < n; i++)
+            if (codes[size_t(i)] != 255 && back[size_t(i)] != t.idx[size_t(i)] && bad++ < 5)
+              ADD_FAILURE() << w << ": element " << i << " decodes to " << back[size_t(i)]
+                            << ", was " << t.idx[size_t(i)];
+          if (HasFailure()) return;
+        }
+      }
+}
+
+// Arbitrary indices (mostly near the plane, some anywhere) and arbitrary
+// codes (every value 0..255 at every position, then random ones): the CPU's
+// codes, *inexact and indices; a decoded index is the window formula of
+// the header for every code.
+TEST_F(PoolCudaTest, ArbitraryIndicesAndCodesMatchCpu) {
+  std::mt19937 rng(mpt::kSeed + 127);
+  std::uniform_int_distribution<uint64_t> u64;
+  for (const PoolGeometry &g : kPoolGeometries)
+    for (bool channels_last : {false, true}) {
+      const int64_t C = channels_last ? 3 : 2;
+      PoolTensor t = make_pool(g, 2, C, channels_last, 0, rng);
+      const std::string what = std::string(g.name) + (channels_last ? " channels_last" : "");
+      const int64_t n = t.n;
+      std::uniform_int_distribution<int64_t> near(-3 * g.W, (g.H + 3) * g.W);
+      std::vector<int64_t> idx(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; i++)
+        idx[size_t(i)] = (i % 5 == 4) ? int64_t(u64(rng)) : near(rng);
+      std::vector<uint8_t> codes;
+      int64_t inexact = 0;
+      encode_both(idx, n, t, codes, inexact, what + " arbitrary indices");
+      if (HasFatalFailure()) return;
+      for (int rep = 0; rep < 2; rep++) {
+        std::vector<uint8_t> c(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; i++)
+          c[size_t(i)] = rep == 0 ? uint8_t((i * 7 + i / 256) & 255) : uint8_t(rng());
+        std::vector<int64_t> back;
+        decode_both(c, n, t, back, what + " arbitrary codes rep " + std::to_string(rep));
+        if (HasFatalFailure()) return;
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+          const int64_t ho = (i / t.s_ho) % t.HO, wo = (i / t.s_wo) % t.WO, k = c[size_t(i)];
+          const int64_t want =
+              (ho * g.sH - g.pH + (k / g.kW) * g.dH) * g.W + wo * g.sW - g.pW + (k % g.kW) * g.dW;
+          if (back[size_t(i)] != want && bad++ < 5)
+            ADD_FAILURE() << what << ": code " << k << " at " << i << " decodes to "
+                          << back[size_t(i)] << ", the formula gives " << want;
+        }
+        if (HasFailure()) return;
+      }
+    }
+}
+
+// More elements than the capped grid (4096 blocks of 256 threads) has
+// threads: the grid-stride loops, and *inexact summed over many blocks.
+TEST_F(PoolCudaTest, GridStrideMatchesCpu) {
+  std::mt19937 rng(mpt::kSeed + 131);
+  const PoolGeometry g = {"k3 s2 p1 64x64", 64, 64, 3, 3, 2, 2, 1, 1, 1, 1};
+  for (bool channels_last : {false, true}) {
+    const PoolTensor t = make_pool(g, 5, 221, channels_last, 3, rng);  // 1,131,520 elements
+    ASSERT_GT(t.n, int64_t(4096) * 256);
+    const std::string what = std::string("grid stride") + (channels_last ? " channels_last" : "");
+    std::vector<uint8_t> codes;
+    int64_t inexact = 0;
+    encode_both(t.idx, t.n, t, codes, inexact, what);
+    if (HasFatalFailure()) return;
+    EXPECT_EQ(inexact, t.corrupted) << what;
+    EXPECT_GT(t.corrupted, 0) << what;
+    std::vector<int64_t> back;
+    decode_both(codes, t.n, t, back, what);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// Encode then decode captured in a CUDA graph and replayed twice: *inexact
+// is zeroed inside the graph (the count is not doubled by the replay), the
+// eager CPU calls' codes, count and indices.
+TEST_F(PoolCudaTest, GraphCaptureMatchesCpu) {
+  std::mt19937 rng(mpt::kSeed + 137);
+  const PoolTensor t = make_pool(kPoolGeometries[0], 2, 3, true, 4, rng);
+  const int64_t n = t.n;
+  std::vector<uint8_t> codes(static_cast<size_t>(n)), gcodes(static_cast<size_t>(n));
+  int64_t inexact = -1, ginexact = -1;
+  ASSERT_EQ(mixprec_act_pool_encode(t.idx.data(), n, t.HO, t.WO, t.s_ho, t.s_wo, t.geom,
+                                    codes.data(), &inexact),
+            MIXPREC_OK);
+  ASSERT_GT(inexact, 0);
+  std::vector<int64_t> back(static_cast<size_t>(n)), gback(static_cast<size_t>(n));
+  ASSERT_EQ(mixprec_act_pool_decode(codes.data(), n, t.HO, t.WO, t.s_ho, t.s_wo, t.geom,
+                                    back.data()),
+            MIXPREC_OK);
+  Dev di(t.idx.data(), static_cast<size_t>(n) * sizeof(int64_t)), dc(static_cast<size_t>(n)), dx(sizeof(int64_t)),
+      dback(static_cast<size_t>(n) * sizeof(int64_t));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const mixprec_status st1 = mixprec_cuda_act_pool_encode(
+      static_cast<const int64_t *>(di.p), n, t.HO, t.WO, t.s_ho, t.s_wo, t.geom,
+      static_cast<uint8_t *>(dc.p), static_cast<int64_t *>(dx.p), stream_);
+  const mixprec_status st2 =
+      mixprec_cuda_act_pool_decode(static_cast<const uint8_t *>(dc.p), n, t.HO, t.WO, t.s_ho,
+                                   t.s_wo, t.geom, static_cast<int64_t *>(dback.p), stream_);
+  ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
+  EXPECT_EQ(st1, MIXPREC_OK);
+  EXPECT_EQ(st2, MIXPREC_OK);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int rep = 0; rep < 2; rep++) ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  dc.to_host(gcodes.data());
+  dx.to_host(&ginexact);
+  dback.to_host(gback.data());
+  EXPECT_EQ(count_byte_mismatches(gcodes, codes, "graph pool codes"), 0);
+  EXPECT_EQ(ginexact, inexact) << "graph *inexact";
+  EXPECT_EQ(gback, back) << "graph decoded indices";
+}
+
+// The CPU's status for every bad argument, nothing written (codes, indices
+// and *inexact keep their poison on both sides); n == 0 (NULL idx / codes
+// allowed) writes *inexact = 0 and nothing else; misaligned idx or inexact
+// refused with MIXPREC_ERR_BAD_ARGUMENT after the shared checks; codes need
+// no alignment.
+TEST_F(PoolCudaTest, StatusesMatchCpu) {
+  const int64_t n = 60, HO = 5, WO = 6;
+  const int64_t good[9] = {12, 3, 3, 2, 2, 1, 1, 1, 1};
+  std::vector<int64_t> hidx(static_cast<size_t>(n) + 2);
+  for (size_t i = 0; i < hidx.size(); i++) hidx[i] = int64_t(i % 20);
+  std::vector<uint8_t> hcodes(static_cast<size_t>(n) + 8, 4);
+  const uint8_t kPoison = 0x77;
+  const int64_t kPoison64 = 0x7777777777777777ll;
+  Dev didx(hidx.data(), hidx.size() * sizeof(int64_t)), dcodes(hcodes.data(), hcodes.size()),
+      dcodes_out(hcodes.size()), didx_out(hidx.size() * sizeof(int64_t)),
+      dinexact(2 * sizeof(int64_t));
+  auto poison_all = [&] {
+    std::vector<uint8_t> p(didx_out.bytes, kPoison);
+    ASSERT_EQ(cudaMemcpy(dcodes_out.p, p.data(), dcodes_out.bytes, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(didx_out.p, p.data(), didx_out.bytes, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dinexact.p, p.data(), dinexact.bytes, cudaMemcpyHostToDevice),
+              cudaSuccess);
+  };
+  auto expect_poisoned = [&](const std::string &what, bool inexact_too) {
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess) << what;
+    std::vector<uint8_t> c(dcodes_out.bytes), i(didx_out.bytes), x(dinexact.bytes);
+    dcodes_out.to_host(c.data());
+    didx_out.to_host(i.data());
+    dinexact.to_host(x.data());
+    EXPECT_EQ(c, std::vector<uint8_t>(c.size(), kPoison)) << what << ": codes written";
+    EXPECT_EQ(i, std::vector<uint8_t>(i.size(), kPoison)) << what << ": indices written";
+    if (inexact_too)
+      EXPECT_EQ(x, std::vector<uint8_t>(x.size(), kPoison)) << what << ": *inexact written";
+  };
+  poison_all();
+
+  enum Null { kNone = 0, kIn = 1, kOut = 2, kGeom = 4, kInexact = 8, kAll = 15 };
+  struct Case {
+    std::string what;
+    int nulls;
+    int64_t n, HO, WO, s_ho, s_wo;
+    int geom_k;       // the geom entry replaced (-1: none)
+    int64_t geom_v;   // by this value
+  };
+  std::vector<Case> cases = {
+      {"n < 0", kNone, -1, HO, WO, WO, 1, -1, 0},
+      {"HO 0", kNone, n, 0, WO, WO, 1, -1, 0},
+      {"WO -2", kNone, n, HO, -2, WO, 1, -1, 0},
+      {"s_ho 0", kNone, n, HO, WO, 0, 1, -1, 0},
+      {"s_wo 0", kNone, n, HO, WO, WO, 0, -1, 0},
+      {"s_wo -3", kNone, n, HO, WO, WO, -3, -1, 0},
+      {"kH 16 kW 16", kNone, n, HO, WO, WO, 1, 99, 0},
+      {"kH 256", kNone, n, HO, WO, WO, 1, 98, 0},
+      {"kW 256 (kH 1)", kNone, n, HO, WO, WO, 1, 97, 0},
+      {"NULL geom", kGeom, n, HO, WO, WO, 1, -1, 0},
+      {"NULL in", kIn, n, HO, WO, WO, 1, -1, 0},
+      {"NULL out", kOut, n, HO, WO, WO, 1, -1, 0},
+      {"NULL inexact", kInexact, n, HO, WO, WO, 1, -1, 0},
+      {"n < 0 and NULL", kAll, -4, HO, WO, WO, 1, -1, 0},
+      {"n < 0 and HO 0", kNone, -4, 0, WO, WO, 1, -1, 0},
+      {"HO 0 and NULL in", kIn, n, 0, WO, WO, 1, -1, 0},
+      {"pH -1 and NULL out", kOut, n, HO, WO, WO, 1, 5, -1},
+      {"NULL geom and HO 0", kGeom, n, 0, WO, WO, 1, -1, 0},
+      {"NULL inexact and W 0", kInexact, n, HO, WO, WO, 1, 0, 0},
+      {"n 0 NULL in and out", kIn | kOut, 0, HO, WO, WO, 1, -1, 0},
+      {"n 0 all NULL", kAll, 0, HO, WO, WO, 1, -1, 0},
+      {"n 0 sW 0", kIn | kOut, 0, HO, WO, WO, 1, 4, 0},
+      {"n 0 NULL geom", kIn | kOut | kGeom, 0, HO, WO, WO, 1, -1, 0},
+  };
+  const char *names[9] = {"W", "kH", "kW", "sH", "sW", "pH", "pW", "dH", "dW"};
+  for (int k = 0; k < 9; k++) {
+    const int64_t lo = (k == 5 || k == 6) ? 0 : 1;
+    cases.push_back({std::string(names[k]) + " " + std::to_string(lo - 1), kNone, n, HO, WO, WO,
+                     1, k, lo - 1});
+    cases.push_back({std::string(names[k]) + " -1000000", kNone, n, HO, WO, WO, 1, k, -1000000});
+  }
+  for (const Case &c : cases) {
+    int64_t geom[9];
+    std::memcpy(geom, good, sizeof geom);
+    if (c.geom_k == 99) geom[1] = geom[2] = 16;
+    if (c.geom_k == 98) geom[1] = 256, geom[2] = 1;
+    if (c.geom_k == 97) geom[1] = 1, geom[2] = 256;
+    if (c.geom_k >= 0 && c.geom_k < 9) geom[c.geom_k] = c.geom_v;
+    const int64_t *gp = (c.nulls & kGeom) ? nullptr : geom;
+
+    // Encode.
+    std::vector<uint8_t> hc(hcodes.size(), kPoison);
+    int64_t hx = kPoison64;
+    const mixprec_status cpu_e = mixprec_act_pool_encode(
+        (c.nulls & kIn) ? nullptr : hidx.data(), c.n, c.HO, c.WO, c.s_ho, c.s_wo, gp,
+        (c.nulls & kOut) ? nullptr : hc.data(), (c.nulls & kInexact) ? nullptr : &hx);
+    const mixprec_status gpu_e = mixprec_cuda_act_pool_encode(
+        (c.nulls & kIn) ? nullptr : static_cast<const int64_t *>(didx.p), c.n, c.HO, c.WO,
+        c.s_ho, c.s_wo, gp, (c.nulls & kOut) ? nullptr : static_cast<uint8_t *>(dcodes_out.p),
+        (c.nulls & kInexact) ? nullptr : static_cast<int64_t *>(dinexact.p), stream_);
+    EXPECT_EQ(gpu_e, cpu_e) << "encode: " << c.what;
+    EXPECT_EQ(hc, std::vector<uint8_t>(hc.size(), kPoison)) << "encode: " << c.what
+                                                            << ": the CPU wrote codes";
+    if (cpu_e == MIXPREC_OK) {
+      EXPECT_EQ(c.n, 0) << "encode: " << c.what;
+      EXPECT_EQ(hx, 0) << "encode: " << c.what << ": the CPU's *inexact";
+      int64_t gx = -1;
+      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(&gx, dinexact.p, sizeof gx, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(gx, 0) << "encode: " << c.what << ": *inexact";
+      expect_poisoned("encode: " + c.what, false);
+      poison_all();
+    } else {
+      EXPECT_EQ(hx, kPoison64) << "encode: " << c.what << ": the CPU wrote *inexact";
+      expect_poisoned("encode: " + c.what, true);
+    }
+
+    // Decode (inexact plays no part: kInexact is ignored).
+    std::vector<int64_t> hi(hidx.size(), kPoison64);
+    const mixprec_status cpu_d = mixprec_act_pool_decode(
+        (c.nulls & kIn) ? nullptr : hcodes.data(), c.n, c.HO, c.WO, c.s_ho, c.s_wo, gp,
+        (c.nulls & kOut) ? nullptr : hi.data());
+    const mixprec_status gpu_d = mixprec_cuda_act_pool_decode(
+        (c.nulls & kIn) ? nullptr : static_cast<const uint8_t *>(dcodes.p), c.n, c.HO, c.WO,
+        c.s_ho, c.s_wo, gp, (c.nulls & kOut) ? nullptr : static_cast<int64_t *>(didx_out.p),
+        stream_);
+    EXPECT_EQ(gpu_d, cpu_d) << "decode: " << c.what;
+    if (c.nulls == kInexact && c.geom_k < 0) {
+      // Only encode takes inexact: this decode is good and writes n indices.
+      EXPECT_EQ(cpu_d, MIXPREC_OK) << "decode: " << c.what;
+      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+      std::vector<int64_t> gi(hi.size());
+      didx_out.to_host(gi.data());
+      EXPECT_EQ(gi, hi) << "decode: " << c.what;
+      poison_all();
+      continue;
+    }
+    if (c.n != 0) EXPECT_NE(cpu_d, MIXPREC_OK) << "decode: " << c.what;
+    EXPECT_EQ(hi, std::vector<int64_t>(hi.size(), kPoison64))
+        << "decode: " << c.what << ": the CPU wrote indices";
+    expect_poisoned("decode: " + c.what, true);
+  }
+
+  // Misaligned idx (encode's input, decode's output) or inexact: refused
+  // after the shared checks, nothing written.
+  const char *idx_in = static_cast<const char *>(didx.p);
+  char *idx_out = static_cast<char *>(didx_out.p);
+  char *inexact = static_cast<char *>(dinexact.p);
+  uint8_t *codes_out = static_cast<uint8_t *>(dcodes_out.p);
+  const uint8_t *codes_in = static_cast<const uint8_t *>(dcodes.p);
+  for (int k = 1; k < 8; k++) {
+    const std::string w = " + " + std::to_string(k);
+    EXPECT_EQ(mixprec_cuda_act_pool_encode(reinterpret_cast<const int64_t *>(idx_in + k), n, HO,
+                                           WO, WO, 1, good, codes_out,
+                                           reinterpret_cast<int64_t *>(inexact), stream_),
+              MIXPREC_ERR_BAD_ARGUMENT)
+        << "encode idx" << w;
+    EXPECT_EQ(mixprec_cuda_act_pool_encode(static_cast<const int64_t *>(didx.p), n, HO, WO, WO, 1,
+                                           good, codes_out,
+                                           reinterpret_cast<int64_t *>(inexact + k), stream_),
+              MIXPREC_ERR_BAD_ARGUMENT)
+        << "encode inexact" << w;
+    EXPECT_EQ(mixprec_cuda_act_pool_encode(static_cast<const int64_t *>(didx.p), 0, HO, WO, WO, 1,
+                                           good, codes_out,
+                                           reinterpret_cast<int64_t *>(inexact + k), stream_),
+              MIXPREC_ERR_BAD_ARGUMENT)
+        << "encode n 0 inexact" << w;
+    EXPECT_EQ(mixprec_cuda_act_pool_decode(codes_in, n, HO, WO, WO, 1, good,
+                                           reinterpret_cast<int64_t *>(idx_out + k), stream_),
+              MIXPREC_ERR_BAD_ARGUMENT)
+        << "decode idx" << w;
+    // The shared checks first: their status, not the alignment's.
+    EXPECT_EQ(mixprec_cuda_act_pool_encode(reinterpret_cast<const int64_t *>(idx_in + k), -1, HO,
+                                           WO, WO, 1, good, codes_out,
+                                           reinterpret_cast<int64_t *>(inexact), stream_),
+              MIXPREC_ERR_BAD_SIZE)
+        << "encode n < 0 and idx" << w;
+    EXPECT_EQ(mixprec_cuda_act_pool_encode(static_cast<const int64_t *>(didx.p), n, HO, WO, WO, 1,
+                                           good, nullptr,
+                                           reinterpret_cast<int64_t *>(inexact + k), stream_),
+              MIXPREC_ERR_NULL_POINTER)
+        << "encode NULL codes and inexact" << w;
+    EXPECT_EQ(mixprec_cuda_act_pool_decode(nullptr, n, HO, WO, WO, 1, good,
+                                           reinterpret_cast<int64_t *>(idx_out + k), stream_),
+              MIXPREC_ERR_NULL_POINTER)
+        << "decode NULL codes and idx" << w;
+  }
+  expect_poisoned("misaligned", true);
+
+  // Codes need no alignment: codes + 1 in and out are fine.
+  EXPECT_EQ(mixprec_cuda_act_pool_encode(static_cast<const int64_t *>(didx.p), n, HO, WO, WO, 1,
+                                         good, codes_out + 1,
+                                         reinterpret_cast<int64_t *>(inexact), stream_),
+            MIXPREC_OK);
+  EXPECT_EQ(mixprec_cuda_act_pool_decode(codes_in + 1, n, HO, WO, WO, 1, good,
+                                         static_cast<int64_t *>(didx_out.p), stream_),
+            MIXPREC_OK);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  uint8_t first = 0;
+  ASSERT_EQ(cudaMemcpy(&first, dcodes_out.p, 1, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(first, kPoison);
+  std::vector<uint8_t> want(static_cast<size_t>(n) + 1, kPoison), got(want.size());
+  int64_t want_inexact = -1;
+  ASSERT_EQ(mixprec_act_pool_encode(hidx.data(), n, HO, WO, WO, 1, good, want.data() + 1,
+                                    &want_inexact),
+            MIXPREC_OK);
+  ASSERT_EQ(cudaMemcpy(got.data(), dcodes_out.p, got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(got, want) << "codes + 1";
+  int64_t got_inexact = -1;
+  ASSERT_EQ(cudaMemcpy(&got_inexact, dinexact.p, sizeof got_inexact, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(got_inexact, want_inexact) << "codes + 1: *inexact";
 }
 
 }  // namespace
