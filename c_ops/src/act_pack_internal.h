@@ -190,27 +190,28 @@ MIXPREC__FORCE_INLINE void mixprec__act_mask32(const uint32_t *u, int64_t nbytes
   }
 }
 
-/* relu(v * a + b) over a run of one channel (a, b scalars) or of
- * consecutive channels (a, b arrays): mixprec__act_norm_relu per element. */
-MIXPREC__FORCE_INLINE void mixprec__act_nr_const(float *v, const uint8_t *keep, float a, float b,
-                                                 int64_t len, float tiny) {
-  for (int64_t j = 0; j < len; j++) v[j] = mixprec__act_norm_relu(v[j], a, b, keep[j], tiny);
-}
-MIXPREC__FORCE_INLINE void mixprec__act_nr_rows(float *v, const uint8_t *keep, const float *a,
-                                                const float *b, int64_t len, float tiny) {
-  for (int64_t j = 0; j < len; j++) v[j] = mixprec__act_norm_relu(v[j], a[j], b[j], keep[j], tiny);
-}
-
-/* len floats to BF16, nearest even; a NaN as the fixed one. */
-MIXPREC__FORCE_INLINE void mixprec__act_narrow_bf16(const float *restrict v, uint16_t *restrict h,
-                                                    int64_t len) {
-  for (int64_t j = 0; j < len; j++) {
-    uint32_t u;
-    memcpy(&u, v + j, 4);
-    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    h[j] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? MIXPREC__ACT_NAN_BF16 : r);
+/* relu(v * a + b) over a run of one channel (a, b scalars: AJ = a) or of
+ * consecutive channels (a, b arrays: AJ = a[j]), mixprec__act_norm_relu per
+ * element, written straight to the output: float (F32, and F16 before its
+ * narrowing pass) or BF16 rounded in the same loop (the rule's NaN is the
+ * fixed F32 NaN, whose rounding is the fixed BF16 NaN: no case of its own). */
+#define MIXPREC__ACT_NR_LOOPS(NAME, A_T, AJ, BJ)                                               \
+  MIXPREC__FORCE_INLINE void NAME##_f32(const float *restrict v, const uint8_t *restrict keep, \
+                                        A_T a, A_T b, int64_t len, float tiny,                 \
+                                        float *restrict o) {                                   \
+    for (int64_t j = 0; j < len; j++) o[j] = mixprec__act_norm_relu(v[j], AJ, BJ, keep[j], tiny); \
+  }                                                                                            \
+  MIXPREC__FORCE_INLINE void NAME##_bf16(const float *restrict v, const uint8_t *restrict keep, \
+                                         A_T a, A_T b, int64_t len, float tiny,                \
+                                         uint16_t *restrict h) {                               \
+    for (int64_t j = 0; j < len; j++) {                                                        \
+      const uint32_t u = mixprec__act_f32_bits(mixprec__act_norm_relu(v[j], AJ, BJ, keep[j], tiny)); \
+      h[j] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);                               \
+    }                                                                                          \
   }
-}
+MIXPREC__ACT_NR_LOOPS(mixprec__act_nr_const, float, a, b)
+MIXPREC__ACT_NR_LOOPS(mixprec__act_nr_rows, const float *restrict, a[j], b[j])
+#undef MIXPREC__ACT_NR_LOOPS
 
 #define MIXPREC__ACT_DEFINE_EXTRA(SUF)                                                          \
   void mixprec__act_mask_##SUF(const void *x, mixprec_dtype dtype, int64_t n, int64_t k0,       \
@@ -238,11 +239,18 @@ MIXPREC__FORCE_INLINE void mixprec__act_narrow_bf16(const float *restrict v, uin
                                     int64_t first, int64_t len, void *out,                      \
                                     mixprec_dtype dtype) {                                      \
     const float tiny = mixprec__act_tiny_of(dtype);                                             \
+    /* F32 and BF16 written in the pass; F16 made in v, then narrowed */                        \
+    float *of = dtype == MIXPREC_F32 ? (float *)out + first : v;                                \
+    uint16_t *oh = (uint16_t *)out + first;                                                     \
+    const int bf16 = dtype == MIXPREC_BF16;                                                     \
     if (inner == 1) {                                                                           \
       int64_t c = first % channels;                                                             \
       for (int64_t i = 0; i < len;) {                                                           \
         const int64_t run = channels - c < len - i ? channels - c : len - i;                    \
-        mixprec__act_nr_rows(v + i, keep + i, a + c, b + c, run, tiny);                         \
+        if (bf16)                                                                               \
+          mixprec__act_nr_rows_bf16(v + i, keep + i, a + c, b + c, run, tiny, oh + i);          \
+        else                                                                                    \
+          mixprec__act_nr_rows_f32(v + i, keep + i, a + c, b + c, run, tiny, of + i);           \
         i += run;                                                                               \
         c = 0;                                                                                  \
       }                                                                                         \
@@ -250,21 +258,18 @@ MIXPREC__FORCE_INLINE void mixprec__act_narrow_bf16(const float *restrict v, uin
       int64_t r = first % inner, c = (first / inner) % channels;                                \
       for (int64_t i = 0; i < len;) {                                                           \
         const int64_t run = inner - r < len - i ? inner - r : len - i;                          \
-        mixprec__act_nr_const(v + i, keep + i, a[c], b[c], run, tiny);                          \
+        if (bf16)                                                                               \
+          mixprec__act_nr_const_bf16(v + i, keep + i, a[c], b[c], run, tiny, oh + i);           \
+        else                                                                                    \
+          mixprec__act_nr_const_f32(v + i, keep + i, a[c], b[c], run, tiny, of + i);            \
         i += run;                                                                               \
         r = 0;                                                                                  \
         c = c + 1 == channels ? 0 : c + 1;                                                      \
       }                                                                                         \
     }                                                                                           \
-    if (dtype == MIXPREC_F32) {                                                                 \
-      memcpy((float *)out + first, v, (size_t)len * sizeof(float));                             \
-    } else if (dtype == MIXPREC_BF16) {                                                         \
-      mixprec__act_narrow_bf16(v, (uint16_t *)out + first, len);                                \
-    } else {                                                                                    \
-      uint16_t *h = (uint16_t *)out + first;                                                    \
+    if (dtype == MIXPREC_F16)                                                                   \
       for (int64_t j = 0; j < len; j++)                                                         \
-        h[j] = v[j] != v[j] ? (uint16_t)MIXPREC__ACT_NAN_F16 : mixprec__f32_to_f16(v[j]);       \
-    }                                                                                           \
+        oh[j] = v[j] != v[j] ? (uint16_t)MIXPREC__ACT_NAN_F16 : mixprec__f32_to_f16(v[j]);      \
   }
 
 /* A non-finite block's elements: the one NaN of their dtype. */

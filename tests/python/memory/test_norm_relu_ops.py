@@ -170,3 +170,36 @@ def test_fused_recompute_matches_torch_path(gen, monkeypatch, channels_last):
     for g1, g2 in zip(fused, plain):
         cos = F.cosine_similarity(g1.flatten().double(), g2.flatten().double(), dim=0)
         assert cos > 0.9999, cos
+
+
+# ---- [note: huge pages for fresh outputs] (shim/act_pack.cpp) --------------------
+
+
+def _thp_mode():
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _huge_kb(ptr: int) -> int:
+    """AnonHugePages of the mapping of this process that holds address ptr."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and all(c in "0123456789abcdef-" for c in head):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= ptr < hi
+            elif inside and line.startswith("AnonHugePages:"):
+                return int(line.split()[1])
+    return 0
+
+
+@pytest.mark.skipif(_thp_mode() not in ("madvise", "always"), reason="transparent huge pages off (or not Linux)")
+def test_large_outputs_are_backed_by_huge_pages(gen):
+    x = torch.randn(1 << 23, generator=gen).to(torch.bfloat16)  # 16 MB out
+    codes, scales = _act_pack.act_pack(x, 8, 256, 1)
+    y = _act_pack.act_unpack(codes, scales, x.numel(), 8, 256, torch.bfloat16)
+    assert _huge_kb(y.data_ptr() + y.numel()) >= 2048  # at least one 2 MB page in the output's mapping
