@@ -1,11 +1,12 @@
 /* The generic CPU bodies of the act_pack family, written once and stamped
  * per instruction set (zstd's `_body` compiled twice): act_pack.c
- * instantiates them for the scalar path, act_pack_avx512.c with its ISA
- * flags, where the compiler vectorises the same loops. Each ISA file only
- * supplies how FP16 is widened and narrowed (the portable converters, or
- * F16C's instructions, which give the same bits). The AVX2 path is written
- * with intrinsics instead (act_pack_avx2_body.h), on the same rules, and
- * sends a tensor's partial last block to the scalar body here. Every
+ * instantiates the pack / unpack bodies for the scalar path (supplying how
+ * FP16 is widened and narrowed: the portable converters). The AVX2 and
+ * AVX-512 paths pack and unpack with intrinsics instead
+ * (act_pack_avx2_body.h, compiled with each ISA's flags), on the same
+ * rules, and send a tensor's partial last block to the scalar body here.
+ * The mask and recompute loops (MIXPREC__ACT_DEFINE_EXTRA) are stamped on
+ * every ISA, the compiler vectorising them. Every
  * element goes through act_pack_rules.h, so all paths and the GPU agree bit
  * for bit. */
 #ifndef MIXPREC_ACT_PACK_INTERNAL_H
