@@ -81,3 +81,39 @@ def test_lossless_forms_on_cuda():
         loss = F.dropout(x, 0.3, training=True).sum()
     assert torch.equal(torch.autograd.grad(loss, x)[0], ref)
     assert ctx.stats["packed"] == 1 and ctx.stats["packed_nbytes"] == math.ceil(x.numel() / 8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_mask_and_norm_relu_same_bits_as_cpu(gen, dtype, channels_last):
+    x = (torch.randn(4, 16, 23, 29, generator=gen) * 2 + 0.2).to(dtype)
+    x[0, 0, 0, :3] = torch.tensor([0.0, -0.0, float("nan")])
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    inner = 1 if channels_last else 23 * 29
+    a, b = torch.randn(16, generator=gen), torch.randn(16, generator=gen)
+    for nbits, block in ((8, 256), (4, 32)):
+        m_cpu = _act_pack.act_mask(x)
+        m_gpu = _act_pack.act_mask(x.cuda())
+        assert torch.equal(m_gpu.cpu(), m_cpu)
+        c, s = _act_pack.act_pack(x, nbits, block, 3)
+        y_cpu = _act_pack.act_unpack_norm_relu(c, s, a, b, m_cpu, x.numel(), nbits, block, inner, dtype)
+        y_gpu = _act_pack.act_unpack_norm_relu(c.cuda(), s.cuda(), a.cuda(), b.cuda(), m_gpu, x.numel(), nbits, block,
+                                               inner, dtype)
+        assert torch.equal(bits(y_gpu.cpu()), bits(y_cpu))
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_pool_codes_same_as_cpu(gen, channels_last):
+    x = torch.randn(4, 8, 57, 61, generator=gen)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    _, idx = F.max_pool2d_with_indices(x, 3, 2, 1)
+    geom = (61, 3, 3, 2, 2, 1, 1, 1, 1)
+    c_cpu, bad_cpu = torch.ops.mixprec.act_pool_encode(idx, *geom)
+    c_gpu, bad_gpu = torch.ops.mixprec.act_pool_encode(idx.cuda(), *geom)
+    assert torch.equal(c_gpu.cpu(), c_cpu) and int(bad_gpu.cpu()[0]) == int(bad_cpu[0]) == 0
+    args = (idx.shape[-2], idx.shape[-1], idx.stride(-2), idx.stride(-1), *geom)
+    back = torch.ops.mixprec.act_pool_decode(c_gpu, *args)
+    assert torch.equal(back.cpu(), torch.ops.mixprec.act_pool_decode(c_cpu, *args))
+    assert torch.equal(back.cpu().as_strided(idx.shape, idx.stride()), idx)
