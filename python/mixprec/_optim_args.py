@@ -219,8 +219,10 @@ class _ParamChecks:
             _flag(w, k, group.get(k, False))
         for k in ("foreach", "fused"):
             _flag(w, k, group.get(k), none=True)
-        if group.get("differentiable", False):
-            raise ValueError(f"{w}: differentiable=True (autograd through the optimizer step) is not supported")
+        if group.get("differentiable", False):  # the constructor's error, whichever way the group came in
+            raise NotImplementedError(
+                f"{w}: differentiable=True (autograd through the optimizer step) is not supported"
+            )
         self._check_hyper(w, group)
         group.update(_own_group_keys(w, group))
         check_group(w, group, self._MOMENTS.values())

@@ -81,6 +81,7 @@ when their saved values are copied in).
 from __future__ import annotations
 
 import math
+import numbers
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -467,7 +468,7 @@ class ForwardGuard:
                     raise ValueError(
                         f"{w}: found_inf must be a one-element tensor (the scaler's), got shape {tuple(found_inf.shape)}"
                     )
-            elif isinstance(found_inf, bool) or not isinstance(found_inf, (int, float)):
+            elif isinstance(found_inf, bool) or not isinstance(found_inf, numbers.Real):  # NumPy scalars too
                 raise TypeError(
                     f"{w}: found_inf must be a one-element tensor or a number (0: healthy), got "
                     f"{type(found_inf).__name__} {found_inf!r}"

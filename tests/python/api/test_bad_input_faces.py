@@ -361,6 +361,23 @@ def test_guard_step(kw, exc, word):
     _assert_guard_unchanged(guard, model, snap)
 
 
+def test_guard_step_takes_numpy_numbers():
+    """found_inf from NumPy (an int64 / float64 / float32 scalar) is a number
+    like Python's: 0 steps healthy, nonzero counts an overflow; a NumPy bool
+    is refused as Python's bool is."""
+    np = pytest.importorskip("numpy")
+    model = _model()
+    guard = ForwardGuard(model, fallback=True)
+    for v in (np.int64(0), np.float64(0.0), np.float32(0.0)):
+        model(torch.randn(2, 3))
+        assert guard.step(found_inf=v) is None
+    model(torch.randn(2, 3))
+    guard.step(found_inf=np.int64(1))
+    assert guard.state_dict() != ForwardGuard(_model(), fallback=True).state_dict()
+    model(torch.randn(2, 3))
+    refused(lambda: guard.step(found_inf=np.bool_(False)), TypeError, "mixprec.guard.ForwardGuard.step: ", "found_inf")
+
+
 GUARD_FALLBACK_BAD = [
     (("nope",), ValueError, "nope"),  # KeyError too (an unknown module name)
     ((0,), TypeError, "name"),

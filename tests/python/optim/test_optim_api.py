@@ -44,6 +44,12 @@ def test_torch_flags_accepted(kind, flags):
 def test_differentiable_raises(kind):
     with pytest.raises(NotImplementedError, match="differentiable"):
         PAIRS[kind][0](_params(), differentiable=True)
+    # the same error through add_param_group (was a ValueError there), nothing added
+    opt = PAIRS[kind][0](_params())
+    before = len(opt.param_groups)
+    with pytest.raises(NotImplementedError, match="add_param_group: differentiable=True"):
+        opt.add_param_group({"params": _params(), "differentiable": True})
+    assert len(opt.param_groups) == before
 
 
 BAD = [
