@@ -14,16 +14,17 @@ namespace act_pack {
 namespace {
 
 // [note: huge pages for fresh outputs] Every output of these ops is a fresh
-// allocation that the kernel is the first to touch, and the packed forms and
-// unpacked tensors of a step add up to about a gigabyte for a ResNet-50 at
-// batch 16: with 4 KB pages their page faults cost more than the kernels
-// (measured in this project's 2-core VM, 2026-12-07: resnet18 batch 16 BF16
-// step with 8-bit activations 1.13x AMP with 4 KB pages, 1.05x with torch's
-// THP_MEM_ALLOC_ENABLE=1). So the 2 MB-aligned interior of an output of 4 MB
-// or more is advised MADV_HUGEPAGE before it is written (transparent huge
-// pages in "madvise" mode, the common default, then back it with 2 MB pages
-// on first touch); a hint, nothing else changes. MIXPREC_NO_HUGEPAGE=1
-// turns it off.
+// allocation that the kernel is the first to touch; where the allocator hands
+// out newly mapped memory (the first steps, or after it gave memory back)
+// each 4 KB page is a fault on first touch: a 25.7 MB act_unpack alone took
+// 7.2 ms that way against 1.3 ms on 2 MB pages (this project's 2-core VM,
+// 2026-12-07). So the 2 MB-aligned interior of an output of 4 MB or more is
+// advised MADV_HUGEPAGE before it is written (transparent huge pages in
+// "madvise" mode, the common default, then back it with 2 MB pages on first
+// touch); a hint, nothing else changes. In a training step the allocator
+// mostly reuses memory, and the hint did not move the step time there
+// (bench/results/memory_cpu_step_avx512.md). MIXPREC_NO_HUGEPAGE=1 turns it
+// off.
 void advise_huge(void* p, size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   static const bool off = [] {
