@@ -18,6 +18,24 @@ MIXPREC__ACT_DEFINE_EXTRA(scalar)
 #define TASK_ELEMS ((int64_t)1 << 16)
 #define PARALLEL_MIN ((int64_t)1 << 17)
 
+/* Runs fn(ctx, e0, e1) over elements [0, n) in tasks of TASK_ELEMS on the
+ * library's threads (on the calling thread below PARALLEL_MIN) and returns
+ * the sum of what the calls return: the split of the element-wise entry
+ * points (recompute, pool codes). */
+typedef int64_t (*elem_range_fn)(const void *ctx, int64_t e0, int64_t e1);
+
+static int64_t for_elem_ranges(int64_t n, elem_range_fn fn, const void *ctx) {
+  if (n < PARALLEL_MIN) return fn(ctx, 0, n);
+  const int64_t n_tasks = (n + TASK_ELEMS - 1) / TASK_ELEMS;
+  const int n_threads = mixprec__num_threads();
+  (void)n_threads;
+  int64_t sum = 0;
+#pragma omp parallel for schedule(static) num_threads(n_threads) reduction(+ : sum)
+  for (int64_t t = 0; t < n_tasks; t++)
+    sum += fn(ctx, t * TASK_ELEMS, (t + 1) * TASK_ELEMS < n ? (t + 1) * TASK_ELEMS : n);
+  return sum;
+}
+
 static mixprec__act_pack_fn pack_kernel(void) {
 #if defined(MIXPREC_X86)
   switch (mixprec__active_isa()) {
@@ -143,28 +161,37 @@ mixprec_status mixprec_act_mask(const void *x, mixprec_dtype dtype, int64_t n, u
  * byte), decoded into a buffer on the stack, then made the ReLU's output. */
 #define NR_PIECE MIXPREC_ACT_BLOCK_MAX
 
+/* mixprec_act_unpack_norm_relu's arguments and kernels. */
+typedef struct {
+  const uint8_t *codes;
+  const float *scales, *a, *b;
+  int64_t bits, block, channels, inner;
+  const uint8_t *mask;
+  void *out;
+  mixprec_dtype dtype;
+  mixprec__act_unpack_fn unpack;
+  mixprec__act_norm_relu_fn nr;
+} norm_relu_args;
+
 /* Elements [e0, e1) (e0 a multiple of NR_PIECE) of the recomputed output. */
-static void norm_relu_range(const uint8_t *codes, const float *scales, int64_t n, int64_t bits,
-                            int64_t block, const float *a, const float *b, int64_t channels,
-                            int64_t inner, const uint8_t *mask, void *out, mixprec_dtype dtype,
-                            int64_t e0, int64_t e1, mixprec__act_unpack_fn unpack,
-                            mixprec__act_norm_relu_fn nr) {
+static int64_t norm_relu_range(const void *ctx, int64_t e0, int64_t e1) {
+  const norm_relu_args *g = (const norm_relu_args *)ctx;
   float v[NR_PIECE];
   uint8_t keep[NR_PIECE];
-  (void)n;
   for (int64_t first = e0; first < e1; first += NR_PIECE) {
     const int64_t len = e1 - first < NR_PIECE ? e1 - first : NR_PIECE;
     /* the piece's blocks, as a tensor of len elements of its own */
-    unpack(codes + (bits == 8 ? first : first / 2), scales + first / block, len, bits, block, 0,
-           (len + block - 1) / block, v, MIXPREC_F32);
+    g->unpack(g->codes + (g->bits == 8 ? first : first / 2), g->scales + first / g->block, len,
+              g->bits, g->block, 0, (len + g->block - 1) / g->block, v, MIXPREC_F32);
     for (int64_t k = 0; k < (len + 7) / 8; k++) {
-      const uint64_t t = ((uint64_t)mask[first / 8 + k] * 0x0101010101010101ull) &
+      const uint64_t t = ((uint64_t)g->mask[first / 8 + k] * 0x0101010101010101ull) &
                          0x8040201008040201ull;
       const uint64_t e = ((t + 0x7f7f7f7f7f7f7f7full) >> 7) & 0x0101010101010101ull;
       memcpy(keep + 8 * k, &e, 8);
     }
-    nr(v, keep, a, b, channels, inner, first, len, out, dtype);
+    g->nr(v, keep, g->a, g->b, g->channels, g->inner, first, len, g->out, g->dtype);
   }
+  return 0;
 }
 
 mixprec_status mixprec_act_unpack_norm_relu(const uint8_t *codes, const float *scales, int64_t n,
@@ -174,22 +201,9 @@ mixprec_status mixprec_act_unpack_norm_relu(const uint8_t *codes, const float *s
   const mixprec_status st = mixprec__act_norm_relu_check(codes, scales, n, bits, block, a, b,
                                                          channels, inner, mask, out, dtype);
   if (st != MIXPREC_OK) return st;
-  const mixprec__act_unpack_fn unpack = unpack_kernel();
-  const mixprec__act_norm_relu_fn nr = norm_relu_kernel();
-  if (n < PARALLEL_MIN) {
-    norm_relu_range(codes, scales, n, bits, block, a, b, channels, inner, mask, out, dtype, 0, n,
-                    unpack, nr);
-    return MIXPREC_OK;
-  }
-  const int64_t n_tasks = (n + TASK_ELEMS - 1) / TASK_ELEMS;
-  const int n_threads = mixprec__num_threads();
-  (void)n_threads;
-#pragma omp parallel for schedule(static) num_threads(n_threads)
-  for (int64_t t = 0; t < n_tasks; t++) {
-    const int64_t e1 = (t + 1) * TASK_ELEMS < n ? (t + 1) * TASK_ELEMS : n;
-    norm_relu_range(codes, scales, n, bits, block, a, b, channels, inner, mask, out, dtype,
-                    t * TASK_ELEMS, e1, unpack, nr);
-  }
+  const norm_relu_args args = {codes, scales, a, b, bits, block, channels, inner,
+                               mask, out, dtype, unpack_kernel(), norm_relu_kernel()};
+  for_elem_ranges(n, norm_relu_range, &args);
   return MIXPREC_OK;
 }
 
@@ -239,10 +253,23 @@ MIXPREC__FORCE_INLINE uint8_t pool_code_search(int64_t v, int64_t h0, int64_t w0
   return 255;
 }
 
+/* mixprec_act_pool_encode / _decode's arguments (idx and codes: one read,
+ * the other written). */
+typedef struct {
+  const int64_t *idx_in;
+  int64_t *idx_out;
+  const uint8_t *codes_in;
+  uint8_t *codes_out;
+  int64_t HO, WO, s_ho, s_wo;
+  const int64_t *geom;
+} pool_args;
+
 /* Elements [e0, e1); returns the number of codes 255. */
-static int64_t pool_encode_range(const int64_t *idx, int64_t HO, int64_t WO, int64_t s_ho,
-                                 int64_t s_wo, const int64_t *geom, uint8_t *codes, int64_t e0,
-                                 int64_t e1) {
+static int64_t pool_encode_range(const void *ctx, int64_t e0, int64_t e1) {
+  const pool_args *g = (const pool_args *)ctx;
+  const int64_t *idx = g->idx_in, *geom = g->geom;
+  const int64_t HO = g->HO, WO = g->WO, s_ho = g->s_ho, s_wo = g->s_wo;
+  uint8_t *codes = g->codes_out;
   const int64_t sH = geom[3], sW = geom[4], pH = geom[5], pW = geom[6];
   pool_pos p = pool_pos_at(e0, HO, WO, s_ho, s_wo);
   int64_t bad = 0;
@@ -288,37 +315,26 @@ mixprec_status mixprec_act_pool_encode(const int64_t *idx, int64_t n, int64_t HO
   const mixprec_status st =
       mixprec__act_pool_check(idx, n, HO, WO, s_ho, s_wo, geom, codes, inexact, 1);
   if (st != MIXPREC_OK) return st;
-  int64_t bad = 0;
-  if (n < PARALLEL_MIN) {
-    *inexact = pool_encode_range(idx, HO, WO, s_ho, s_wo, geom, codes, 0, n);
-    return MIXPREC_OK;
-  }
-  const int64_t n_tasks = (n + TASK_ELEMS - 1) / TASK_ELEMS;
-  const int n_threads = mixprec__num_threads();
-  (void)n_threads;
-#pragma omp parallel for schedule(static) num_threads(n_threads) reduction(+ : bad)
-  for (int64_t t = 0; t < n_tasks; t++) {
-    const int64_t e1 = (t + 1) * TASK_ELEMS < n ? (t + 1) * TASK_ELEMS : n;
-    bad += pool_encode_range(idx, HO, WO, s_ho, s_wo, geom, codes, t * TASK_ELEMS, e1);
-  }
-  *inexact = bad;
+  const pool_args args = {idx, NULL, NULL, codes, HO, WO, s_ho, s_wo, geom};
+  *inexact = for_elem_ranges(n, pool_encode_range, &args);
   return MIXPREC_OK;
 }
 
 /* Elements [e0, e1): the window origin's index plus the code's offset in
  * it (a table of the 256 offsets, mixprec__act_pool_index's terms). */
-static void pool_decode_range(const uint8_t *codes, int64_t HO, int64_t WO, int64_t s_ho,
-                              int64_t s_wo, const int64_t *geom, int64_t *idx, int64_t e0,
-                              int64_t e1) {
+static int64_t pool_decode_range(const void *ctx, int64_t e0, int64_t e1) {
+  const pool_args *g = (const pool_args *)ctx;
+  const int64_t *geom = g->geom;
   const int64_t W = geom[0], kW = geom[2], sH = geom[3], sW = geom[4], pH = geom[5];
   const int64_t pW = geom[6], dH = geom[7], dW = geom[8];
   int64_t off[256];
   for (int c = 0; c < 256; c++) off[c] = (c / kW) * dH * W + (c % kW) * dW;
-  pool_pos p = pool_pos_at(e0, HO, WO, s_ho, s_wo);
+  pool_pos p = pool_pos_at(e0, g->HO, g->WO, g->s_ho, g->s_wo);
   for (int64_t i = e0; i < e1; i++) {
-    idx[i] = (p.ho * sH - pH) * W + p.wo * sW - pW + off[codes[i]];
-    pool_pos_next(&p, HO, WO, s_ho, s_wo);
+    g->idx_out[i] = (p.ho * sH - pH) * W + p.wo * sW - pW + off[g->codes_in[i]];
+    pool_pos_next(&p, g->HO, g->WO, g->s_ho, g->s_wo);
   }
+  return 0;
 }
 
 mixprec_status mixprec_act_pool_decode(const uint8_t *codes, int64_t n, int64_t HO, int64_t WO,
@@ -327,17 +343,7 @@ mixprec_status mixprec_act_pool_decode(const uint8_t *codes, int64_t n, int64_t 
   const mixprec_status st =
       mixprec__act_pool_check(codes, n, HO, WO, s_ho, s_wo, geom, idx, NULL, 0);
   if (st != MIXPREC_OK) return st;
-  if (n < PARALLEL_MIN) {
-    pool_decode_range(codes, HO, WO, s_ho, s_wo, geom, idx, 0, n);
-    return MIXPREC_OK;
-  }
-  const int64_t n_tasks = (n + TASK_ELEMS - 1) / TASK_ELEMS;
-  const int n_threads = mixprec__num_threads();
-  (void)n_threads;
-#pragma omp parallel for schedule(static) num_threads(n_threads)
-  for (int64_t t = 0; t < n_tasks; t++) {
-    const int64_t e1 = (t + 1) * TASK_ELEMS < n ? (t + 1) * TASK_ELEMS : n;
-    pool_decode_range(codes, HO, WO, s_ho, s_wo, geom, idx, t * TASK_ELEMS, e1);
-  }
+  const pool_args args = {NULL, idx, codes, NULL, HO, WO, s_ho, s_wo, geom};
+  for_elem_ranges(n, pool_decode_range, &args);
   return MIXPREC_OK;
 }
