@@ -282,21 +282,6 @@ def test_bad_arguments(kwargs, exc, msg):
     assert calls
 
 
-def test_compiled_region_is_kept_with_a_warning():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8))
-    x = torch.randn(128, 256)
-    ref = torch.autograd.grad(model(x).square().sum(), model[0].weight)[0]
-    torch._dynamo.reset()
-    cm = torch.compile(model)
-    with pytest.warns(UserWarning, match="torch.compile'd region .* kept uncompressed"):
-        with compressed_activations() as ctx:
-            loss = cm(x).square().sum()
-    got = torch.autograd.grad(loss, model[0].weight)[0]
-    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
-    assert ctx.stats["packed"] == 0
-
-
 def test_maxpool_indices_narrowed_losslessly():
     x = torch.randn(4, 16, 64, 64, requires_grad=True)
     ref = torch.autograd.grad(F.max_pool2d(x * 1.0, 3, 2, 1, return_indices=False).square().sum(), x)[0]
