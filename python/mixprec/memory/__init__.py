@@ -81,7 +81,7 @@ comes back as one step rather than zero). A block
 holding an inf or NaN unpacks to NaN, so a non-finite forward still gives
 non-finite gradients (GradScaler then skips the step).
 
-Under ``torch.compile`` (torch 2.11 and later): what a compiled region
+Under ``torch.compile`` (torch 2.13 and 2.14 tested): what a compiled region
 saves is packed too, by AOTAutograd itself (the block's hooks are modules
 it inlines into the graphs it compiles; ``_compiled.py``): its float
 intermediates of at least ``min_numel`` elements at the same widths, the
@@ -93,8 +93,9 @@ inductor recomputes BatchNorm -> ReLU in backward from the BatchNorm's
 packed input the ReLU mask is recomputed from the codes, so an element
 within one code step of the threshold may flip (resnet18 at 8 bits:
 worst per-parameter gradient cosine 0.9996 compiled, 0.9997 eager);
-``norm_bits=16`` keeps those inputs exact. On torch 2.10 a compiled region's
-saved tensors are kept uncompressed, with a warning.
+``norm_bits=16`` keeps those inputs exact. On a torch without hook inlining
+(before 2.13: not tested) a compiled region's saved tensors are kept
+uncompressed.
 
 Checks torch makes are kept: a saved tensor modified in place before
 backward raises torch's "modified by an inplace operation" error; double

@@ -44,7 +44,7 @@ import torch
 from .. import _act_pack
 from .._library import cuda_ops_loaded
 
-try:  # torch >= 2.11 (2.10 keeps compiled regions uncompressed, with the warning)
+try:  # torch 2.13 and 2.14 have it (without it, compiled regions are kept uncompressed)
     from torch._functorch._aot_autograd.graph_compile import _get_saved_tensor_hook_context
     from torch._functorch._aot_autograd.utils import saved_tensors_hooks_are_inlineable
 

@@ -190,9 +190,14 @@ def test_without_inlining_kept_with_a_warning(monkeypatch, gen):
     x = torch.randn(128, 256, generator=gen)
     ref = torch.autograd.grad(model(x).square().sum(), model[0].weight)[0]
     cm = torch.compile(model)
-    with pytest.warns(UserWarning, match="torch.compile'd region .* kept uncompressed"):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
         with compressed_activations() as ctx:
             loss = cm(x).square().sum()
+    # torch 2.14 hands the compiled function's saved tensors to the hook at
+    # run time (kept, and said so); 2.13 does not call it for them.
+    if torch.__version__ >= "2.14":
+        assert any("kept uncompressed" in str(w.message) for w in seen)
     got = torch.autograd.grad(loss, model[0].weight)[0]
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
     assert ctx.stats["packed"] == 0
