@@ -69,6 +69,7 @@ the group's formats at the next step.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import torch
@@ -594,6 +595,22 @@ def memory_report(opt) -> MemoryReport:
 # ---- the optimizer side ----------------------------------------------------------
 
 
+def _takes_no_arguments(method):
+    """``method(self)``, an extra argument refused with a TypeError naming
+    the method (Python's own, "takes 1 positional argument but 2 were
+    given", names neither the class nor mixprec)."""
+
+    @functools.wraps(method)
+    def checked(self, *args: Any, **kwargs: Any):
+        if args or kwargs:
+            given = [type(a).__name__ for a in args] + [f"{k}=" for k in kwargs]
+            raise TypeError(f"mixprec.optim.{type(self).__name__}.{method.__name__}: takes no arguments, got "
+                            f"{len(given)} ({', '.join(given)})")
+        return method(self)
+
+    return checked
+
+
 class LeanState:
     """Mixed into ``mixprec.optim``'s base class (before its state and
     checkpoint mixin, whose ``state_dict`` / ``load_state_dict`` these
@@ -692,6 +709,7 @@ class LeanState:
 
     # -- what users call
 
+    @_takes_no_arguments
     def memory_report(self) -> MemoryReport:
         """Bytes of training state on this process by kind (params, grads,
         masters, remainders, moments with their scales and step counts,
@@ -731,6 +749,7 @@ class LeanState:
         out["master"] = master_fp32(p, st)
         return out
 
+    @_takes_no_arguments
     def fp32_state_dict(self) -> dict[str, Any]:
         """``state_dict()`` with every param's state as :meth:`fp32_state`
         gives it: the form torch's optimizers load (torch's AdamW / SGD keep

@@ -14,7 +14,7 @@ import torch
 from ._args import as_float, as_int
 
 from ._parity_run import _evaluate, _scaled_lr
-from ._parity_types import _DIRECTIONS, _RECIPES, _W, LrScale, Recipe
+from ._parity_types import _DIRECTIONS, _RECIPES, _W, LrScale, Recipe, _parse
 
 # ---- arguments ------------------------------------------------------------------------
 
@@ -28,7 +28,7 @@ def _specs(recipe, lr_scale) -> list[Recipe]:
     for i, r in enumerate(items):
         at = "recipe" if len(items) == 1 and not isinstance(recipe, (list, tuple)) else f"recipe[{i}]"
         if isinstance(r, str):
-            r = Recipe.parse(r)
+            r = _parse(r, _W, at)
         elif not isinstance(r, Recipe):
             raise TypeError(
                 f"{_W}: {at}: recipe must be a str (one of {sorted(_RECIPES)}...), a mixprec.parity.Recipe or a "

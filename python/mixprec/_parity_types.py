@@ -12,7 +12,8 @@ from typing import Union
 import torch
 
 
-_W = "mixprec.parity"
+_W = "mixprec.parity.parity"  # the callable errors name (parity's arguments)
+_W_PARSE = "mixprec.parity.Recipe.parse"
 
 # base name -> (low dtype or None for FP32, parameters cast to it)
 _BASES = {
@@ -50,25 +51,33 @@ class Recipe:
     @classmethod
     def parse(cls, spec: str) -> Recipe:
         """``"bf16"``, ``"fp16-params"``, ``"bf16+act8"``, ``"fp32+2x"``...
-        (see the module docstring); ValueError for anything else."""
-        base, *mods = spec.split("+")
-        if base not in _BASES:
-            raise ValueError(_recipe_grammar(spec))
-        dtype, cast = _BASES[base]
-        bits, k = None, 1
-        for m in mods:
-            mult = _MULT.fullmatch(m)
-            if m in ("act8", "act4") and bits is None:
-                bits = int(m[3:])
-            elif mult and k == 1:
-                k = int(mult.group(1))
-            else:
-                raise ValueError(_recipe_grammar(spec))
-        return cls(spec, dtype, cast, bits, k)
+        (see the module docstring); TypeError for a non-str, ValueError for
+        any other str."""
+        if not isinstance(spec, str):
+            raise TypeError(f"{_W_PARSE}: spec must be a str such as 'bf16+act8', got {type(spec).__name__} {spec!r}")
+        return _parse(spec, _W_PARSE, "spec", cls)
 
 
-def _recipe_grammar(spec) -> str:
-    return (f"{_W}: recipe must be one of {sorted(_RECIPES)} (or 'fp32'), optionally followed by '+act8' or "
+def _parse(spec: str, where: str, name: str, cls: type[Recipe] | None = None) -> Recipe:
+    """``Recipe.parse``, its errors naming the callable ``where`` and the argument ``name``."""
+    base, *mods = spec.split("+")
+    if base not in _BASES:
+        raise ValueError(_recipe_grammar(spec, where, name))
+    dtype, cast = _BASES[base]
+    bits, k = None, 1
+    for m in mods:
+        mult = _MULT.fullmatch(m)
+        if m in ("act8", "act4") and bits is None:
+            bits = int(m[3:])
+        elif mult and k == 1:
+            k = int(mult.group(1))
+        else:
+            raise ValueError(_recipe_grammar(spec, where, name))
+    return (cls or Recipe)(spec, dtype, cast, bits, k)
+
+
+def _recipe_grammar(spec, where: str, name: str) -> str:
+    return (f"{where}: {name} must be one of {sorted(_RECIPES)} (or 'fp32'), optionally followed by '+act8' or "
             f"'+act4' and '+<k>x' (e.g. 'bf16+act8+2x'), got {spec!r}")
 
 

@@ -26,11 +26,11 @@ every other optimizer's behaviour (this one only changes what it does for
 optimizers with the flag). Import ``lightning`` (2.x) before using it.
 
 Lightning's own plugins (``precision="bf16-mixed"``, its 16-mixed one) now
-train mixprec's optimizers with clipping too: to Lightning's code their
-flag reads False ([note: lightning's reading of the flag] in
-``mixprec/optim.py``). This plugin remains for torch's fused optimizers
-(which Lightning still refuses) and for mixprec's GradScaler as the
-16-mixed default.
+train mixprec's optimizers with clipping too: under Lightning their flag
+reads False to every reader but a GradScaler ([note: lightning's reading
+of the flag] in ``mixprec/optim.py``), so this plugin hands them to
+Lightning's steps. It remains for torch's fused optimizers (which Lightning
+still refuses) and for mixprec's GradScaler as the 16-mixed default.
 """
 
 from __future__ import annotations

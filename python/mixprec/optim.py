@@ -71,13 +71,23 @@ __all__ = ["AdamW", "SGD", "ema_model", "MemoryReport"]
 # be clipped": its MixedPrecision plugin then neither unscales the grads
 # nor allows ``gradient_clip_val``, with a scaler (16-mixed) and without one
 # (bf16-mixed, which scales nothing), so ``Trainer(precision="bf16-mixed",
-# gradient_clip_val=1.0)`` refused mixprec's optimizers. To Lightning's code
-# (the reading function's module is lightning's) the flag reads False, and
-# its plugin drives them as it drives torch.optim.AdamW: it unscales through
-# the scaler after the closure, clips, then calls scaler.step, where the
-# scaler (reading True) hands over found_inf and no grad_scale after that
-# unscale_ (the grads are only read). Everyone else reads True.
-_LIGHTNING_MODULES = ("lightning.", "pytorch_lightning.", "lightning_fabric.")
+# gradient_clip_val=1.0)`` refused mixprec's optimizers. The flag is read
+# by whoever asks, so it answers by the reading code's place in the stack:
+# from the reader outwards, the first frame of a GradScaler's module gets
+# True, the first frame of Lightning's packages False, and a stack with
+# neither True. The reader itself need not be Lightning's (its check may
+# move to a helper elsewhere; a plugin of the user's may copy it): under
+# Lightning's Trainer or Fabric every reader but a GradScaler gets False.
+# Lightning's plugin then drives mixprec's optimizers as it drives
+# torch.optim.AdamW: it unscales through the scaler after the closure,
+# clips, then calls scaler.step, where the scaler (reading True) hands
+# over found_inf and no grad_scale after that unscale_ (the grads are only
+# read). Under Lightning, False is the safe answer to a reader not known
+# here: the grads may be unscaled and clipped from outside, and a
+# GradScaler of another module unscales them itself, then steps as for
+# torch.optim.AdamW (a host sync more, the same numbers).
+_LIGHTNING_PACKAGES = frozenset({"lightning", "pytorch_lightning", "lightning_fabric"})
+_SCALER_MODULES = frozenset({"torch.amp.grad_scaler", "mixprec.amp"})
 
 
 class _AmpScalingFlag:
@@ -85,8 +95,16 @@ class _AmpScalingFlag:
     lightning's reading of the flag]."""
 
     def __get__(self, obj, cls=None) -> bool:
-        caller = sys._getframe(1).f_globals.get("__name__", "")
-        return not caller.startswith(_LIGHTNING_MODULES)
+        frame = sys._getframe(1)
+        while frame is not None:
+            module = frame.f_globals.get("__name__")
+            if isinstance(module, str):
+                if module in _SCALER_MODULES:
+                    return True
+                if module.partition(".")[0] in _LIGHTNING_PACKAGES:
+                    return False
+            frame = frame.f_back
+        return True
 
 
 class _FusedMasterWeightOptimizer(LeanState, _StateAndCheckpoints, _RoundingSeeds, _OutsideWrites, _WeightsEma,

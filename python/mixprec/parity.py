@@ -89,7 +89,8 @@ Every argument is checked before anything trains (unknown recipes, a
 ``make_model`` that is not a function, batches that are not ``(input,
 target)`` pairs of tensors, ``steps`` / ``seeds`` below 1, targets that are
 not finite, an ``evaluate`` that returns no numbers, a PNG in a missing
-directory...): the error names the argument, and nothing was trained.
+directory...): the error names ``mixprec.parity.parity`` and the argument, and
+nothing was trained.
 
 CLI: ``python -m mixprec.parity pkg.module:setup --recipe fp16,bf16 --recipe
 bf16+2x --seeds 3 --target accuracy=0.005:higher --lr-scale 2 --steps 20
@@ -339,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     names = [n.strip() for r in (a.recipe or ["fp16"]) for n in r.split(",") if n.strip()]
     if a.batch_multiplier is not None:
-        k = as_int(_W, "--batch-multiplier", a.batch_multiplier, low=1)
+        k = as_int(ap.prog, "--batch-multiplier", a.batch_multiplier, low=1)
         names = [n if k == 1 or any(_MULT.fullmatch(m) for m in n.split("+")[1:]) else f"{n}+{k}x" for n in names]
     mod, _, fn = a.setup.partition(":")
     setup = getattr(importlib.import_module(mod), fn or "setup")()

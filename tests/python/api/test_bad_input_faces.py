@@ -256,12 +256,16 @@ def test_fp32_state_bad_p(cls, case):
 @pytest.mark.parametrize("cls", [AdamW, SGD])
 @pytest.mark.parametrize("method", ["fp32_state_dict", "memory_report"])
 def test_read_only_methods_take_no_arguments_and_change_nothing(cls, method):
-    """fp32_state_dict() and memory_report() take no argument (Python's
-    TypeError naming the method), and reading them writes nothing: the
-    tensors they give are new ones."""
+    """fp32_state_dict() and memory_report() take no argument (a
+    TypeError naming the callable as the others do, not Python's "takes 1
+    positional argument but 2 were given"), and reading them writes
+    nothing: the tensors they give are new ones."""
     params, opt = _stepped(cls)
     snap = _optimizer_snapshot(opt, params)
-    refused(lambda: getattr(opt, method)(params), TypeError, method)
+    where = f"mixprec.optim.{cls.__name__}.{method}: "
+    refused(lambda: getattr(opt, method)(params), TypeError, where + "takes no arguments, got 1")
+    refused(lambda: getattr(opt, method)(full=True), TypeError, where + "takes no arguments, got 1", "full")
+    refused(lambda: getattr(opt, method)(None, keep_vars=True), TypeError, where + "takes no arguments, got 2")
     out = getattr(opt, method)()
     if method == "fp32_state_dict":
         for st in out["state"].values():

@@ -125,8 +125,8 @@ def test_parity(kw, exc, word, tmp_path):
     with pytest.raises((TypeError, ValueError)) as info:
         parity(make_model, batches, **kw)
     assert type(info.value) is exc, repr(info.value)
-    for w in ("mixprec.parity", word):
-        assert w in str(info.value), f"{w!r} not in {info.value!r}"
+    assert str(info.value).startswith("mixprec.parity.parity: "), repr(info.value)  # the callable, then the argument
+    assert word in str(info.value), f"{word!r} not in {info.value!r}"
     built = any(kw == b[0] for b in _BUILT)
     assert make.calls == (1 if built else 0)  # refused before anything trained (before building, but for _BUILT)
     assert torch.equal(torch.get_rng_state(), rng)
@@ -135,6 +135,18 @@ def test_parity(kw, exc, word, tmp_path):
             if isinstance(b, tuple) and all(isinstance(t, torch.Tensor) for t in b):
                 assert all(torch.equal(t, u) for t, u in zip(b, g))
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("spec,exc", [(3, TypeError), (None, TypeError), (["bf16"], TypeError),
+                                      ("fp8", ValueError), ("bf16+act3", ValueError), ("", ValueError)])
+def test_recipe_parse(spec, exc):
+    """Recipe.parse is a callable of its own: its errors name it and its
+    argument (a non-str was an AttributeError from str.split)."""
+    with pytest.raises((TypeError, ValueError)) as info:
+        Recipe.parse(spec)
+    assert type(info.value) is exc, repr(info.value)
+    assert str(info.value).startswith("mixprec.parity.Recipe.parse: spec "), repr(info.value)
+    assert Recipe.parse("bf16+act8+2x") == Recipe("bf16+act8+2x", torch.bfloat16, False, 8, 2)
 
 
 # ---- mixprec.lightning.MixedPrecision ---------------------------------------------------

@@ -392,7 +392,7 @@ def test_bad_arguments_are_refused_before_training(tmp_path):
             args.update(kw)
             make_model, data = args.pop("make_model"), args.pop("batches")
             built.clear()
-            with pytest.raises(exc, match="mixprec.parity: .*" + msg):
+            with pytest.raises(exc, match=r"mixprec\.parity\.parity: .*" + msg):
                 parity(make_model, data, **args)
             assert losses == [], kw  # no step ran
             assert len(built) == (builds if make_model is factory else 0), kw

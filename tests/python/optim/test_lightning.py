@@ -1,9 +1,9 @@
 """mixprec's optimizers under Lightning's Trainer with AMP and gradient
 clipping (issue 23 item 13): through mixprec.lightning.MixedPrecision they
 train as torch.optim.AdamW / SGD do under Lightning's own plugin, for
-bf16-mixed and 16-mixed, norm and value clipping; Lightning's own plugin
-refuses them (it refuses torch's fused AdamW alike). A tiny model, a few
-steps on the CPU."""
+bf16-mixed and 16-mixed, norm and value clipping; Lightning's own plugins
+train them too (issue 39; they still refuse torch's fused AdamW). A tiny
+model, a few steps on the CPU."""
 
 import warnings
 
@@ -140,6 +140,7 @@ def test_precision_bf16_mixed_with_clipping_trains_like_torch(algorithm):
 @pytest.mark.parametrize("kind,algorithm,scaler", [
     ("adamw", "norm", torch.amp.GradScaler), ("adamw", "value", torch.amp.GradScaler),
     ("sgd", "norm", torch.amp.GradScaler), ("adamw", "norm", mixprec.amp.GradScaler),
+    ("adamw", "value", mixprec.amp.GradScaler),
 ])
 def test_lightning_16_mixed_plugin_with_clipping_trains_like_torch(kind, algorithm, scaler):
     """Lightning's own 16-mixed plugin (with torch's or mixprec's scaler):
@@ -190,3 +191,47 @@ def test_plugin_refuses_bad_arguments(args, exc, msg):
 def test_plugin_takes_a_device_with_an_index():
     assert MixedPrecision("bf16-mixed", "cpu").device == "cpu"
     assert MixedPrecision("bf16-mixed", torch.device("cuda", 1)).device == "cuda"
+
+
+# ---- where Lightning reads the flag from -----------------------------------------
+
+
+def _read_elsewhere(optimizer):
+    """Lightning's _optimizer_handles_unscaling, as if moved out of
+    Lightning's packages (a helper library, a refactor): the frame that
+    reads the flag is not Lightning's."""
+    return getattr(optimizer, "_step_supports_amp_scaling", False)
+
+
+class _Recording(mixprec.optim.AdamW):
+    """Records whether each step got the GradScaler's found_inf (the
+    scaler read the flag as True: no host sync to skip)."""
+
+    def step(self, closure=None):
+        self.handed_over = getattr(self, "handed_over", []) + [getattr(self, "found_inf", None) is not None]
+        return super().step(closure)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+def test_flag_reads_false_to_lightning_from_any_module(precision, algorithm, monkeypatch):
+    """The flag reads False under Lightning wherever Lightning's check
+    runs, not only in a frame of Lightning's own modules (which refused
+    clipping again as soon as the read moved), and still True to the
+    GradScaler Lightning calls: mixprec's AdamW trains as torch's does,
+    within 1e-5, and every 16-mixed step gets found_inf."""
+    import lightning.pytorch.plugins.precision.amp as lightning_amp
+
+    monkeypatch.setattr(lightning_amp, "_optimizer_handles_unscaling", _read_elsewhere)
+
+    def run(make_opt):
+        if precision == "bf16-mixed":
+            return _fit(make_opt, 1.0, algorithm, precision="bf16-mixed")
+        return _fit(make_opt, 1.0, algorithm, plugins=[
+            L.plugins.precision.MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=256.0))])
+
+    a = run(lambda ps: _Recording(ps, lr=1e-2))
+    b = run(OPTS["adamw"][1])
+    _close(a, b)
+    opt = a.trainer.optimizers[0]
+    assert opt.handed_over == [precision == "16-mixed"] * STEPS

@@ -96,7 +96,7 @@ def test_bad_arguments_are_refused_before_training(tmp_path):
         args = dict(make_model=factory, batches=batches(2))
         args.update(kw)
         make_model, data = args.pop("make_model"), args.pop("batches")
-        with pytest.raises(exc, match="mixprec.parity: .*" + msg):
+        with pytest.raises(exc, match=r"mixprec\.parity\.parity: .*" + msg):
             parity(make_model, data, **args)
         assert calls == [], kw  # nothing was built or trained
 
