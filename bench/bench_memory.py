@@ -785,7 +785,26 @@ def section_grad(args) -> list[str]:
 
 # ---- 5. torch.compile's activation_memory_budget, side by side ----------------------
 
-def _saved_bytes(model, x, y, *, bits=None, autocast=False) -> int:
+def _compiled_saved_bytes(loss, params) -> int:
+    """Bytes of the distinct storages the autograd graph of ``loss`` saved in
+    torch.compile's compiled functions (parameters excluded)."""
+    total, seen, todo, visited = 0, set(params), [loss.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in visited:
+            continue
+        visited.add(node)
+        if "CompiledFunction" in type(node).__name__:
+            for t in node.saved_tensors:
+                k = t.untyped_storage().data_ptr()
+                if k not in seen:
+                    seen.add(k)
+                    total += t.untyped_storage().nbytes()
+        todo.extend(n for n, _ in node.next_functions)
+    return total
+
+
+def _saved_bytes(model, x, y, *, bits=None, autocast=False, compiled=False) -> int:
     """Bytes of the distinct storages saved for backward in one step (what
     the packed forms hold, for mixprec), parameters excluded: under
     torch.compile, what AOTAutograd's compiled function saves."""
@@ -801,7 +820,14 @@ def _saved_bytes(model, x, y, *, bits=None, autocast=False) -> int:
 
     model.zero_grad(set_to_none=True)
     ac = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
-    if bits:
+    if compiled:
+        # What the compiled function saved (its packed forms, when the block
+        # is on: torch.compile inlines the block's hooks, no Python hook runs).
+        ctx = mm.compressed_activations(bits=bits) if bits else contextlib.nullcontext()
+        with ac, ctx:
+            loss = F.cross_entropy(model(x).float(), y)
+        held = _compiled_saved_bytes(loss, params)
+    elif bits:
         ca = mm.compressed_activations(bits=bits)
         with ac, ca:
             loss = F.cross_entropy(model(x).float(), y)
@@ -817,9 +843,10 @@ def _saved_bytes(model, x, y, *, bits=None, autocast=False) -> int:
 def section_compile(args) -> list[str]:
     """Saved bytes per sample (slope between two batches) and step time of
     resnet18 / resnet50 under torch.compile (inductor, CPU) at
-    activation_memory_budget 1.0 / 0.5 / 0.2, against the eager step and
-    mixprec's 8-bit compressed activations; FP32 (what a CPU user trains
-    with: torch's BF16 kernels are slow here without AVX-512 BF16)."""
+    activation_memory_budget 1.0 / 0.5 / 0.2 and with mixprec's 8-bit /
+    4-bit compressed activations around the compiled model (inlined by
+    AOTAutograd), against the eager step and eager 8-bit; FP32, or BF16
+    autocast with --native-bf16 (where torch's BF16 kernels are native)."""
     import torch._functorch.config as fconf
     import torch._dynamo
 
@@ -827,9 +854,12 @@ def section_compile(args) -> list[str]:
     tvm = torchvision.models
     res, (b1, b2) = (32, (2, 3)) if args.quick else (args.compile_res, (2, 4))
     reps = 2 if args.quick else 3
-    lines = [f"FP32 (no autocast), {res}x{res}, cross-entropy on random labels. Saved MB / sample = the slope of the "
+    bf16 = args.native_bf16
+    lines = [f"{'BF16 autocast (native kernels)' if bf16 else 'FP32 (no autocast)'}, {res}x{res}, cross-entropy on "
+             f"random labels. Saved MB / sample = the slope of the "
              f"bytes saved for backward (distinct storages, parameters excluded; for mixprec its codes + what it "
-             f"keeps) between batches {b1} and {b2}; step = forward + backward at batch {b2}, median of {reps} after "
+             f"keeps; compiled: what the compiled functions saved, read from the autograd graph) between batches "
+             f"{b1} and {b2}; step = forward + backward at batch {b2}, median of {reps} after "
              "a warm-up (compiled: after compiling). torch.compile's budget is "
              "torch._functorch.config.activation_memory_budget (1.0: save what the partitioner would; lower: "
              "recompute more). 'x eager' = against the eager step without compression.", ""]
@@ -843,27 +873,30 @@ def section_compile(args) -> list[str]:
                 for b in (b1, b2)}
         rows = []
 
-        def measure(label, fn_model, bits=None):
+        def measure(label, fn_model, bits=None, compiled=False):
+            kw = dict(bits=bits, autocast=bf16, compiled=compiled)
             t0 = time.perf_counter()
-            sv = [_saved_bytes(fn_model, *data[b], bits=bits) for b in (b1, b2)]  # compiles here
+            sv = [_saved_bytes(fn_model, *data[b], **kw) for b in (b1, b2)]  # compiles here
             comp = time.perf_counter() - t0
             times = []
             for _ in range(reps):
                 t1 = time.perf_counter()
-                _saved_bytes(fn_model, *data[b2], bits=bits)
+                _saved_bytes(fn_model, *data[b2], **kw)
                 times.append(time.perf_counter() - t1)
             rows.append((label, (sv[1] - sv[0]) / (b2 - b1), med(times), comp))
 
         measure("eager", model)
         measure("eager + mixprec 8-bit", model, bits=8)
-        for budget in (1.0, 0.5, 0.2):
+        cases = [(budget, None) for budget in (1.0, 0.5, 0.2)] + [(1.0, 8), (1.0, 4)]
+        for budget, bits in cases:
             torch._dynamo.reset()
+            label = f"torch.compile, budget {budget}" + (f" + mixprec {bits}-bit" if bits else "")
             with fconf.patch(activation_memory_budget=budget):
                 cm = torch.compile(model)
                 try:
-                    measure(f"torch.compile, budget {budget}", cm)
+                    measure(label, cm, bits=bits, compiled=True)
                 except Exception as e:  # noqa: BLE001 - reported in the table
-                    rows.append((f"torch.compile, budget {budget}: failed {type(e).__name__}: {str(e)[:80]}",
+                    rows.append((f"{label}: failed {type(e).__name__}: {str(e)[:80]}",
                                  float("nan"), float("nan"), float("nan")))
         torch._dynamo.reset()
         base_b, base_t = rows[0][1], rows[0][2]

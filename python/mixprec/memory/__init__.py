@@ -88,7 +88,10 @@ intermediates of at least ``min_numel`` elements at the same widths, the
 region's inputs, parameters and their casts kept. Unlike eager, the
 decisions and the rounding seed of each saved tensor are fixed when the
 region is compiled (a new ``with`` block does not recompile; every call
-rounds with the same bits), nothing is counted in ``stats``, and where
+rounds with the same bits), nothing is counted in ``stats``, a region
+compiled for dynamic shapes (``dynamic=True``, or torch's automatic
+dynamic after a second batch size) keeps its tensors (compile with
+``dynamic=False`` or drop the last partial batch), and where
 inductor recomputes BatchNorm -> ReLU in backward from the BatchNorm's
 packed input the ReLU mask is recomputed from the codes, so an element
 within one code step of the threshold may flip (resnet18 at 8 bits:

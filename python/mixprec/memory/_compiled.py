@@ -25,7 +25,10 @@ In a compiled region (every decision made once, when it is compiled):
   reads or makes (the widths and blocks of the eager policy; a LayerNorm's
   input in blocks that divide its last dimension).
 * kept: everything else (integer tensors: inductor already saves max-pool
-  offsets as int8; the statistics; small tensors).
+  offsets as int8; the statistics; small tensors), and everything a region
+  compiled for dynamic shapes saves (``dynamic=True``, or automatic dynamic
+  after a second batch size): AOTAutograd traces the inlined unpack at the
+  compiling call's sizes, which would fix the backward graph to them.
 * the rounding seed of each saved tensor is fixed when the region is
   compiled (from the block's seed then and the tensor's name in the
   graph): every call of the compiled region rounds with the same bits,
@@ -194,7 +197,13 @@ def _compiled_pack(cfg: "_Config", ctx, x: torch.Tensor, info: dict):
     dev = x.device.type
     if dev != "cpu" and not (dev == "cuda" and cuda_ops_loaded()):
         return x
-    n = x.numel()  # (a SymInt under dynamic shapes: the comparison is a guard)
+    if not all(type(d) is int for d in x.shape):
+        # Dynamic shapes: kept. AOTAutograd traces the inlined unpack with
+        # the sizes of the call that compiled, so the backward graph would
+        # be fixed to them (torch 2.14: a BatchNorm's backward then failed
+        # in inductor; without one it would run the wrong sizes).
+        return x
+    n = x.numel()
     if n < max(cfg.min_numel, 1) or _from_graph_input(node):
         return x
     kind = _kind(node)
@@ -202,24 +211,35 @@ def _compiled_pack(cfg: "_Config", ctx, x: torch.Tensor, info: dict):
     if bits == 16:
         return x
     block = cfg.block if cfg.block_given or bits == cfg.bits else _DEFAULT_BLOCK[bits]
-    src, stride = x, tuple(x.stride())
-    if not _dense_permutation(x):
-        src, stride = x.contiguous(), None
+    src, order = x, None
+    if x.is_contiguous():
+        pass
+    elif _dense_permutation(x):
+        # Packed in memory order; unpacked as a contiguous tensor of the
+        # dimensions outermost first, then permuted back (a view and a
+        # permute: inductor lowers them where as_strided with symbolic
+        # strides failed).
+        order = tuple(sorted(range(x.dim()), key=lambda d: (x.stride(d), x.shape[d]), reverse=True))
+    else:
+        src = x.contiguous()
     if kind == "layer_norm" and not cfg.block_given and src.dim() > 0:
         from . import _row_block
 
         block = _row_block(block, int(src.shape[-1]) if src.is_contiguous() else 1)
     base = ctx._base if ctx is not None else 0
     codes, scales = torch.ops.mixprec.act_pack.default(src, bits, block, _seed(base, node.name))
-    return (_TAG, codes, scales, n, bits, block, x.dtype, tuple(x.shape), stride)
+    return (_TAG, codes, scales, n, bits, block, x.dtype, tuple(x.shape), order)
 
 
 def _compiled_unpack(p):
-    _, codes, scales, n, bits, block, dtype, shape, stride = p
+    _, codes, scales, n, bits, block, dtype, shape, order = p
     flat = torch.ops.mixprec.act_unpack.default(codes, scales, n, bits, block, dtype)
-    if stride is None:
+    if order is None:
         return flat.view(shape)
-    return flat.as_strided(shape, stride)
+    inverse = [0] * len(order)
+    for i, d in enumerate(order):
+        inverse[d] = i
+    return flat.view([shape[d] for d in order]).permute(inverse)
 
 
 # ---- the hook modules -------------------------------------------------------
