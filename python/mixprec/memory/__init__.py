@@ -356,6 +356,28 @@ def _affine_matches(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.
     return bool(((err <= tol) | ~torch.isfinite(pred)).all())
 
 
+# The BatchNorm layers whose statistics were read right once (by their
+# weight's identity, while it lives; per input shape, strides, dtypes and
+# mode): checked again only when one of those changes.
+_AFFINE_OK: dict[int, tuple[Any, set]] = {}
+
+
+def _affine_checked(weight, x, training, y, a, b) -> bool:
+    """_affine_matches, once per layer and kind of call."""
+    kind = (tuple(x.shape), x.stride(), x.dtype, y.dtype, bool(training))
+    entry = _AFFINE_OK.get(id(weight)) if isinstance(weight, torch.Tensor) else None
+    if entry is not None and entry[0]() is weight and kind in entry[1]:
+        return True
+    if not _affine_matches(x, y, a, b):
+        return False
+    if isinstance(weight, torch.Tensor):
+        if entry is None or entry[0]() is not weight:
+            key = id(weight)
+            entry = _AFFINE_OK[key] = (weakref.ref(weight, lambda _r, k=key: _AFFINE_OK.pop(k, None)), set())
+        entry[1].add(kind)
+    return True
+
+
 class _PoolGeometry(TorchFunctionMode):
     """Tells the hooks the geometry of the max_pool2d running now (nn.MaxPool2d
     and F.max_pool2d alike), so its indices can be coded in its windows, and
@@ -692,7 +714,7 @@ class compressed_activations(torch.autograd.graph.saved_tensors_hooks):
                 return
             a = invstd.float() if weight is None else invstd.float() * weight.float()
             b = -mean.float() * a if bias is None else bias.float() - mean.float() * a
-            if x.device.type == "cpu" and not _affine_matches(x, out, a, b):
+            if x.device.type == "cpu" and not _affine_checked(weight, x, training, out, a, b):
                 return
         self._bn = (node, src, a, b, tuple(x.shape), x.stride())
 

@@ -255,3 +255,27 @@ def test_recomputed_once_per_backward_and_released(made, monkeypatch):
     assert len(calls) == 1 and d._last is None and d._left == 0
     out.sum().backward()  # a second backward recomputes again
     assert len(calls) == 2 and d._last is None
+
+
+def test_statistics_checked_once_per_layer_and_kind(monkeypatch, made):
+    """The BatchNorm statistics are checked against the output on the first
+    call of a layer and again when its input's shape / layout / dtype or the
+    mode changes; a layer whose check fails is packed as usual."""
+    import mixprec.memory as mm
+
+    calls = []
+    orig = mm._affine_matches
+    monkeypatch.setattr(mm, "_affine_matches", lambda *a: calls.append(1) or orig(*a))
+    model = _ConvBNReLU()
+    x = torch.randn(4, 16, 24, 24)
+    for _ in range(3):
+        _grads(model, x, compressed_activations())
+    assert len(calls) == 1 and len(made) == 3
+    _grads(model, torch.randn(2, 16, 24, 24), compressed_activations())  # another shape
+    model.eval()
+    _grads(model, x, compressed_activations())  # another mode
+    assert len(calls) == 3 and len(made) == 5
+    other = _ConvBNReLU()
+    monkeypatch.setattr(mm, "_affine_matches", lambda *a: calls.append(1) or False)
+    _grads(other, x, compressed_activations())
+    assert len(calls) == 4 and len(made) == 5  # not recomputed: packed
