@@ -892,7 +892,9 @@ def section_compile(args) -> list[str]:
             torch._dynamo.reset()
             label = f"torch.compile, budget {budget}" + (f" + mixprec {bits}-bit" if bits else "")
             with fconf.patch(activation_memory_budget=budget):
-                cm = torch.compile(model)
+                # (mixprec: a graph per batch size; a region compiled for
+                # dynamic shapes keeps its tensors, see mixprec.memory)
+                cm = torch.compile(model, dynamic=False if bits else None)
                 try:
                     measure(label, cm, bits=bits, compiled=True)
                 except Exception as e:  # noqa: BLE001 - reported in the table
