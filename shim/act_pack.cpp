@@ -13,23 +13,22 @@ namespace mixprec_shim {
 namespace act_pack {
 namespace {
 
-// [note: huge pages for fresh outputs] Every output of these ops is a fresh
-// allocation that the kernel is the first to touch; where the allocator hands
-// out newly mapped memory (the first steps, or after it gave memory back)
-// each 4 KB page is a fault on first touch: a 25.7 MB act_unpack alone took
-// 7.2 ms that way against 1.3 ms on 2 MB pages (this project's 2-core VM,
-// 2026-12-07). So the 2 MB-aligned interior of an output of 4 MB or more is
-// advised MADV_HUGEPAGE before it is written (transparent huge pages in
-// "madvise" mode, the common default, then back it with 2 MB pages on first
-// touch); a hint, nothing else changes. In a training step the allocator
-// mostly reuses memory, and the hint did not move the step time there
-// (bench/results/memory_cpu_step_avx512.md). MIXPREC_NO_HUGEPAGE=1 turns it
-// off.
+// [note: huge pages for fresh outputs] Opt-in (MIXPREC_HUGEPAGE=1): the 2
+// MB-aligned interior of an output of 4 MB or more is advised MADV_HUGEPAGE
+// before it is written (transparent huge pages in "madvise" mode, the common
+// default, then back it with 2 MB pages on first touch). Where the allocator
+// hands out newly mapped memory each 4 KB page is a fault on first touch: a
+// fresh 25.7 MB act_unpack took 7.2 ms that way against 1.3 ms on 2 MB pages
+// (this project's 2-core VM, 2026-12-07). But in training the allocator
+// mostly reuses memory, and on 2026-12-08 the hint made the step slower:
+// resnet18 8-bit at 1.17x AMP with it, 1.12-1.14x without (paired rounds,
+// the same machine), and a max-pool index decode 24.8 ms against 2.5 ms, with
+// torch's own large allocations slower around it. So it is off by default.
 void advise_huge(void* p, size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   static const bool off = [] {
-    const char* e = std::getenv("MIXPREC_NO_HUGEPAGE");
-    return e != nullptr && e[0] != '\0' && e[0] != '0';
+    const char* e = std::getenv("MIXPREC_HUGEPAGE");
+    return e == nullptr || e[0] == '\0' || e[0] == '0';
   }();
   constexpr uintptr_t kHuge = uintptr_t(2) << 20;
   if (off || p == nullptr || bytes < 2 * kHuge) return;

@@ -198,10 +198,12 @@ def _huge_kb(ptr: int) -> int:
 
 
 @pytest.mark.skipif(_thp_mode() not in ("madvise", "always"), reason="transparent huge pages off (or not Linux)")
-def test_large_outputs_are_backed_by_huge_pages():
+@pytest.mark.parametrize("opt_in", [True, False])
+def test_large_outputs_are_backed_by_huge_pages(opt_in):
     """In a fresh interpreter (in a long test process the allocator may hand
     out memory that 4 KB pages already back, where the hint changes nothing):
-    a 16 MB act_unpack output's mapping holds at least one 2 MB page."""
+    with MIXPREC_HUGEPAGE=1 a 16 MB act_unpack output's mapping holds at least
+    one 2 MB page; by default (off) none in THP's madvise mode."""
     import inspect
     import os
     import subprocess
@@ -215,6 +217,12 @@ def test_large_outputs_are_backed_by_huge_pages():
         "y = _act_pack.act_unpack(c, s, x.numel(), 8, 256, torch.bfloat16)\n"
         "print(_huge_kb(y.data_ptr() + y.numel()))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ), timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "MIXPREC_HUGEPAGE"}
+    if opt_in:
+        env["MIXPREC_HUGEPAGE"] = "1"
+    elif _thp_mode() != "madvise":
+        pytest.skip("THP 'always': 2 MB pages without the hint too")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert int(out.stdout.strip().splitlines()[-1]) >= 2048, out.stdout
+    huge = int(out.stdout.strip().splitlines()[-1])
+    assert (huge >= 2048) if opt_in else (huge == 0), out.stdout
