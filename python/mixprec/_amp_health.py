@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 
 from . import _distributed
+from ._args import as_int
 
 __all__ = ["Overflow", "TrainingHealth"]
 
@@ -64,6 +65,7 @@ class TrainingHealth:
         return sum(self.skipped)
 
     def most_overflowed(self, k: int = 5) -> list[tuple[str, int]]:
+        k = as_int("mixprec.amp.TrainingHealth.most_overflowed", "k", k, low=0)
         return [(n, c) for n, c in self.overflow_counts.items() if c > 0][:k]
 
     def __str__(self) -> str:

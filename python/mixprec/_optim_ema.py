@@ -11,6 +11,8 @@ from typing import Any, Iterator
 
 import torch
 
+from ._optim_lean import _takes
+
 __all__ = ["ema_model"]
 
 
@@ -59,6 +61,7 @@ class _WeightsEma:
                 "gradients taken there are the EMA's); leave the with-block first, then step on the training weights"
             )
 
+    @_takes()
     @contextlib.contextmanager
     @torch.no_grad()
     def swap_ema(self) -> Iterator[None]:
@@ -112,10 +115,17 @@ def ema_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     optimizes none of ``model``'s parameters (another model: a plain copy
     would pass for the EMA). A model the optimizer trains only part of (a
     frozen backbone) is fine: the rest is copied as it is."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"mixprec.optim.ema_model: model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, _WeightsEma):
         raise TypeError(
             f"mixprec.optim.ema_model: optimizer must be mixprec.optim.AdamW or SGD, got {type(optimizer).__name__}"
         )
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"mixprec.optim.ema_model: dtype must be None or a torch.dtype, got {type(dtype).__name__} "
+                        f"{dtype!r}")
+    if dtype is not None and not dtype.is_floating_point:
+        raise ValueError(f"mixprec.optim.ema_model: dtype must be a floating dtype, got {dtype}")
     if not optimizer._keeps_ema():
         raise RuntimeError(
             "mixprec.optim.ema_model: the optimizer keeps no EMA of the weights; build it with ema_decay=..."

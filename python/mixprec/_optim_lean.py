@@ -595,20 +595,31 @@ def memory_report(opt) -> MemoryReport:
 # ---- the optimizer side ----------------------------------------------------------
 
 
-def _takes_no_arguments(method):
-    """``method(self)``, an extra argument refused with a TypeError naming
-    the method (Python's own, "takes 1 positional argument but 2 were
+def _takes(*names: str):
+    """``method(self, *names)`` with each of ``names`` required (given by
+    position or by keyword): an extra positional argument, an unknown or
+    repeated keyword or a missing argument is refused with a TypeError naming
+    the method (Python's own, "takes 2 positional arguments but 3 were
     given", names neither the class nor mixprec)."""
 
-    @functools.wraps(method)
-    def checked(self, *args: Any, **kwargs: Any):
-        if args or kwargs:
-            given = [type(a).__name__ for a in args] + [f"{k}=" for k in kwargs]
-            raise TypeError(f"mixprec.optim.{type(self).__name__}.{method.__name__}: takes no arguments, got "
-                            f"{len(given)} ({', '.join(given)})")
-        return method(self)
+    def wrap(method):
+        @functools.wraps(method)
+        def checked(self, *args: Any, **kwargs: Any):
+            where = f"mixprec.optim.{type(self).__name__}.{method.__name__}"
+            extra = [type(a).__name__ for a in args[len(names):]]
+            extra += [f"{k}=" for k in kwargs if k not in names[len(args):]]
+            if extra:
+                takes = f"takes only {', '.join(names)}, got {len(extra)} more" if names else \
+                    f"takes no arguments, got {len(extra)}"
+                raise TypeError(f"{where}: {takes} ({', '.join(extra)})")
+            missing = [n for i, n in enumerate(names) if i >= len(args) and n not in kwargs]
+            if missing:
+                raise TypeError(f"{where}: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required")
+            return method(self, *args, **kwargs)
 
-    return checked
+        return checked
+
+    return wrap
 
 
 class LeanState:
@@ -709,7 +720,7 @@ class LeanState:
 
     # -- what users call
 
-    @_takes_no_arguments
+    @_takes()
     def memory_report(self) -> MemoryReport:
         """Bytes of training state on this process by kind (params, grads,
         masters, remainders, moments with their scales and step counts,
@@ -717,6 +728,7 @@ class LeanState:
         (``print(opt.memory_report())`` for a table)."""
         return memory_report(self)
 
+    @_takes("p")
     @torch.no_grad()
     def fp32_state(self, p: torch.Tensor) -> dict[str, Any]:
         """``p``'s state materialised in FP32, as torch's optimizer of the
@@ -749,7 +761,7 @@ class LeanState:
         out["master"] = master_fp32(p, st)
         return out
 
-    @_takes_no_arguments
+    @_takes()
     def fp32_state_dict(self) -> dict[str, Any]:
         """``state_dict()`` with every param's state as :meth:`fp32_state`
         gives it: the form torch's optimizers load (torch's AdamW / SGD keep

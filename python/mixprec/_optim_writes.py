@@ -19,6 +19,7 @@ import operator
 import torch
 
 from ._distributed import local
+from ._optim_lean import _takes
 
 _VERSION = operator.attrgetter("_version")
 
@@ -46,6 +47,7 @@ class _OutsideWrites:
         torch.where(master.to(p.dtype) == p, master, p.float(), out=master)
 
     @torch.no_grad()
+    @_takes()
     def sync_master_weights(self) -> None:
         """Makes every FP32 master follow its parameter wherever the
         parameter no longer equals the rounded master: for writes the

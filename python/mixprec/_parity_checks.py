@@ -14,7 +14,7 @@ import torch
 from ._args import as_float, as_int
 
 from ._parity_run import _evaluate, _scaled_lr
-from ._parity_types import _DIRECTIONS, _RECIPES, _W, LrScale, Recipe, _parse
+from ._parity_types import _DIRECTIONS, _RECIPES, _W, Recipe, _checked_fields, _lr_rule, _parse
 
 # ---- arguments ------------------------------------------------------------------------
 
@@ -23,7 +23,7 @@ def _specs(recipe, lr_scale) -> list[Recipe]:
     items = list(recipe) if isinstance(recipe, (list, tuple)) else [recipe]
     if not items:
         raise ValueError(f"{_W}: recipe is an empty list")
-    rule = None if lr_scale is None else _lr_rule("lr_scale", lr_scale)
+    rule = None if lr_scale is None else _lr_rule(_W, "lr_scale", lr_scale)
     specs = []
     for i, r in enumerate(items):
         at = "recipe" if len(items) == 1 and not isinstance(recipe, (list, tuple)) else f"recipe[{i}]"
@@ -33,27 +33,8 @@ def _specs(recipe, lr_scale) -> list[Recipe]:
             raise TypeError(
                 f"{_W}: {at}: recipe must be a str (one of {sorted(_RECIPES)}...), a mixprec.parity.Recipe or a "
                 f"list of them, got {type(r).__name__} {r!r}")
-        else:
-            if not isinstance(r.name, str) or not r.name:
-                raise TypeError(f"{_W}: {at}.name must be a non-empty str, got {r.name!r}")
-            if r.dtype is not None and not isinstance(r.dtype, torch.dtype):
-                raise TypeError(f"{_W}: {at}.dtype must be None (FP32) or a torch.dtype, got "
-                                f"{type(r.dtype).__name__} {r.dtype!r}")
-            if r.dtype not in (None, torch.float16, torch.bfloat16):
-                raise ValueError(
-                    f"{_W}: {at}.dtype must be None (FP32), torch.float16 or torch.bfloat16, got {r.dtype!r}")
-            if not isinstance(r.params_cast, bool):
-                raise TypeError(f"{_W}: {at}.params_cast must be a bool, got {type(r.params_cast).__name__} "
-                                f"{r.params_cast!r}")
-            if r.params_cast and r.dtype is None:
-                raise ValueError(f"{_W}: {at}.params_cast=True needs a dtype (the parameters' low dtype)")
-            bits = None if r.act_bits is None else as_int(_W, f"{at}.act_bits", r.act_bits)
-            if bits not in (None, 8, 4):
-                raise ValueError(f"{_W}: {at}.act_bits must be None, 8 or 4, got {r.act_bits!r}")
-            r = dataclasses.replace(r, batch_multiplier=as_int(_W, f"{at}.batch_multiplier", r.batch_multiplier, low=1),
-                                    act_bits=bits)
-            if r.lr_scale is not None:
-                r = dataclasses.replace(r, lr_scale=_lr_rule(f"{at}.lr_scale", r.lr_scale))
+        else:  # checked when built; again for one built past the constructor (a subclass, object.__new__)
+            r = dataclasses.replace(r, **_checked_fields(r, _W, f"{at}."))
         if r.lr_scale is None and r.batch_multiplier > 1 and rule is not None:
             r = dataclasses.replace(r, lr_scale=rule)
         specs.append(r)
@@ -62,12 +43,6 @@ def _specs(recipe, lr_scale) -> list[Recipe]:
     if dup is not None:
         raise ValueError(f"{_W}: recipe names must differ, {dup!r} is given twice")
     return specs
-
-
-def _lr_rule(name, v) -> LrScale:
-    if callable(v) and not isinstance(v, (numbers.Real, torch.Tensor)):
-        return v
-    return as_float(_W, name, v, above=0.0)
 
 
 _PAIRS = " (batches[i] is an (input, target) pair)"

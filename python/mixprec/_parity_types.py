@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import math
+import numbers
 import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Union
 
 import torch
 
+from ._args import as_float, as_int
 
 _W = "mixprec.parity.parity"  # the callable errors name (parity's arguments)
 _W_PARSE = "mixprec.parity.Recipe.parse"
+_W_RECIPE = "mixprec.parity.Recipe"
 
 # base name -> (low dtype or None for FP32, parameters cast to it)
 _BASES = {
@@ -48,6 +51,11 @@ class Recipe:
     batch_multiplier: int = 1
     lr_scale: LrScale | None = None
 
+    def __post_init__(self):
+        # checked when built (TypeError / ValueError naming the field), the numbers converted as parity uses them
+        for key, value in _checked_fields(self, _W_RECIPE, "").items():
+            object.__setattr__(self, key, value)
+
     @classmethod
     def parse(cls, spec: str) -> Recipe:
         """``"bf16"``, ``"fp16-params"``, ``"bf16+act8"``, ``"fp32+2x"``...
@@ -56,6 +64,40 @@ class Recipe:
         if not isinstance(spec, str):
             raise TypeError(f"{_W_PARSE}: spec must be a str such as 'bf16+act8', got {type(spec).__name__} {spec!r}")
         return _parse(spec, _W_PARSE, "spec", cls)
+
+
+def _lr_rule(where: str, name: str, v) -> LrScale:
+    """A recipe's lr rule: a function ``f(lr, k)`` or a finite number > 0."""
+    if callable(v) and not isinstance(v, (numbers.Real, torch.Tensor)):
+        return v
+    return as_float(where, name, v, above=0.0)
+
+
+def _checked_fields(r: Recipe, where: str, at: str) -> dict[str, Any]:
+    """The one check of a ``Recipe``'s fields (its constructor's, and
+    ``parity``'s of a recipe built past it): errors name ``where`` and the
+    field as ``<at><field>``; returns ``act_bits``, ``batch_multiplier``
+    and ``lr_scale`` converted (``8.0`` -> ``8``, a tensor -> a float)."""
+    if not isinstance(r.name, str):
+        raise TypeError(f"{where}: {at}name must be a non-empty str, got {type(r.name).__name__} {r.name!r}")
+    if not r.name:
+        raise ValueError(f"{where}: {at}name must be a non-empty str, got ''")
+    if r.dtype is not None and not isinstance(r.dtype, torch.dtype):
+        raise TypeError(f"{where}: {at}dtype must be None (FP32) or a torch.dtype, got "
+                        f"{type(r.dtype).__name__} {r.dtype!r}")
+    if r.dtype not in (None, torch.float16, torch.bfloat16):
+        raise ValueError(f"{where}: {at}dtype must be None (FP32), torch.float16 or torch.bfloat16, got {r.dtype!r}")
+    if not isinstance(r.params_cast, bool):
+        raise TypeError(f"{where}: {at}params_cast must be a bool, got {type(r.params_cast).__name__} "
+                        f"{r.params_cast!r}")
+    if r.params_cast and r.dtype is None:
+        raise ValueError(f"{where}: {at}params_cast=True needs a dtype (the parameters' low dtype)")
+    bits = None if r.act_bits is None else as_int(where, f"{at}act_bits", r.act_bits)
+    if bits not in (None, 8, 4):
+        raise ValueError(f"{where}: {at}act_bits must be None, 8 or 4, got {r.act_bits!r}")
+    k = as_int(where, f"{at}batch_multiplier", r.batch_multiplier, low=1)
+    rule = None if r.lr_scale is None else _lr_rule(where, f"{at}lr_scale", r.lr_scale)
+    return {"act_bits": bits, "batch_multiplier": k, "lr_scale": rule}
 
 
 def _parse(spec: str, where: str, name: str, cls: type[Recipe] | None = None) -> Recipe:

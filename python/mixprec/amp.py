@@ -256,6 +256,9 @@ class GradScaler(torch.amp.GradScaler):
         gradients (0-dim float32 tensor on the scale's device, inf/NaN when a
         gradient overflowed), computed in the same pass, no host sync."""
         _check_optimizer(f"{_WHERE}.unscale_", optimizer)
+        if not isinstance(return_norm, bool):
+            raise TypeError(f"{_WHERE}.unscale_: return_norm must be a bool, got {type(return_norm).__name__} "
+                            f"{return_norm!r}")
         if not self._enabled:
             if not return_norm:
                 return None

@@ -427,7 +427,10 @@ class ForwardGuard:
 
         add = getattr(scaler, "add_step_listener", None)
         if add is None:
-            raise refuse(f", got {type(scaler).__name__}")
+            raise TypeError(
+                "mixprec.guard.ForwardGuard.attach: scaler must be a mixprec.amp.GradScaler with diagnostics=True "
+                f"(or named_parameters=...), got {type(scaler).__name__}; with any other scaler call "
+                "guard.step(found_inf=...) after each step")
         try:
             add(self)
         except RuntimeError as e:  # diagnostics off

@@ -237,6 +237,9 @@ class _FusedMasterWeightOptimizer(LeanState, _StateAndCheckpoints, _RoundingSeed
     def step(self, closure=None):
         """One fused step per param group and device (grads, masters and
         state of the group's params on that device in one op call)."""
+        if closure is not None and not callable(closure):
+            raise TypeError(f"mixprec.optim.{type(self).__name__}.step: closure must be None or a function that "
+                            f"re-evaluates the model and returns the loss, got {type(closure).__name__}")
         self._refuse_step_in_swap()
         loss = None
         if closure is not None:

@@ -114,7 +114,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ._args import as_int
 from ._parity_checks import _check_built, _check_parity_args
 from ._parity_run import _evaluate, _heap_probe, _run
 from ._parity_types import _MULT, _W, LrScale, MetricDiff, ParityReport, ParityResult, Recipe, RunResult
@@ -323,24 +322,36 @@ def _target_arg(text: str) -> tuple[str, tuple[str, str]]:
     return name, (tol, direction or "both")
 
 
+def _count_arg(text: str) -> int:
+    """An option that counts (--steps, --seeds, --batch-multiplier): an
+    integer >= 1, else argparse's usage error naming the option (exit 2)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mixprec.parity", description=__doc__.split("\n\n")[0])
     ap.add_argument("setup", help="pkg.module:function returning dict(make_model=..., batches=..., ...)")
     ap.add_argument("--recipe", action="append", default=None,
                     help="a recipe (fp16, bf16, fp16-params, bf16-params, fp32, with +act8/+act4/+<k>x); repeat it "
                          "or give a comma list for several (default fp16)")
-    ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--seeds", type=int, default=1, help="run seeds 0..N-1 (default 1: one unseeded run)")
+    ap.add_argument("--steps", type=_count_arg, default=None)
+    ap.add_argument("--seeds", type=_count_arg, default=1, help="run seeds 0..N-1 (default 1: one unseeded run)")
     ap.add_argument("--target", action="append", type=_target_arg, default=[],
                     help="name=tolerance[:higher|lower] for a metric of setup()'s evaluate; repeatable")
-    ap.add_argument("--batch-multiplier", type=int, default=None, help="every recipe with k times the batch (+<k>x)")
+    ap.add_argument("--batch-multiplier", type=_count_arg, default=None, help="every recipe with k times the batch (+<k>x)")
     ap.add_argument("--lr-scale", type=float, default=None, help="lr factor for the recipes with k > 1")
     ap.add_argument("--guard", action="store_true", help="put a ForwardGuard with the fallback on the recipe's model")
     ap.add_argument("--png", default=None)
     a = ap.parse_args(argv)
     names = [n.strip() for r in (a.recipe or ["fp16"]) for n in r.split(",") if n.strip()]
     if a.batch_multiplier is not None:
-        k = as_int(ap.prog, "--batch-multiplier", a.batch_multiplier, low=1)
+        k = a.batch_multiplier
         names = [n if k == 1 or any(_MULT.fullmatch(m) for m in n.split("+")[1:]) else f"{n}+{k}x" for n in names]
     mod, _, fn = a.setup.partition(":")
     setup = getattr(importlib.import_module(mod), fn or "setup")()

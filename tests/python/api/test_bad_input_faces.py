@@ -1,8 +1,10 @@
 """The bad-input matrix of the newest Python faces (issue 39): the
 optimizers' lean options (constructor, add_param_group, fp32_state,
 fp32_state_dict, memory_report), mixprec.guard.ForwardGuard (constructor,
-step, fallback, load_state_dict), mixprec.parity.parity and
-mixprec.lightning.MixedPrecision. One bad argument at a time on an
+step, fallback, load_state_dict, attach, on_scaler_step), the optimizers'
+step(closure), swap_ema and sync_master_weights, mixprec.optim.ema_model,
+GradScaler.unscale_'s return_norm, TrainingHealth.most_overflowed
+(mixprec.parity and mixprec.lightning.MixedPrecision: the _parity file). One bad argument at a time on an
 otherwise valid call, written from what the docstrings promise. Each case
 must
 
@@ -254,6 +256,24 @@ def test_fp32_state_bad_p(cls, case):
 
 
 @pytest.mark.parametrize("cls", [AdamW, SGD])
+def test_fp32_state_takes_one_argument(cls):
+    """fp32_state(p) takes p alone (by position or as p=): an extra or a
+    missing argument is a TypeError naming the callable, not Python's
+    "takes 2 positional arguments but 3 were given"."""
+    params, opt = _stepped(cls)
+    snap = _optimizer_snapshot(opt, params)
+    where = f"mixprec.optim.{cls.__name__}.fp32_state: "
+    refused(lambda: opt.fp32_state(params[0], params[1]), TypeError, where + "takes only p, got 1 more", "Parameter")
+    refused(lambda: opt.fp32_state(params[0], True), TypeError, where + "takes only p, got 1 more", "bool")
+    refused(lambda: opt.fp32_state(params[0], full=True), TypeError, where + "takes only p, got 1 more", "full=")
+    refused(lambda: opt.fp32_state(params[0], p=params[0]), TypeError, where + "takes only p, got 1 more", "p=")
+    refused(lambda: opt.fp32_state(), TypeError, where + "p is required")
+    refused(lambda: opt.fp32_state(param=params[0]), TypeError, where + "takes only p", "param=")
+    assert same(opt.fp32_state(p=params[0]), opt.fp32_state(params[0]))
+    _assert_optimizer_unchanged(opt, params, snap)
+
+
+@pytest.mark.parametrize("cls", [AdamW, SGD])
 @pytest.mark.parametrize("method", ["fp32_state_dict", "memory_report"])
 def test_read_only_methods_take_no_arguments_and_change_nothing(cls, method):
     """fp32_state_dict() and memory_report() take no argument (a
@@ -462,4 +482,124 @@ def test_guard_load_state_dict_into_a_module_in_another_dtype():
     snap = _guard_snapshot(guard, model)
     refused(lambda: guard.load_state_dict({**_good_state(), "fallback": {"0": "float32", "2": "float32"}}),
             ValueError, "mixprec.guard.ForwardGuard.load_state_dict: ", "state['fallback']['2']")
+    _assert_guard_unchanged(guard, model, snap)
+
+
+# ---- the other public callables with arguments ------------------------------------------
+# (the ops, nn modules and GradScaler's numbers: test_bad_input_matrix.py;
+# GradScaler's optimizer argument: test_bad_inputs.py; parity, Recipe and
+# the Lightning plugin: test_bad_input_faces_parity.py)
+
+
+@pytest.mark.parametrize("cls", [AdamW, SGD])
+@pytest.mark.parametrize("closure,word", [(3, "int"), ("loss", "str"), (torch.zeros(1), "Tensor")])
+def test_step_closure(cls, closure, word):
+    """step(closure) takes a function: anything else was Python's "'int'
+    object is not callable", after the swap check and before the step."""
+    params, opt = _stepped(cls)
+    snap = _optimizer_snapshot(opt, params)
+    refused(lambda: opt.step(closure), TypeError, f"mixprec.optim.{cls.__name__}.step: ", "closure", word)
+    _assert_optimizer_unchanged(opt, params, snap)
+
+
+@pytest.mark.parametrize("cls", [AdamW, SGD])
+@pytest.mark.parametrize("method", ["swap_ema", "sync_master_weights"])
+def test_no_argument_methods(cls, method):
+    """swap_ema() (which accepted an argument silently) and
+    sync_master_weights() take none, as memory_report()."""
+    params, opt = _stepped(cls)
+    snap = _optimizer_snapshot(opt, params)
+    where = f"mixprec.optim.{cls.__name__}.{method}: "
+    refused(lambda: getattr(opt, method)(True), TypeError, where + "takes no arguments, got 1", "bool")
+    refused(lambda: getattr(opt, method)(model=None), TypeError, where + "takes no arguments, got 1", "model=")
+    _assert_optimizer_unchanged(opt, params, snap)
+
+
+def _ema_setup():
+    model = _model()
+    opt = AdamW(model.parameters(), lr=1e-2, ema_decay=0.9)
+    model(torch.randn(2, 3)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+EMA_MODEL_BAD = [
+    (dict(model=None), TypeError, "model"),
+    (dict(model=[torch.nn.Linear(3, 4)]), TypeError, "model"),
+    (dict(optimizer="adamw"), TypeError, "optimizer"),
+    (dict(optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)), TypeError, "optimizer"),
+    (dict(dtype="bfloat16"), TypeError, "dtype"),
+    (dict(dtype=torch.float32.itemsize), TypeError, "dtype"),
+    (dict(dtype=torch.int32), ValueError, "dtype"),
+]
+
+
+@pytest.mark.parametrize("kw,exc,word", EMA_MODEL_BAD, ids=[repr(c[0])[:50] for c in EMA_MODEL_BAD])
+def test_ema_model(kw, exc, word):
+    """A bad model was an AttributeError, a bad dtype torch's "Invalid
+    device string" or nn.Module.to's error after the model was copied."""
+    from mixprec.optim import ema_model
+
+    model, opt = _ema_setup()
+    params = list(model.parameters())
+    snap = _optimizer_snapshot(opt, params)
+    refused(lambda: ema_model(**{"model": model, "optimizer": opt, **kw}), exc, "mixprec.optim.ema_model: ", word)
+    _assert_optimizer_unchanged(opt, params, snap)
+    assert isinstance(ema_model(model, opt, dtype=torch.float32), torch.nn.Module)
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_scaler_unscale_return_norm(bad):
+    """return_norm is a flag: a string was taken as True."""
+    from mixprec.amp import GradScaler
+
+    model = _model()
+    opt = AdamW(model.parameters(), lr=1e-2)
+    scaler = GradScaler("cpu", init_scale=4.0)
+    scaler.scale(model(torch.randn(2, 3)).sum()).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    state = copy.deepcopy(scaler.state_dict())
+    refused(lambda: scaler.unscale_(opt, return_norm=bad), TypeError, "mixprec.amp.GradScaler.unscale_: ",
+            "return_norm")
+    assert all(same(p.grad, g) for p, g in zip(model.parameters(), grads))  # not unscaled
+    assert scaler.state_dict() == state
+    assert torch.isfinite(scaler.unscale_(opt, return_norm=True))
+
+
+@pytest.mark.parametrize("k,exc", [("3", TypeError), (2.5, TypeError), (None, TypeError), (-1, ValueError),
+                                   (NAN, ValueError)])
+def test_training_health_most_overflowed(k, exc):
+    from mixprec.amp import TrainingHealth
+
+    health = TrainingHealth([1.0, 1.0], [False, True], [1.0, INF], {"a": 2, "b": 1})
+    refused(lambda: health.most_overflowed(k), exc, "mixprec.amp.TrainingHealth.most_overflowed: ", "k ")
+    assert health.overflow_counts == {"a": 2, "b": 1}
+    assert health.most_overflowed(1) == [("a", 2)] and health.most_overflowed(2.0) == [("a", 2), ("b", 1)]
+
+
+@pytest.mark.parametrize("bad", [3, None, "scaler", torch.amp.GradScaler("cpu")], ids=["int", "None", "str", "torch"])
+def test_guard_attach(bad):
+    """attach(scaler) of something that is not mixprec's GradScaler is a
+    TypeError naming the argument (it was a RuntimeError); mixprec's scaler
+    with diagnostics off stays a RuntimeError (test_guard.py)."""
+    model = _model()
+    guard = ForwardGuard(model, fallback=True)
+    model(torch.randn(2, 3))
+    snap = _guard_snapshot(guard, model)
+    refused(lambda: guard.attach(bad), TypeError, "mixprec.guard.ForwardGuard.attach: ", "scaler must be",
+            type(bad).__name__)
+    assert guard._scaler is None
+    _assert_guard_unchanged(guard, model, snap)
+
+
+@pytest.mark.parametrize("bad,exc", [("1", TypeError), ([0.0], TypeError), (torch.zeros(2), ValueError),
+                                     (None, TypeError)])
+def test_guard_on_scaler_step(bad, exc):
+    """The scaler's listener hook checks found_inf as step() does (its
+    messages are step's: the hook is step)."""
+    model = _model()
+    guard = ForwardGuard(model, fallback=True)
+    model(torch.randn(2, 3))
+    snap = _guard_snapshot(guard, model)
+    refused(lambda: guard.on_scaler_step(bad), exc, "mixprec.guard.ForwardGuard.", "found_inf")
     _assert_guard_unchanged(guard, model, snap)

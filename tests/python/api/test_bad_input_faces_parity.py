@@ -38,6 +38,33 @@ def _acc(model):
     return {"acc": 0.5}
 
 
+# Recipe's fields, one bad at a time: (fields, error, the field named).
+RECIPE_BAD = [
+    (dict(name=3), TypeError, "name"),
+    (dict(name=""), ValueError, "name"),
+    (dict(dtype="bf16"), TypeError, "dtype"),
+    (dict(dtype=torch.float64), ValueError, "dtype"),
+    (dict(params_cast="yes"), TypeError, "params_cast"),
+    (dict(dtype=None, params_cast=True), ValueError, "params_cast"),
+    (dict(act_bits="8"), TypeError, "act_bits"),
+    (dict(act_bits=True), TypeError, "act_bits"),
+    (dict(act_bits=6), ValueError, "act_bits"),
+    (dict(batch_multiplier=0), ValueError, "batch_multiplier"),
+    (dict(batch_multiplier=1.5), TypeError, "batch_multiplier"),
+    (dict(lr_scale="2"), TypeError, "lr_scale"),
+    (dict(lr_scale=-1.0), ValueError, "lr_scale"),
+]
+
+
+def _unchecked(**fields):
+    """A Recipe holding ``fields`` past its constructor's check (as
+    object.__new__ or a subclass could build one): parity checks them again."""
+    r = Recipe("x", torch.bfloat16)
+    for key, value in fields.items():
+        object.__setattr__(r, key, value)
+    return r
+
+
 # (keyword arguments over the valid call's, error, words). The first group
 # is refused before the model is built; _BUILT's after the first model is
 # built and before it trains.
@@ -55,18 +82,7 @@ PARITY_BAD = [
     (dict(recipe=[]), ValueError, "recipe"),
     (dict(recipe=["bf16", "bf16"]), ValueError, "recipe"),
     (dict(recipe=[Recipe("x", torch.bfloat16), 5]), TypeError, "recipe[1]"),
-    (dict(recipe=Recipe(3)), TypeError, "recipe.name"),
-    (dict(recipe=Recipe("x", "bf16")), TypeError, "recipe.dtype"),
-    (dict(recipe=Recipe("x", torch.float64)), ValueError, "recipe.dtype"),
-    (dict(recipe=Recipe("x", torch.bfloat16, params_cast="yes")), TypeError, "recipe.params_cast"),
-    (dict(recipe=Recipe("x", None, params_cast=True)), ValueError, "recipe.params_cast"),
-    (dict(recipe=Recipe("x", torch.bfloat16, act_bits="8")), TypeError, "recipe.act_bits"),
-    (dict(recipe=Recipe("x", torch.bfloat16, act_bits=True)), TypeError, "recipe.act_bits"),
-    (dict(recipe=Recipe("x", torch.bfloat16, act_bits=6)), ValueError, "recipe.act_bits"),
-    (dict(recipe=Recipe("x", torch.bfloat16, batch_multiplier=0)), ValueError, "recipe.batch_multiplier"),
-    (dict(recipe=Recipe("x", torch.bfloat16, batch_multiplier=1.5)), TypeError, "recipe.batch_multiplier"),
-    (dict(recipe=Recipe("x", torch.bfloat16, lr_scale="2")), TypeError, "recipe.lr_scale"),
-    (dict(recipe=Recipe("x", torch.bfloat16, lr_scale=-1.0)), ValueError, "recipe.lr_scale"),
+    *[(dict(recipe=_unchecked(**fields)), exc, f"recipe.{field}") for fields, exc, field in RECIPE_BAD],
     (dict(recipe="bf16+2x", steps=3), ValueError, "steps"),
     (dict(loss_fn="ce"), TypeError, "loss_fn"),
     (dict(optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)), TypeError, "optimizer"),
@@ -147,6 +163,26 @@ def test_recipe_parse(spec, exc):
     assert type(info.value) is exc, repr(info.value)
     assert str(info.value).startswith("mixprec.parity.Recipe.parse: spec "), repr(info.value)
     assert Recipe.parse("bf16+act8+2x") == Recipe("bf16+act8+2x", torch.bfloat16, False, 8, 2)
+
+
+@pytest.mark.parametrize("fields,exc,field", RECIPE_BAD, ids=[repr(c[0])[:50] for c in RECIPE_BAD])
+def test_recipe_constructor(fields, exc, field):
+    """Recipe(...) checks its fields when built (it was accepted, and only
+    parity refused it later), with parity's rules."""
+    kw = {"name": "x", "dtype": torch.bfloat16, **fields}
+    rng = torch.get_rng_state()
+    with pytest.raises((TypeError, ValueError)) as info:
+        Recipe(**kw)
+    assert type(info.value) is exc, repr(info.value)
+    assert str(info.value).startswith(f"mixprec.parity.Recipe: {field}"), repr(info.value)
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_recipe_constructor_converts_numbers():
+    r = Recipe("x", torch.bfloat16, act_bits=8.0, batch_multiplier=torch.tensor(2), lr_scale=torch.tensor(2.0))
+    assert (r.act_bits, r.batch_multiplier, r.lr_scale) == (8, 2, 2.0)
+    assert type(r.act_bits) is int and type(r.batch_multiplier) is int and type(r.lr_scale) is float
+    assert Recipe("y", lr_scale=lambda lr, k: lr * k).lr_scale(1.0, 2) == 2.0
 
 
 # ---- mixprec.lightning.MixedPrecision ---------------------------------------------------

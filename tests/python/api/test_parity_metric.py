@@ -312,7 +312,29 @@ def test_cli_new_flags(capsys):
         main(["test_parity_metric:cli_setup", "--target", "accuracy"])
 
 
+@pytest.mark.parametrize("flag,value", [("--batch-multiplier", "0"), ("--batch-multiplier", "-2"),
+                                        ("--batch-multiplier", "1.5"), ("--steps", "0"), ("--seeds", "0")])
+def test_cli_bad_counts_are_usage_errors(flag, value, capsys):
+    """A count below 1 is argparse's usage error naming the option (exit
+    status 2), as a malformed --target is; --batch-multiplier 0 was a
+    ValueError traceback, --steps / --seeds 0 parity's, after setup ran."""
+    with pytest.raises(SystemExit) as info:
+        main(["no_such_module_for_the_test:setup", flag, value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: must be an integer >= 1, got '{value}'" in err, err
+
+
 # ---- arguments: refused before anything trains, errors name the argument -----------------
+
+
+def _unchecked(**fields):
+    """A Recipe holding bad ``fields`` past its constructor's check (which
+    refuses them itself: test_bad_input_faces_parity.py), for parity's own."""
+    r = Recipe("x", torch.bfloat16)
+    for key, value in fields.items():
+        object.__setattr__(r, key, value)
+    return r
 
 
 def _refused_before_building(tmp_path):
@@ -324,13 +346,11 @@ def _refused_before_building(tmp_path):
         (dict(recipe=[]), ValueError, "recipe is an empty list"),
         (dict(recipe=["bf16", "bf16"]), ValueError, "recipe names must differ"),
         (dict(recipe=[3]), TypeError, r"recipe\[0\]: recipe must be a str"),
-        (dict(recipe=Recipe("x", torch.float64)), ValueError, "recipe.dtype must be None"),
-        (dict(recipe=Recipe("x", None, params_cast=True)), ValueError, "recipe.params_cast"),
-        (dict(recipe=[Recipe("x", torch.bfloat16, act_bits=6)]), ValueError, r"recipe\[0\].act_bits must be"),
-        (dict(recipe=Recipe("x", torch.bfloat16, batch_multiplier=0)), ValueError,
-         "recipe.batch_multiplier must be >= 1"),
-        (dict(recipe=Recipe("x", torch.bfloat16, batch_multiplier=2, lr_scale=-1.0)), ValueError,
-         "recipe.lr_scale must be > 0"),
+        (dict(recipe=_unchecked(dtype=torch.float64)), ValueError, "recipe.dtype must be None"),
+        (dict(recipe=_unchecked(dtype=None, params_cast=True)), ValueError, "recipe.params_cast"),
+        (dict(recipe=[_unchecked(act_bits=6)]), ValueError, r"recipe\[0\].act_bits must be"),
+        (dict(recipe=_unchecked(batch_multiplier=0)), ValueError, "recipe.batch_multiplier must be >= 1"),
+        (dict(recipe=_unchecked(batch_multiplier=2, lr_scale=-1.0)), ValueError, "recipe.lr_scale must be > 0"),
         (dict(recipe="bf16+2x", steps=3), ValueError, "steps \\(3\\) must be a multiple"),
         (dict(recipe="bf16+2x", batches=[data[0], (torch.zeros(8, 5), data[1][1])]), ValueError,
          r"batch_multiplier 2, which concatenates .* batches\[1\] differs"),
