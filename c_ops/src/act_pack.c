@@ -287,6 +287,30 @@ static int64_t pool_encode_range(const void *ctx, int64_t e0, int64_t e1) {
      * on which window row holds the maximum. */
     const int64_t W = geom[0], kH = geom[1], kW = geom[2];
     const double inv_w = 1.0 / (double)W;
+    if (s_wo == 1 && s_ho == WO) {
+      /* Planes in rows of WO outputs (NCHW): the window's row origin is
+       * the output row's, its column origin steps by sW; no position
+       * stepping per element. The same codes as the loop below. */
+      for (int64_t i = e0; i < e1;) {
+        const int64_t wo0 = i % WO, h0 = (i / WO) % HO * sH - pH;
+        const int64_t len = WO - wo0 < e1 - i ? WO - wo0 : e1 - i;
+        const int64_t *v_row = idx + i;
+        uint8_t *c_row = codes + i;
+        for (int64_t k = 0; k < len; k++) {
+          const int64_t v = v_row[k];
+          int64_t h = (int64_t)((double)v * inv_w);
+          h -= h * W > v;
+          h += (h + 1) * W <= v;
+          const int64_t dh = h - h0, dw = v - h * W - ((wo0 + k) * sW - pW);
+          const int ok = (v >= 0) & (v < ((int64_t)1 << 52)) & ((uint64_t)dh < (uint64_t)kH) &
+                         ((uint64_t)dw < (uint64_t)kW);
+          c_row[k] = ok ? (uint8_t)(dh * kW + dw) : 255;
+          bad += !ok;
+        }
+        i += len;
+      }
+      return bad;
+    }
     for (int64_t i = e0; i < e1; i++) {
       const int64_t v = idx[i];
       int64_t h = (int64_t)((double)v * inv_w);
@@ -329,6 +353,17 @@ static int64_t pool_decode_range(const void *ctx, int64_t e0, int64_t e1) {
   const int64_t pW = geom[6], dH = geom[7], dW = geom[8];
   int64_t off[256];
   for (int c = 0; c < 256; c++) off[c] = (c / kW) * dH * W + (c % kW) * dW;
+  if (g->s_wo == 1 && g->s_ho == g->WO) { /* NCHW rows, as in pool_encode_range */
+    const int64_t WO = g->WO;
+    for (int64_t i = e0; i < e1;) {
+      const int64_t wo0 = i % WO, base = ((i / WO) % g->HO * sH - pH) * W - pW;
+      const int64_t len = WO - wo0 < e1 - i ? WO - wo0 : e1 - i;
+      for (int64_t k = 0; k < len; k++)
+        g->idx_out[i + k] = base + (wo0 + k) * sW + off[g->codes_in[i + k]];
+      i += len;
+    }
+    return 0;
+  }
   pool_pos p = pool_pos_at(e0, g->HO, g->WO, g->s_ho, g->s_wo);
   for (int64_t i = e0; i < e1; i++) {
     g->idx_out[i] = (p.ho * sH - pH) * W + p.wo * sW - pW + off[g->codes_in[i]];
