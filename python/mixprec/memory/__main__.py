@@ -25,9 +25,23 @@ _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2
 
 def _bytes(text: str) -> float:
     m = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
+    try:
+        value = float(m.group(1)) * _UNITS[m.group(2).lower()] if m else None
+    except (ValueError, KeyError):
+        value = None
+    if value is None or not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 16GiB, 12GB, 8000MB)")
-    return float(m.group(1)) * _UNITS[m.group(2).lower()]
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"not an integer >= 1: {text!r}")
+    return n
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -45,9 +59,13 @@ def _factory(spec: str):
     if not mod or not name:
         raise argparse.ArgumentTypeError(f"not module:factory: {spec!r} (e.g. torchvision.models:resnet50)")
     try:
-        return getattr(importlib.import_module(mod), name)
+        fn = getattr(importlib.import_module(mod), name)
     except (ImportError, AttributeError) as e:
         raise argparse.ArgumentTypeError(f"cannot load {spec!r}: {e}") from None
+    if not callable(fn):
+        raise argparse.ArgumentTypeError(f"not callable: {spec!r} is a {type(fn).__name__}, not a function or class "
+                                         "returning the model")
+    return fn
 
 
 def main(argv=None) -> int:
@@ -55,11 +73,11 @@ def main(argv=None) -> int:
     ap.add_argument("factory", type=_factory, help="module:callable returning the model")
     ap.add_argument("--input", type=_shape, required=True, help="one sample's shape, e.g. 3x224x224")
     ap.add_argument("--budget", type=_bytes, default=None, help="memory budget (default: torch AMP BF16 at --batch)")
-    ap.add_argument("--batch", type=int, default=16, help="the batch the totals are given for (default 16)")
+    ap.add_argument("--batch", type=_positive, default=16, help="the batch the totals are given for (default 16)")
     ap.add_argument("--batches", default="2,4", help="the two batch sizes measured (default 2,4)")
     ap.add_argument("--kwargs", nargs="*", default=[], help="factory keyword arguments, key=value")
     ap.add_argument("--recipes", default=None, help="comma-separated recipe names (default: all)")
-    ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    ap.add_argument("--threads", type=_positive, default=None, help="CPU threads for torch")
     ap.add_argument("--norm-bits", type=int, choices=(4, 8, 16), default=None,
                     help="compressed_activations(norm_bits=) in the recipes that pack: the code width of what "
                          "normalisation layers save (16: kept as they are; default 8)")
@@ -80,6 +98,8 @@ def main(argv=None) -> int:
         b1, b2 = (int(s) for s in a.batches.split(","))
     except ValueError:
         ap.error(f"--batches must be two sizes like 2,4, got {a.batches!r}")
+    if not 1 <= b1 < b2:
+        ap.error(f"--batches must be two increasing sizes >= 1 like 2,4, got {a.batches!r}")
     recipes = RECIPES
     if a.recipes:
         names = [s.strip() for s in a.recipes.split(",")]
@@ -96,6 +116,9 @@ def main(argv=None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     model = a.factory(**kwargs)
+    if not isinstance(model, torch.nn.Module):
+        ap.error(f"{a.factory.__module__}.{getattr(a.factory, '__name__', a.factory)} returned "
+                 f"{type(model).__name__}, not a torch.nn.Module")
     rows = plan(model, a.input, batches=(b1, b2), batch=a.batch, budget=a.budget, recipes=recipes)
     budget = a.budget
     if budget is None:

@@ -19,15 +19,51 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+from collections.abc import Iterable
 from typing import Callable, Sequence
 
 import torch
 import torch.utils.checkpoint
 from torch import nn
 
+from .._args import as_float, as_int
 from ._tracker import LiveTracker
 
 __all__ = ["Recipe", "RECIPES", "RecipeRow", "plan", "format_plan", "checkpoint_blocks"]
+
+_W_RECIPE = "mixprec.memory.Recipe"
+_W_PLAN = "mixprec.memory.plan"
+_W_FORMAT = "mixprec.memory.format_plan"
+_W_CKPT = "mixprec.memory.checkpoint_blocks"
+
+
+def _check_bool(where: str, name: str, v) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"{where}: {name} must be a bool, got {type(v).__name__} {v!r}")
+    return v
+
+
+def _check_module(where: str, name: str, v) -> nn.Module:
+    if not isinstance(v, nn.Module):
+        raise TypeError(f"{where}: {name} must be a torch.nn.Module, got {type(v).__name__} {v!r}")
+    return v
+
+
+def _check_callable(where: str, name: str, v):
+    if v is not None and not callable(v):
+        raise TypeError(f"{where}: {name} must be None or a callable, got {type(v).__name__} {v!r}")
+    return v
+
+
+def _check_budget(where: str, v) -> float | None:
+    """A budget in bytes: None, or a finite number > 0 (the CLI's "16GiB"
+    is parsed there)."""
+    if v is None:
+        return None
+    if isinstance(v, str):
+        raise TypeError(f"{where}: budget must be None or a number of bytes > 0 (e.g. 16 * 2**30), got the str "
+                        f"{v!r} (sizes such as '16GiB' are for python -m mixprec.memory --budget)")
+    return as_float(where, "budget", v, above=0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +81,34 @@ class Recipe:
     # a detector's RoIAlign then reads BF16 feature maps as they are, where
     # torchvision's autocast makes a float32 copy of each pyramid level.
     vision_ops: bool = False
+
+    def __post_init__(self):
+        # checked when built (TypeError / ValueError naming the field); integral floats converted (8.0 -> 8)
+        w = _W_RECIPE
+        if not isinstance(self.name, str):
+            raise TypeError(f"{w}: name must be a non-empty str, got {type(self.name).__name__} {self.name!r}")
+        if not self.name:
+            raise ValueError(f"{w}: name must be a non-empty str, got ''")
+        if self.autocast is not None and not isinstance(self.autocast, torch.dtype):
+            raise TypeError(f"{w}: autocast must be None (FP32) or a torch.dtype, got "
+                            f"{type(self.autocast).__name__} {self.autocast!r}")
+        if self.autocast not in (None, torch.bfloat16, torch.float16):
+            raise ValueError(f"{w}: autocast must be None (FP32), torch.bfloat16 or torch.float16, "
+                             f"got {self.autocast!r}")
+        bits = None if self.bits is None else as_int(w, "bits", self.bits)
+        if bits not in (None, 8, 4):
+            raise ValueError(f"{w}: bits must be None, 8 or 4, got {self.bits!r}")
+        widths = {}
+        for key in ("norm_bits", "nonlinear_bits"):
+            v = getattr(self, key)
+            widths[key] = None if v is None else as_int(w, key, v)
+            if widths[key] not in (None, 4, 8, 16):
+                raise ValueError(f"{w}: {key} must be None, 4, 8 or 16, got {v!r}")
+        _check_bool(w, "checkpoint", self.checkpoint)
+        state_bytes = as_int(w, "state_bytes", self.state_bytes, low=0)
+        _check_bool(w, "vision_ops", self.vision_ops)
+        for key, value in dict(bits=bits, **widths, state_bytes=state_bytes).items():
+            object.__setattr__(self, key, value)
 
 
 RECIPES = (
@@ -77,6 +141,7 @@ def checkpoint_blocks(model: nn.Module) -> contextlib.AbstractContextManager:
     ``nn.Sequential`` modules through ``torch.utils.checkpoint``
     (non-reentrant) while active: ResNet's bottlenecks, ViT's encoder blocks,
     DeepLab's backbone blocks and head layers."""
+    _check_module(_W_CKPT, "model", model)
 
     @contextlib.contextmanager
     def wrap():
@@ -120,7 +185,12 @@ def _default_loss(out) -> torch.Tensor:
 def _measure(model, recipe, make_batch, batch, loss_fn):
     from . import compressed_activations  # the package's, not a copy
 
-    args, kwargs = make_batch(batch)
+    got = make_batch(batch)
+    if not (isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[0], (tuple, list))
+            and isinstance(got[1], dict)):
+        raise TypeError(f"{_W_PLAN}: make_batch({batch}) must return (args, kwargs): a tuple and a dict, "
+                        f"got {type(got).__name__}")
+    args, kwargs = got
     for p in model.parameters():
         p.grad = None
     gc.collect()
@@ -175,19 +245,42 @@ def plan(
     ``make_batch(n) -> (args, kwargs)`` gives; ``loss_fn(output)`` makes the
     scalar to differentiate (default: the mean square of every floating
     output). Runs on the CPU; two batch sizes per recipe (``batches``)."""
+    # Every argument is checked before anything runs (the model is not touched on a refusal).
+    _check_module(_W_PLAN, "model", model)
+    shape = None
+    if input_shape is not None:
+        if isinstance(input_shape, (str, bytes)) or not isinstance(input_shape, Sequence):
+            raise TypeError(f"{_W_PLAN}: input_shape must be a sequence of ints (one sample's shape, e.g. "
+                            f"(3, 224, 224)) or None, got {type(input_shape).__name__} {input_shape!r}")
+        shape = tuple(as_int(_W_PLAN, f"input_shape[{i}]", s, low=1) for i, s in enumerate(input_shape))
+    if isinstance(batches, (str, bytes)) or not isinstance(batches, Sequence) or len(batches) != 2:
+        raise TypeError(f"{_W_PLAN}: batches must be a pair of increasing sizes >= 1 such as (2, 4), "
+                        f"got {type(batches).__name__} {batches!r}")
+    b1, b2 = (as_int(_W_PLAN, f"batches[{i}]", b, low=1) for i, b in enumerate(batches))
+    if not b1 < b2:
+        raise ValueError(f"{_W_PLAN}: batches must be two increasing sizes >= 1, got {batches!r}")
+    batch = as_int(_W_PLAN, "batch", batch, low=1)
+    budget = _check_budget(_W_PLAN, budget)
+    if isinstance(recipes, (str, bytes, Recipe)) or not isinstance(recipes, Iterable):
+        raise TypeError(f"{_W_PLAN}: recipes must be a sequence of mixprec.memory.Recipe, "
+                        f"got {type(recipes).__name__} {recipes!r}")
+    recipes = list(recipes)
+    for i, r in enumerate(recipes):
+        if not isinstance(r, Recipe):
+            raise TypeError(f"{_W_PLAN}: recipes[{i}] must be a mixprec.memory.Recipe, got {type(r).__name__} {r!r}")
+    if not recipes:
+        raise ValueError(f"{_W_PLAN}: recipes must hold at least one Recipe, got an empty {type(recipes).__name__}")
+    _check_callable(_W_PLAN, "make_batch", make_batch)
+    _check_callable(_W_PLAN, "loss_fn", loss_fn)
     if make_batch is None:
-        if input_shape is None:
-            raise TypeError("mixprec.memory.plan: pass input_shape or make_batch")
-        shape = tuple(int(s) for s in input_shape)
+        if shape is None:
+            raise TypeError(f"{_W_PLAN}: pass input_shape or make_batch")
         gen = torch.Generator().manual_seed(0)
 
         def make_batch(n):
             return (torch.randn((n,) + shape, generator=gen),), {}
 
     loss_fn = loss_fn or _default_loss
-    b1, b2 = batches
-    if not (isinstance(b1, int) and isinstance(b2, int) and 1 <= b1 < b2):
-        raise ValueError(f"mixprec.memory.plan: batches must be two increasing sizes >= 1, got {batches!r}")
     model.train()
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     rows = []
@@ -210,6 +303,19 @@ def plan(
 
 
 def format_plan(rows: Sequence[RecipeRow], budget: float | None = None) -> str:
+    """``plan``'s rows as a Markdown table (``budget``, in bytes, is checked
+    and not printed: the rows' largest batches are at plan's budget)."""
+    if isinstance(rows, (str, bytes, RecipeRow)) or not isinstance(rows, Iterable):
+        raise TypeError(f"{_W_FORMAT}: rows must be a sequence of RecipeRow (what mixprec.memory.plan returns), "
+                        f"got {type(rows).__name__} {rows!r}")
+    rows = list(rows)
+    for i, r in enumerate(rows):
+        if not isinstance(r, RecipeRow):
+            raise TypeError(f"{_W_FORMAT}: rows[{i}] must be a RecipeRow (from mixprec.memory.plan), "
+                            f"got {type(r).__name__} {r!r}")
+    if not rows:
+        raise ValueError(f"{_W_FORMAT}: rows must hold at least one RecipeRow, got none")
+    _check_budget(_W_FORMAT, budget)
     mb = 1e6
     lines = [
         f"| recipe | saved MB / sample | peak MB / sample | state MB | total MB at batch {rows[0].batch} "

@@ -14,6 +14,7 @@ would hold it.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -37,12 +38,24 @@ class LiveTracker(TorchDispatchMode):
         self._events: list[tuple[int, int]] = []  # (allocation number, +bytes / -bytes) in order
 
     def mark(self, name: str) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"mixprec.memory.LiveTracker.mark: name must be a str, got {type(name).__name__} {name!r}")
         self.marks[name] = self.current
 
     def peak_excluding(self, tensors) -> int:
         """The peak of the bytes alive without the storages of ``tensors``
         (still alive now; e.g. the gradients backward made, which a planner
-        counts elsewhere), at whatever point of the run it falls."""
+        counts elsewhere), at whatever point of the run it falls.
+        ``tensors``: an iterable of tensors (a list; ``[]`` gives ``peak``)."""
+        where = "mixprec.memory.LiveTracker.peak_excluding"
+        if isinstance(tensors, (str, bytes, torch.Tensor)) or not isinstance(tensors, Iterable):
+            raise TypeError(f"{where}: tensors must be an iterable of tensors (e.g. a list), "
+                            f"got {type(tensors).__name__}" + ("" if isinstance(tensors, torch.Tensor) else
+                                                              f" {tensors!r}"))
+        tensors = list(tensors)
+        for i, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{where}: tensors[{i}] must be a torch.Tensor, got {type(t).__name__} {t!r}")
         skip = set()
         for t in tensors:
             try:
