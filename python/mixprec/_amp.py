@@ -8,11 +8,11 @@ kernels. ``GradScaler`` (``amp.py``) is built on them.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
-from ._args import as_float, as_int
+from ._args import as_bool, as_float, as_int
 from ._library import FLOAT_DTYPES as _FLOAT
 from ._registration import _IMPL_LIB, _bump_versions_on_mutation, _one_element, _refuse_sparse, _same_device
 
@@ -147,6 +147,14 @@ def _update_scale_ex_fake(scale, growth_tracker, hysteresis_tracker, skipped_ste
 # ---- public functions ----------------------------------------------------------
 
 
+def _grad_list(where: str, grads) -> list:
+    """``grads`` as a list (a number was Python's "'int' object is not
+    iterable"); its elements are the op's to check."""
+    if not isinstance(grads, Iterable) or isinstance(grads, (str, bytes)):
+        raise TypeError(f"{where}: grads must be a list of tensors, got {type(grads).__name__}")
+    return list(grads)
+
+
 def unscale_(
     grads: Sequence[torch.Tensor],
     found_inf: torch.Tensor,
@@ -172,8 +180,8 @@ def unscale_(
     (float32, shape ``[len(grads)]``) and of all of them (float32, 0-dim, what
     ``torch.nn.utils.clip_grad_norm_`` computes), ready for clipping.
     """
-    grads = list(grads)
-    if not return_norm:
+    grads = _grad_list("mixprec.ops.unscale_", grads)
+    if not as_bool("mixprec.ops.unscale_", "return_norm", return_norm):
         torch.ops.mixprec.unscale_(grads, found_inf, inv_scale)
         return None
     return torch.ops.mixprec.unscale_norm_(grads, found_inf, inv_scale)
@@ -196,7 +204,7 @@ def grad_norm(
     often as it appears (no dense copy of its logical size is made); one
     whose elements overlap otherwise (``as_strided``) and whose dense copy
     would be far larger than the memory it views is refused, naming it."""
-    grads = list(grads)
+    grads = _grad_list("mixprec.ops.grad_norm", grads)
     views, counts = [], []
     for i, g in enumerate(grads):
         v, m = _without_broadcast_dims(g)

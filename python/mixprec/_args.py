@@ -16,12 +16,14 @@ value of the wrong kind (bool, str, None, a list; a non-integral float such as
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
+from typing import Any
 
 import torch
 
-__all__ = ["as_int", "as_float", "as_real"]
+__all__ = ["as_int", "as_float", "as_real", "as_bool", "check_tensor", "_takes"]
 
 
 def _number(where: str, name: str, v, kind: str) -> float | int:
@@ -86,3 +88,58 @@ def as_real(where: str, name: str, v) -> float:
     refused there with the op's message)."""
     x = _number(where, name, v, "a real number")
     return x if isinstance(x, torch.SymFloat) else float(x)
+
+
+def as_bool(where: str, name: str, v) -> bool:
+    """``v`` if it is a bool: a flag given as a string ("no") or a number
+    was read as its truthiness; TypeError."""
+    if isinstance(v, bool):
+        return v
+    raise TypeError(f"{where}: {name} must be a bool, got {type(v).__name__} {v!r}")
+
+
+def check_tensor(where: str, name: str, v, *, none: bool = False) -> None:
+    """TypeError unless ``v`` is a tensor (or None with ``none``): a number
+    or a string there failed on its first attribute (``'int' object has no
+    attribute 'shape'``), naming nothing."""
+    if not (isinstance(v, torch.Tensor) or (none and v is None)):
+        raise TypeError(f"{where}: {name} must be a tensor{' or None' if none else ''}, got {type(v).__name__}")
+
+
+def _takes(*names: str, module: str = "mixprec.optim", where: str | None = None):
+    """``method(self, *names)`` with each of ``names`` required (given by
+    position or by keyword): an extra positional argument, an unknown or
+    repeated keyword or a missing argument is refused with a TypeError naming
+    the method (Python's own, "takes 2 positional arguments but 3 were
+    given", names neither the class nor mixprec), as
+    ``{module}.{type(self).__name__}.{method}``. With ``where`` (the
+    callable's full name) it wraps a plain function instead (no ``self``)."""
+
+    def check(name: str, args: tuple, kwargs: dict) -> None:
+        extra = [type(a).__name__ for a in args[len(names):]]
+        extra += [f"{k}=" for k in kwargs if k not in names[len(args):]]
+        if extra:
+            takes = f"takes only {', '.join(names)}, got {len(extra)} more" if names else \
+                f"takes no arguments, got {len(extra)}"
+            raise TypeError(f"{name}: {takes} ({', '.join(extra)})")
+        missing = [n for i, n in enumerate(names) if i >= len(args) and n not in kwargs]
+        if missing:
+            raise TypeError(f"{name}: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required")
+
+    def wrap(fn):
+        if where is not None:
+            @functools.wraps(fn)
+            def checked_function(*args: Any, **kwargs: Any):
+                check(where, args, kwargs)
+                return fn(*args, **kwargs)
+
+            return checked_function
+
+        @functools.wraps(fn)
+        def checked(self, *args: Any, **kwargs: Any):
+            check(f"{module}.{type(self).__name__}.{fn.__name__}", args, kwargs)
+            return fn(self, *args, **kwargs)
+
+        return checked
+
+    return wrap

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ._act_pack import keep_exact
-from ._args import as_int, as_real
+from ._args import as_int, as_real, check_tensor
 from ._registration import _refuse_sparse, _same_device
 from ._softmax import _check_float, _no_double_backward
 
@@ -230,6 +230,11 @@ def cross_entropy(
     negative one is accepted and changes nothing, as torch). A target that requires grad gets torch's gradient
     ``-g * (1 - label_smoothing) * weight[c] * log_softmax(input)[c]``.
     """
+    check_tensor("mixprec.ops.cross_entropy", "input", input)
+    check_tensor("mixprec.ops.cross_entropy", "target", target)
+    check_tensor("mixprec.ops.cross_entropy", "weight", weight, none=True)
+    if not isinstance(reduction, str):
+        raise TypeError(f"mixprec.ops.cross_entropy: reduction must be a str, got {type(reduction).__name__}")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"mixprec.ops.cross_entropy: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
     ignore_index = as_int("mixprec.ops.cross_entropy", "ignore_index", ignore_index)

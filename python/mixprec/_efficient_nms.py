@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._args import as_int, as_real
+from ._args import as_bool, as_int, as_real
 from ._registration import _refuse_sparse
 from ._library import FLOAT_DTYPES as _FLOAT
 
@@ -196,10 +196,11 @@ def efficient_nms(
     score_threshold = None if score_threshold is None else as_real(op, "score_threshold", score_threshold)
     max_detections = as_int(op, "max_detections", max_detections)
     top_k = -1 if pre_nms_top_k is None else as_int(op, "pre_nms_top_k", pre_nms_top_k)
+    class_agnostic = as_bool(op, "class_agnostic", class_agnostic)
     coding = _CODINGS[box_coding]
     _check(boxes, scores, iou_threshold, score_threshold, max_detections, top_k, coding)
     out = torch.ops.mixprec.efficient_nms(
-        boxes, scores, iou_threshold, score_threshold, max_detections, top_k, bool(class_agnostic), coding
+        boxes, scores, iou_threshold, score_threshold, max_detections, top_k, class_agnostic, coding
     )
     return Detections(*out)
 

@@ -21,7 +21,7 @@ to size their output; ``nms_padded`` copies nothing.
 import torch
 from torch.nn.modules.utils import _pair
 
-from ._args import as_int, as_real
+from ._args import _takes, as_int, as_real
 from ._registration import _refuse_sparse
 from ._library import FLOAT_DTYPES as _FLOAT
 from ._library import handles as _handles
@@ -245,6 +245,7 @@ class TorchvisionPatch:
         return False
 
 
+@_takes(where="mixprec.ops.patch_torchvision")
 def patch_torchvision() -> TorchvisionPatch:
     """Makes torchvision's ``nms``, ``batched_nms`` and ``roi_align`` use
     mixprec's ops for float32/float16/bfloat16 inputs on the CPU (and CUDA

@@ -69,11 +69,11 @@ the group's formats at the next step.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import torch
 
+from ._args import _takes
 from ._distributed import is_dtensor, local
 
 #: Elements per 8-bit block (one FP32 absmax scale each).
@@ -547,6 +547,7 @@ class MemoryReport:
     def total(self) -> int:
         return sum(getattr(self, k) for k in self.KINDS)
 
+    @_takes()
     def per_param(self) -> dict[str, float]:
         """Bytes per parameter element, by kind and ``"total"``."""
         n = max(self.numel, 1)
@@ -593,33 +594,6 @@ def memory_report(opt) -> MemoryReport:
 
 
 # ---- the optimizer side ----------------------------------------------------------
-
-
-def _takes(*names: str):
-    """``method(self, *names)`` with each of ``names`` required (given by
-    position or by keyword): an extra positional argument, an unknown or
-    repeated keyword or a missing argument is refused with a TypeError naming
-    the method (Python's own, "takes 2 positional arguments but 3 were
-    given", names neither the class nor mixprec)."""
-
-    def wrap(method):
-        @functools.wraps(method)
-        def checked(self, *args: Any, **kwargs: Any):
-            where = f"mixprec.optim.{type(self).__name__}.{method.__name__}"
-            extra = [type(a).__name__ for a in args[len(names):]]
-            extra += [f"{k}=" for k in kwargs if k not in names[len(args):]]
-            if extra:
-                takes = f"takes only {', '.join(names)}, got {len(extra)} more" if names else \
-                    f"takes no arguments, got {len(extra)}"
-                raise TypeError(f"{where}: {takes} ({', '.join(extra)})")
-            missing = [n for i, n in enumerate(names) if i >= len(args) and n not in kwargs]
-            if missing:
-                raise TypeError(f"{where}: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required")
-            return method(self, *args, **kwargs)
-
-        return checked
-
-    return wrap
 
 
 class LeanState:
@@ -786,6 +760,7 @@ class LeanState:
                 g.pop(k, None)
         return sd
 
+    @_takes()
     def state_dict(self) -> dict[str, Any]:
         """torch's, with the state compact: remainders, BF16 moments as they
         are, 8-bit moments as codes and row-form scales ([note: checkpoint

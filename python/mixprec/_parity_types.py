@@ -159,6 +159,15 @@ class MetricDiff:
     target: float | None = None
     direction: str = "both"  # "higher": higher is better; "lower": lower is better
 
+    def __post_init__(self):
+        # checked when built: an unknown direction was a KeyError in target_text()
+        w = "mixprec.parity.MetricDiff"
+        if not isinstance(self.direction, str):
+            raise TypeError(f"{w}: direction must be 'both', 'higher' or 'lower', got {type(self.direction).__name__} "
+                            f"{self.direction!r}")
+        if self.direction not in ("both", "higher", "lower"):
+            raise ValueError(f"{w}: direction must be 'both', 'higher' or 'lower', got {self.direction!r}")
+
     @property
     def diffs(self) -> list[float]:
         return [r - b for r, b in zip(self.recipe, self.fp32)]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ._args import as_int
+from ._args import as_int, check_tensor
 from ._registration import _refuse_sparse, _same_device
 from ._library import FLOAT_DTYPES as _FLOAT
 
@@ -139,10 +139,12 @@ def softmax(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torc
     reads float32/float16/bfloat16 ``x`` in its own dtype, computes in
     float32 (max-subtracted), writes ``dtype`` (default: ``x``'s dtype, or
     float32 inside ``torch.autocast``). Differentiable (once)."""
+    check_tensor("mixprec.ops.softmax", "x", x)
     return torch.ops.mixprec.softmax(x, as_int("mixprec.ops.softmax", "dim", dim), _default_dtype(x, dtype))
 
 
 def log_softmax(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """``torch.log_softmax(x.float(), dim)`` without the float32 copy of
     ``x``; output dtype as in :func:`softmax`. Differentiable (once)."""
+    check_tensor("mixprec.ops.log_softmax", "x", x)
     return torch.ops.mixprec.log_softmax(x, as_int("mixprec.ops.log_softmax", "dim", dim), _default_dtype(x, dtype))

@@ -28,6 +28,7 @@ import inspect
 import warnings
 import weakref
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
 from . import _amp_clip, _amp_grads
 from ._amp_health import Overflow, Recorder, TrainingHealth, named_pairs
-from ._args import as_float, as_int
+from ._args import _takes, as_bool, as_float, as_int
 from ._library import handles
 
 __all__ = ["GradScaler", "OptState", "Overflow", "TrainingHealth", "backward_and_step"]
@@ -127,6 +128,21 @@ class GradScaler(torch.amp.GradScaler):
         diagnostics: bool = False,
         named_parameters=None,
     ) -> None:
+        # The kinds first, before the CUDA warning and any state (device=3
+        # was kept as "3", enabled="no" read as True).
+        if not isinstance(device, (str, torch.device)):
+            raise TypeError(f"{_WHERE}: device must be a device type string such as 'cuda' or 'cpu' (or a "
+                            f"torch.device), got {type(device).__name__} {device!r}")
+        try:
+            torch.device(device)
+        except RuntimeError as e:
+            raise ValueError(f"{_WHERE}: device must be a device type such as 'cuda' or 'cpu', got {device!r}") from e
+        enabled = as_bool(_WHERE, "enabled", enabled)
+        diagnostics = as_bool(_WHERE, "diagnostics", diagnostics)
+        if process_group is not None and not (
+                torch.distributed.is_available() and isinstance(process_group, torch.distributed.ProcessGroup)):
+            raise TypeError(f"{_WHERE}: process_group must be a torch.distributed ProcessGroup or None, got "
+                            f"{type(process_group).__name__}")
         self._device = str(device)
         self._enabled = enabled
         if self._device == "cuda" and enabled and not torch.cuda.is_available():
@@ -224,6 +240,7 @@ class GradScaler(torch.amp.GradScaler):
         of it does."""
         return self._skipped_steps
 
+    @_takes(module="mixprec.amp")
     def get_skipped_steps(self) -> int:
         """Number of steps skipped so far (synchronises once)."""
         if not self._enabled:
@@ -669,6 +686,7 @@ class GradScaler(torch.amp.GradScaler):
                 )
         self._diagnostics("add_step_listener").add_listener(listener)
 
+    @_takes(module="mixprec.amp")
     def last_overflow(self) -> list[Overflow]:
         """The parameters whose gradients had an inf or NaN in the latest
         unscale pass (this iteration's if it has been unscaled, else the
@@ -678,11 +696,13 @@ class GradScaler(torch.amp.GradScaler):
         Empty when nothing overflowed. Synchronises once."""
         return self._diagnostics("last_overflow").last_overflow()
 
+    @_takes(module="mixprec.amp")
     def last_grad_norms(self) -> dict[str, float]:
         """Every parameter's unscaled gradient L2 norm from the latest
         unscale pass, by name (see ``last_overflow``). Synchronises once."""
         return self._diagnostics("last_grad_norms").last_grad_norms()
 
+    @_takes(module="mixprec.amp")
     def health(self) -> TrainingHealth:
         """The record of every ``update()`` so far: the scale each step ran
         with, whether it was skipped, the global gradient norm (unscaled,
@@ -697,6 +717,7 @@ class GradScaler(torch.amp.GradScaler):
             return self._init_hysteresis_tracker
         return int(self._hysteresis_tracker.item())
 
+    @_takes(module="mixprec.amp")
     def state_dict(self) -> dict[str, Any]:
         """torch's keys (scale, growth_factor, backoff_factor, growth_interval,
         _growth_tracker) plus mixprec's (hysteresis, min_scale, max_scale,
@@ -719,7 +740,13 @@ class GradScaler(torch.amp.GradScaler):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads a state dict of this class or of ``torch.amp.GradScaler``
-        (mixprec's extra keys then keep their current values)."""
+        (mixprec's extra keys then keep their current values). Everything
+        is checked first (the keys torch's dict has, each value's kind and
+        range, as the constructor checks them): a refused dict changes
+        nothing."""
+        w = f"{_WHERE}.load_state_dict"
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"{w}: state_dict must be a dict (from state_dict()), got {type(state_dict).__name__}")
         if not self._enabled:
             return
         if len(state_dict) == 0:
@@ -727,12 +754,44 @@ class GradScaler(torch.amp.GradScaler):
                 "The source state dict is empty, possibly because it was saved "
                 "from a disabled instance of GradScaler."
             )
-        super().load_state_dict(state_dict)
-        self._hysteresis = int(state_dict.get("hysteresis", self._hysteresis))
-        self._min_scale = float(state_dict.get("min_scale", self._min_scale))
-        self._max_scale = float(state_dict.get("max_scale", self._max_scale))
-        self._init_hysteresis_tracker = int(state_dict.get("_hysteresis_tracker", self._hysteresis))
-        self._init_skipped_steps = int(state_dict.get("_skipped_steps", self._init_skipped_steps))
+        missing = [k for k in ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+                   if k not in state_dict]
+        if missing:
+            raise ValueError(f"{w}: state_dict lacks {', '.join(map(repr, missing))} (not a GradScaler's state_dict)")
+
+        def get(key, convert, default, **bounds):
+            return convert(w, f"state_dict[{key!r}]", state_dict[key], **bounds) if key in state_dict else default
+
+        scale = get("scale", as_float, None, above=0.0)
+        growth_factor = get("growth_factor", as_float, None, above=1.0)
+        backoff_factor = get("backoff_factor", as_float, None, above=0.0)
+        if not backoff_factor < 1.0:
+            raise ValueError(f"{w}: state_dict['backoff_factor'] must be < 1.0, got {backoff_factor!r}")
+        growth_interval = get("growth_interval", as_int, None, low=1, high=_INT32_MAX)
+        growth_tracker = get("_growth_tracker", as_int, None, low=0, high=_INT32_MAX)
+        hysteresis = get("hysteresis", as_int, self._hysteresis, low=1, high=_INT32_MAX)
+        min_scale = get("min_scale", as_float, self._min_scale, low=0.0)
+        max_scale = get("max_scale", as_float, self._max_scale, finite=False)
+        if not min_scale <= max_scale:
+            raise ValueError(f"{w}: need 0 <= state_dict['min_scale'] <= state_dict['max_scale'], got "
+                             f"{min_scale}, {max_scale}")
+        hysteresis_tracker = get("_hysteresis_tracker", as_int, hysteresis, low=0, high=_INT32_MAX)
+        skipped = get("_skipped_steps", as_int, self._init_skipped_steps, low=0, high=2**63 - 1)
+        # Then applied, as torch's load_state_dict and the extra keys.
+        self._init_scale = scale
+        self._growth_factor = growth_factor
+        self._backoff_factor = backoff_factor
+        self._growth_interval = growth_interval
+        self._init_growth_tracker = growth_tracker
+        self._hysteresis = hysteresis
+        self._min_scale = min_scale
+        self._max_scale = max_scale
+        self._init_hysteresis_tracker = hysteresis_tracker
+        self._init_skipped_steps = skipped
+        if self._scale is not None:
+            self._scale.fill_(scale)
+        if self._growth_tracker is not None:
+            self._growth_tracker.fill_(growth_tracker)
         if self._hysteresis_tracker is not None:
             self._hysteresis_tracker.fill_(self._init_hysteresis_tracker)
         if self._skipped_steps is not None:

@@ -93,7 +93,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from . import _overflow
-from ._args import as_int
+from ._args import _takes, as_int
 from ._library import FLOAT_DTYPES as _FLOAT
 
 __all__ = ["ForwardGuard", "OverflowReport", "FallbackEvent"]
@@ -407,6 +407,7 @@ class ForwardGuard:
 
         return hook
 
+    @_takes(module="mixprec.guard")
     def remove(self) -> None:
         """Removes the hooks (fallbacks stay)."""
         for h in self._handles:
@@ -441,6 +442,7 @@ class ForwardGuard:
     def on_scaler_step(self, found_inf: torch.Tensor) -> None:  # the GradScaler hook (_amp_health)
         self.step(found_inf=found_inf)
 
+    @_takes(module="mixprec.guard")
     def health_summary(self) -> str | None:  # for GradScaler.health()
         if not self._reports and not self.events:
             return None
@@ -561,10 +563,12 @@ class ForwardGuard:
         return report
 
     # ---- reading ----------------------------------------------------------------------
+    @_takes(module="mixprec.guard")
     def report(self) -> OverflowReport | None:
         """The latest skipped step's report (None if no step overflowed)."""
         return self._last
 
+    @_takes(module="mixprec.guard")
     def reports(self) -> list[OverflowReport]:
         return list(self._reports)
 
@@ -669,6 +673,7 @@ class ForwardGuard:
                     m._buffers[k] = b.to(dtype)
 
     # ---- checkpoints --------------------------------------------------------------------
+    @_takes(module="mixprec.guard")
     def state_dict(self) -> dict[str, Any]:
         """The fallback set (name -> dtype name), the overflow counts by name,
         the events and the step count: plain Python values."""

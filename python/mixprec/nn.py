@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from . import _cross_entropy, _softmax
+from ._args import as_int, check_tensor
 
 __all__ = ["CrossEntropyLoss", "SoftTargetCrossEntropy", "Softmax", "LogSoftmax"]
 
@@ -29,6 +30,7 @@ class CrossEntropyLoss(torch.nn.Module):
         reduction: str = "mean",
         label_smoothing: float = 0.0,
     ) -> None:
+        check_tensor("mixprec.nn.CrossEntropyLoss", "weight", weight, none=True)
         super().__init__()
         if reduction not in ("none", "mean", "sum"):
             raise ValueError(f"mixprec.nn.CrossEntropyLoss: invalid reduction {reduction!r}")
@@ -66,6 +68,8 @@ class SoftTargetCrossEntropy(torch.nn.Module):
 
 class _DimModule(torch.nn.Module):
     def __init__(self, dim: int) -> None:
+        # Checked here, not first at forward (far from the cause).
+        dim = as_int(f"mixprec.nn.{type(self).__name__}", "dim", dim)
         super().__init__()
         self.dim = dim
 

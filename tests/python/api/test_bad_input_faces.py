@@ -603,3 +603,268 @@ def test_guard_on_scaler_step(bad, exc):
     snap = _guard_snapshot(guard, model)
     refused(lambda: guard.on_scaler_step(bad), exc, "mixprec.guard.ForwardGuard.", "found_inf")
     _assert_guard_unchanged(guard, model, snap)
+
+
+# ---- mixprec.amp.GradScaler: constructor, load_state_dict, no-argument methods ------------
+
+
+def _scaler_step(scaler, model, opt, found_inf=False):
+    loss = model(torch.randn(2, 3)).sum()
+    scaler.scale(loss * (INF if found_inf else 1.0)).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+
+
+def _stepped_scaler(**kw):
+    from mixprec.amp import GradScaler
+
+    model = _model()
+    opt = AdamW(model.parameters(), lr=1e-2)
+    scaler = GradScaler("cpu", init_scale=4.0, growth_interval=3, hysteresis=2, diagnostics=True, **kw)
+    for inf in (False, True, True, False):
+        _scaler_step(scaler, model, opt, inf)
+    return scaler, model, opt
+
+
+SCALER_CTOR_BAD = [
+    (dict(device=3), TypeError, "device"),
+    (dict(device=None), TypeError, "device"),
+    (dict(device="nowhere"), ValueError, "device"),
+    (dict(enabled="yes"), TypeError, "enabled"),
+    (dict(enabled=1), TypeError, "enabled"),
+    (dict(device="cuda", enabled="no"), TypeError, "enabled"),  # not read as True (nor warned about)
+    (dict(diagnostics="yes"), TypeError, "diagnostics"),
+    (dict(diagnostics=None), TypeError, "diagnostics"),
+    (dict(process_group="world"), TypeError, "process_group"),
+    (dict(process_group=3), TypeError, "process_group"),
+]
+
+
+def test_scaler_constructor_valid_calls():
+    from mixprec.amp import GradScaler
+
+    assert GradScaler("cpu", enabled=True, diagnostics=True).is_enabled()
+    assert GradScaler(torch.device("cpu")).is_enabled()
+    assert not GradScaler("cpu", enabled=False).is_enabled()
+    assert not GradScaler("cuda", enabled=False, process_group=None).is_enabled()
+
+
+@pytest.mark.parametrize("kw,exc,word", SCALER_CTOR_BAD, ids=[str(c[0]) for c in SCALER_CTOR_BAD])
+def test_scaler_constructor(kw, exc, word):
+    """device, enabled, diagnostics and process_group are checked first (a
+    str for a flag was read as its truth, device=3 kept as "3"), before
+    the no-CUDA warning."""
+    import warnings
+
+    from mixprec.amp import GradScaler
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        refused(lambda: GradScaler(**{"device": "cpu", **kw}), exc, "mixprec.amp.GradScaler: ", word)
+    assert not caught, [str(w.message) for w in caught]
+
+
+def _scaler_dict(**edit):
+    sd = {"scale": 8.0, "growth_factor": 4.0, "backoff_factor": 0.25, "growth_interval": 5, "_growth_tracker": 2,
+          "hysteresis": 3, "min_scale": 1.0, "max_scale": 1024.0, "_hysteresis_tracker": 2, "_skipped_steps": 7}
+    for k, v in edit.items():
+        if v is KeyError:
+            del sd[k]
+        else:
+            sd[k] = v
+    return sd
+
+
+SCALER_LOAD_BAD = [
+    (3, TypeError, "state_dict"),
+    ([("scale", 8.0)], TypeError, "state_dict"),
+    (_scaler_dict(scale="x"), TypeError, "state_dict['scale']"),
+    (_scaler_dict(scale=NAN), ValueError, "state_dict['scale']"),
+    (_scaler_dict(scale=-1.0), ValueError, "state_dict['scale']"),
+    (_scaler_dict(scale=0.0), ValueError, "state_dict['scale']"),
+    (_scaler_dict(scale=INF), ValueError, "state_dict['scale']"),
+    (_scaler_dict(scale=None), TypeError, "state_dict['scale']"),
+    (_scaler_dict(scale=KeyError), ValueError, "'scale'"),
+    (_scaler_dict(growth_factor=1.0), ValueError, "state_dict['growth_factor']"),
+    (_scaler_dict(growth_factor="2"), TypeError, "state_dict['growth_factor']"),
+    (_scaler_dict(backoff_factor=1.5), ValueError, "state_dict['backoff_factor']"),
+    (_scaler_dict(backoff_factor=0.0), ValueError, "state_dict['backoff_factor']"),
+    (_scaler_dict(growth_interval=2.5), TypeError, "state_dict['growth_interval']"),
+    (_scaler_dict(growth_interval=0), ValueError, "state_dict['growth_interval']"),
+    (_scaler_dict(_growth_tracker=-1), ValueError, "state_dict['_growth_tracker']"),
+    (_scaler_dict(_growth_tracker=2**40), ValueError, "state_dict['_growth_tracker']"),
+    (_scaler_dict(hysteresis=0), ValueError, "state_dict['hysteresis']"),
+    (_scaler_dict(hysteresis=True), TypeError, "state_dict['hysteresis']"),
+    (_scaler_dict(min_scale=-1.0), ValueError, "state_dict['min_scale']"),
+    (_scaler_dict(min_scale=4096.0), ValueError, "state_dict['min_scale']"),
+    (_scaler_dict(max_scale=NAN), ValueError, "state_dict['max_scale']"),
+    (_scaler_dict(_hysteresis_tracker="1"), TypeError, "state_dict['_hysteresis_tracker']"),
+    # the last key bad: nothing before it is applied either
+    (_scaler_dict(_skipped_steps=-1), ValueError, "state_dict['_skipped_steps']"),
+    (_scaler_dict(_skipped_steps=1.5), TypeError, "state_dict['_skipped_steps']"),
+]
+
+
+def test_scaler_load_state_dict_valid_calls():
+    from mixprec.amp import GradScaler
+
+    scaler, model, opt = _stepped_scaler()
+    scaler.load_state_dict(_scaler_dict())
+    assert scaler.state_dict() == _scaler_dict()
+    scaler.load_state_dict(_scaler_dict(scale=torch.tensor(16.0), hysteresis=KeyError, min_scale=KeyError,
+                                        max_scale=KeyError, _hysteresis_tracker=KeyError, _skipped_steps=KeyError))
+    assert scaler.state_dict() == _scaler_dict(scale=16.0, _hysteresis_tracker=3)  # reset to hysteresis when absent
+    theirs = torch.amp.GradScaler("cpu", init_scale=32.0, growth_interval=9)
+    scaler.load_state_dict(theirs.state_dict())
+    assert scaler.state_dict() == _scaler_dict(scale=32.0, growth_factor=2.0, backoff_factor=0.5,
+                                               growth_interval=9, _growth_tracker=0, _hysteresis_tracker=3)
+    _scaler_step(scaler, model, opt)
+    GradScaler("cpu", enabled=False).load_state_dict({})  # a disabled scaler loads nothing, as torch's
+
+
+@pytest.mark.parametrize("case", range(len(SCALER_LOAD_BAD)))
+def test_scaler_load_state_dict(case):
+    """Everything is checked before anything is applied: a refused dict
+    leaves state_dict() as it was (torch's part was applied first, and
+    fill_ of a str scale was torch's error; a NaN or negative scale was
+    taken)."""
+    bad, exc, word = SCALER_LOAD_BAD[case]
+    scaler, model, opt = _stepped_scaler()
+    state = copy.deepcopy(scaler.state_dict())
+    given = copy.deepcopy(bad)
+    refused(lambda: scaler.load_state_dict(bad), exc, "mixprec.amp.GradScaler.load_state_dict: ", word)
+    assert same(bad, given)
+    assert scaler.state_dict() == state
+    _scaler_step(scaler, model, opt)  # still steps
+
+
+@pytest.mark.parametrize("method", ["get_skipped_steps", "last_overflow", "last_grad_norms", "health", "state_dict"])
+def test_scaler_no_argument_methods(method):
+    scaler, model, opt = _stepped_scaler()
+    state = copy.deepcopy(scaler.state_dict())
+    where = f"mixprec.amp.GradScaler.{method}: "
+    refused(lambda: getattr(scaler, method)(1), TypeError, where + "takes no arguments, got 1 (int)")
+    refused(lambda: getattr(scaler, method)(keep_vars=True), TypeError, where + "takes no arguments, got 1",
+            "keep_vars=")
+    assert scaler.state_dict() == state
+    getattr(scaler, method)()
+
+
+@pytest.mark.parametrize("method", ["remove", "report", "reports", "health_summary", "state_dict"])
+def test_guard_no_argument_methods(method):
+    model = _model()
+    guard = ForwardGuard(model, fallback=True)
+    model(torch.randn(2, 3))
+    snap = _guard_snapshot(guard, model)
+    where = f"mixprec.guard.ForwardGuard.{method}: "
+    refused(lambda: getattr(guard, method)(1), TypeError, where + "takes no arguments, got 1 (int)")
+    refused(lambda: getattr(guard, method)(full=True), TypeError, where + "takes no arguments, got 1", "full=")
+    _assert_guard_unchanged(guard, model, snap)  # the hooks were not removed
+
+
+@pytest.mark.parametrize("cls", [AdamW, SGD])
+def test_optimizer_state_dict_takes_no_arguments(cls):
+    params, opt = _stepped(cls)
+    snap = _optimizer_snapshot(opt, params)
+    where = f"mixprec.optim.{cls.__name__}.state_dict: "
+    refused(lambda: opt.state_dict(1), TypeError, where + "takes no arguments, got 1 (int)")
+    refused(lambda: opt.state_dict(keep_vars=True), TypeError, where + "takes no arguments, got 1", "keep_vars=")
+    _assert_optimizer_unchanged(opt, params, snap)
+
+
+def test_memory_report_per_param_takes_no_arguments():
+    params, opt = _stepped(AdamW)
+    report = opt.memory_report()
+    refused(lambda: report.per_param(1), TypeError, "mixprec.optim.MemoryReport.per_param: takes no arguments, got 1")
+    assert report.per_param()["total"] > 0
+
+
+def test_patch_torchvision_takes_no_arguments():
+    import sys
+
+    from mixprec import ops
+
+    loaded = "torchvision" in sys.modules
+    refused(lambda: ops.patch_torchvision(True), TypeError,
+            "mixprec.ops.patch_torchvision: takes no arguments, got 1 (bool)")
+    assert ("torchvision" in sys.modules) == loaded  # nothing imported, nothing patched
+
+
+# ---- mixprec.ops and mixprec.nn: non-tensors and flags ---------------------------------------
+
+
+def _ops_cases():
+    from mixprec import ops
+
+    x, t = torch.randn(4, 5).half(), torch.tensor([0, 1, 2, 3])
+    boxes = torch.rand(1, 8, 4)
+    boxes[..., 2:] += boxes[..., :2]
+    scores = torch.rand(1, 8, 3)
+    return [
+        ("softmax", lambda: ops.softmax(3, 1), TypeError, "x"),
+        ("log_softmax", lambda: ops.log_softmax([1.0, 2.0], 0), TypeError, "x"),
+        ("cross_entropy", lambda: ops.cross_entropy(3, t), TypeError, "input"),
+        ("cross_entropy", lambda: ops.cross_entropy(x, [0, 1, 2, 3]), TypeError, "target"),
+        ("cross_entropy", lambda: ops.cross_entropy(x, t, weight="w"), TypeError, "weight"),
+        ("cross_entropy", lambda: ops.cross_entropy(x, t, reduction=["mean"]), TypeError, "reduction"),
+        ("unscale_", lambda: ops.unscale_(3, torch.zeros(1), torch.ones(1)), TypeError, "grads"),
+        ("grad_norm", lambda: ops.grad_norm(None, torch.zeros(1), torch.ones(1)), TypeError, "grads"),
+        ("efficient_nms", lambda: ops.efficient_nms(boxes, scores, class_agnostic="y"), TypeError, "class_agnostic"),
+        ("efficient_nms", lambda: ops.efficient_nms(boxes, scores, class_agnostic=1), TypeError, "class_agnostic"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(10))
+def test_ops_non_tensors_and_flags(case):
+    """A number for a tensor was an AttributeError or "'int' object is not
+    iterable"; a str for a flag was read as True."""
+    name, call, exc, word = _ops_cases()[case]
+    refused(call, exc, f"mixprec.ops.{name}: ", word)
+
+
+@pytest.mark.parametrize("bad", ["y", 1, None])
+def test_ops_unscale_return_norm(bad):
+    from mixprec import ops
+
+    grads = [torch.full((3,), 4.0), torch.full((2,), 8.0).bfloat16()]
+    found_inf, inv = torch.zeros(1), torch.full((1,), 0.5)
+    refused(lambda: ops.unscale_(grads, found_inf, inv, return_norm=bad), TypeError, "mixprec.ops.unscale_: ",
+            "return_norm")
+    assert same(grads, [torch.full((3,), 4.0), torch.full((2,), 8.0).bfloat16()])  # not unscaled
+    assert found_inf.item() == 0.0
+    _per, total = ops.unscale_(grads, found_inf, inv, return_norm=True)
+    assert torch.isfinite(total)
+
+
+NN_BAD = [
+    ("Softmax", dict(dim="1"), TypeError, "dim"),
+    ("Softmax", dict(dim=1.5), TypeError, "dim"),
+    ("Softmax", dict(dim=None), TypeError, "dim"),
+    ("LogSoftmax", dict(dim="1"), TypeError, "dim"),
+    ("CrossEntropyLoss", dict(weight="w"), TypeError, "weight"),
+    ("CrossEntropyLoss", dict(weight=[1.0, 2.0]), TypeError, "weight"),
+]
+
+
+@pytest.mark.parametrize("cls,kw,exc,word", NN_BAD, ids=[f"{c[0]}-{c[1]}" for c in NN_BAD])
+def test_nn_constructors(cls, kw, exc, word):
+    """Softmax(dim) is checked when built (it was refused only at forward);
+    a non-tensor weight was torch's register_buffer error."""
+    import mixprec.nn as mnn
+
+    refused(lambda: getattr(mnn, cls)(**kw), exc, f"mixprec.nn.{cls}: ", word)
+    assert mnn.Softmax(1)(torch.randn(2, 3)).shape == (2, 3)
+    assert mnn.CrossEntropyLoss(weight=torch.ones(3))(torch.randn(2, 3), torch.tensor([0, 2])).isfinite()
+
+
+@pytest.mark.parametrize("direction,exc", [("up", ValueError), ("Higher", ValueError), (None, TypeError),
+                                           (1, TypeError)])
+def test_metric_diff_direction(direction, exc):
+    """An unknown direction was accepted and a KeyError in target_text()."""
+    from mixprec.parity import MetricDiff
+
+    refused(lambda: MetricDiff("acc", [0.5], [0.5], 0.1, direction=direction), exc, "mixprec.parity.MetricDiff: ",
+            "direction")
+    for d in ("both", "higher", "lower"):
+        assert MetricDiff("acc", [0.5], [0.4], 0.2, direction=d).target_text().endswith(": met")
