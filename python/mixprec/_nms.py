@@ -231,6 +231,7 @@ class TorchvisionPatch:
         self._saved = saved
         self._module_names = tuple(module_names)
 
+    @_takes(module="mixprec.ops")
     def undo(self) -> None:
         for (mod, name), fn in self._saved.items():
             setattr(mod, name, fn)

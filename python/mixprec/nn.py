@@ -60,6 +60,8 @@ class SoftTargetCrossEntropy(torch.nn.Module):
     float32, computed from the half logits without an FP32 copy."""
 
     def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        check_tensor("mixprec.nn.SoftTargetCrossEntropy", "x", x)
+        check_tensor("mixprec.nn.SoftTargetCrossEntropy", "target", target)
         if x.dim() > 2:
             # (N, ..., C) -> (N, C, ...): a view; made contiguous in its own dtype.
             x, target = x.movedim(-1, 1), target.movedim(-1, 1)

@@ -791,6 +791,28 @@ def test_patch_torchvision_takes_no_arguments():
     assert ("torchvision" in sys.modules) == loaded  # nothing imported, nothing patched
 
 
+def test_torchvision_patch_undo_takes_no_arguments():
+    from mixprec import ops
+    from mixprec._nms import TorchvisionPatch
+
+    holder, original = type("Holder", (), {})(), print
+    patch = TorchvisionPatch({(holder, "f"): original})
+    refused(lambda: patch.undo(True), TypeError, "mixprec.ops.TorchvisionPatch.undo: takes no arguments, got 1 (bool)")
+    assert patch._saved and not hasattr(holder, "f")  # nothing restored
+    patch.undo()
+    assert holder.f is original and patch._saved == {}
+    assert ops.patch_torchvision is not None
+
+
+@pytest.mark.parametrize("args", [(3, torch.randn(2, 3)), (torch.randn(2, 3), "t"), (None, None)])
+def test_soft_target_cross_entropy_refuses_non_tensors(args):
+    from mixprec import nn as mnn
+
+    name = "x" if not isinstance(args[0], torch.Tensor) else "target"
+    refused(lambda: mnn.SoftTargetCrossEntropy()(*args), TypeError,
+            f"mixprec.nn.SoftTargetCrossEntropy: {name} must be a tensor")
+
+
 # ---- mixprec.ops and mixprec.nn: non-tensors and flags ---------------------------------------
 
 
