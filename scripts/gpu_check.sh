@@ -45,6 +45,10 @@ HAVE_CTEST=0
 [ -x build-gpu/mixprec_c_tests ] && HAVE_CTEST=1
 [ $HAVE_CTEST = 1 ] && step ctest_cuda 120 ./build-gpu/mixprec_c_tests --gtest_filter='*Cuda*:*CUDA*'
 step pytest_cuda 150 "$PY" -m pytest tests/python -q -p no:cacheprovider -m cuda
+# Activation memory (the first priority): a ResNet-50 step's peak and time with
+# 8-bit / 4-bit activations and checkpointing against amp-bf16, pack / unpack
+# against the copy bandwidth (bench/bench_memory_device.py; no torchvision needed).
+step bench_memory 120 "$PY" bench/bench_memory_device.py --device cuda --reps 5 --out "$OUT/bench_memory_cuda.md"
 step bench_unscale 60 "$PY" bench/bench_unscale.py --device cuda --out "$OUT/bench_unscale_cuda.md"
 step bench_optim 90 "$PY" bench/bench_optim.py --device cuda --no-phased --out "$OUT/bench_optim_cuda.md"
 step bench_nms 60 "$PY" bench/bench_nms.py --device cuda --out "$OUT/bench_nms_cuda.md"
