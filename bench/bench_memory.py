@@ -785,25 +785,6 @@ def section_grad(args) -> list[str]:
 
 # ---- 5. torch.compile's activation_memory_budget, side by side ----------------------
 
-def _compiled_saved_bytes(loss, params) -> int:
-    """Bytes of the distinct storages the autograd graph of ``loss`` saved in
-    torch.compile's compiled functions (parameters excluded)."""
-    total, seen, todo, visited = 0, set(params), [loss.grad_fn], set()
-    while todo:
-        node = todo.pop()
-        if node is None or node in visited:
-            continue
-        visited.add(node)
-        if "CompiledFunction" in type(node).__name__:
-            for t in node.saved_tensors:
-                k = t.untyped_storage().data_ptr()
-                if k not in seen:
-                    seen.add(k)
-                    total += t.untyped_storage().nbytes()
-        todo.extend(n for n, _ in node.next_functions)
-    return total
-
-
 def _saved_bytes(model, x, y, *, bits=None, autocast=False, compiled=False) -> int:
     """Bytes of the distinct storages saved for backward in one step (what
     the packed forms hold, for mixprec), parameters excluded: under
@@ -826,7 +807,7 @@ def _saved_bytes(model, x, y, *, bits=None, autocast=False, compiled=False) -> i
         ctx = mm.compressed_activations(bits=bits) if bits else contextlib.nullcontext()
         with ac, ctx:
             loss = F.cross_entropy(model(x).float(), y)
-        held = _compiled_saved_bytes(loss, params)
+        held = mm._compiled.compiled_saved_bytes(loss, params)
     elif bits:
         ca = mm.compressed_activations(bits=bits)
         with ac, ca:

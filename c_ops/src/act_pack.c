@@ -253,6 +253,23 @@ MIXPREC__FORCE_INLINE uint8_t pool_code_search(int64_t v, int64_t h0, int64_t w0
   return 255;
 }
 
+/* The code of max-pool index v in the undilated window at (h0, w0): the
+ * row h = v / W by a float estimate corrected by one step each way (exact:
+ * |v| < 2^53 here or the element is refused anyway), then two range
+ * checks; no branch on the data, so no mispredictions on which window row
+ * holds the maximum. (A valid code is < kH * kW <= 255, so 255 is "not in
+ * the window" only.) */
+MIXPREC__FORCE_INLINE uint8_t pool_code_undilated(int64_t v, int64_t h0, int64_t w0, int64_t W,
+                                                  int64_t kH, int64_t kW, double inv_w) {
+  int64_t h = (int64_t)((double)v * inv_w);
+  h -= h * W > v;
+  h += (h + 1) * W <= v;
+  const int64_t dh = h - h0, dw = v - h * W - w0;
+  const int ok = (v >= 0) & (v < ((int64_t)1 << 52)) & ((uint64_t)dh < (uint64_t)kH) &
+                 ((uint64_t)dw < (uint64_t)kW);
+  return ok ? (uint8_t)(dh * kW + dw) : 255;
+}
+
 /* mixprec_act_pool_encode / _decode's arguments (idx and codes: one read,
  * the other written). */
 typedef struct {
@@ -281,10 +298,6 @@ static int64_t pool_encode_range(const void *ctx, int64_t e0, int64_t e1) {
     pool_pos_next(&p, HO, WO, s_ho, s_wo);                                                   \
   }
   if (geom[7] == 1 && geom[8] == 1) {
-    /* Undilated: the row h = v / W by a float estimate corrected by one step
-     * each way (exact: |v| < 2^53 here or the element is refused anyway),
-     * then two range checks; no branch on the data, so no mispredictions
-     * on which window row holds the maximum. */
     const int64_t W = geom[0], kH = geom[1], kW = geom[2];
     const double inv_w = 1.0 / (double)W;
     if (s_wo == 1 && s_ho == WO) {
@@ -294,34 +307,19 @@ static int64_t pool_encode_range(const void *ctx, int64_t e0, int64_t e1) {
       for (int64_t i = e0; i < e1;) {
         const int64_t wo0 = i % WO, h0 = (i / WO) % HO * sH - pH;
         const int64_t len = WO - wo0 < e1 - i ? WO - wo0 : e1 - i;
-        const int64_t *v_row = idx + i;
-        uint8_t *c_row = codes + i;
         for (int64_t k = 0; k < len; k++) {
-          const int64_t v = v_row[k];
-          int64_t h = (int64_t)((double)v * inv_w);
-          h -= h * W > v;
-          h += (h + 1) * W <= v;
-          const int64_t dh = h - h0, dw = v - h * W - ((wo0 + k) * sW - pW);
-          const int ok = (v >= 0) & (v < ((int64_t)1 << 52)) & ((uint64_t)dh < (uint64_t)kH) &
-                         ((uint64_t)dw < (uint64_t)kW);
-          c_row[k] = ok ? (uint8_t)(dh * kW + dw) : 255;
-          bad += !ok;
+          const uint8_t c = pool_code_undilated(idx[i + k], h0, (wo0 + k) * sW - pW, W, kH, kW, inv_w);
+          codes[i + k] = c;
+          bad += c == 255;
         }
         i += len;
       }
       return bad;
     }
     for (int64_t i = e0; i < e1; i++) {
-      const int64_t v = idx[i];
-      int64_t h = (int64_t)((double)v * inv_w);
-      h -= h * W > v;
-      h += (h + 1) * W <= v;
-      const int64_t dh = h - (p.ho * sH - pH), dw = v - h * W - (p.wo * sW - pW);
-      const int ok = (v >= 0) & (v < ((int64_t)1 << 52)) & ((uint64_t)dh < (uint64_t)kH) &
-                     ((uint64_t)dw < (uint64_t)kW);
-      const uint8_t c = ok ? (uint8_t)(dh * kW + dw) : 255;
+      const uint8_t c = pool_code_undilated(idx[i], p.ho * sH - pH, p.wo * sW - pW, W, kH, kW, inv_w);
       codes[i] = c;
-      bad += !ok;
+      bad += c == 255;
       pool_pos_next(&p, HO, WO, s_ho, s_wo);
     }
   } else if (geom[8] == 1) { /* the loop without a division by dW */

@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["as_int", "as_float", "as_real", "as_bool", "check_tensor", "_takes"]
+__all__ = ["as_int", "as_float", "as_real", "as_bool", "as_name", "as_choice", "as_low_dtype", "as_list_of",
+           "check_tensor", "check_module", "_takes"]
 
 
 def _number(where: str, name: str, v, kind: str) -> float | int:
@@ -96,6 +97,64 @@ def as_bool(where: str, name: str, v) -> bool:
     if isinstance(v, bool):
         return v
     raise TypeError(f"{where}: {name} must be a bool, got {type(v).__name__} {v!r}")
+
+
+def as_name(where: str, name: str, v) -> str:
+    """``v`` if it is a non-empty str (a recipe's name): TypeError for
+    another kind, ValueError for ''."""
+    if not isinstance(v, str):
+        raise TypeError(f"{where}: {name} must be a non-empty str, got {type(v).__name__} {v!r}")
+    if not v:
+        raise ValueError(f"{where}: {name} must be a non-empty str, got ''")
+    return v
+
+
+def as_choice(where: str, name: str, v, choices: tuple[int, ...]) -> int | None:
+    """None, or ``v`` as an int (``as_int``) that is one of ``choices``
+    (code widths: "bits must be None, 8 or 4")."""
+    if v is None:
+        return None
+    n = as_int(where, name, v)
+    if n not in choices:
+        allowed = ", ".join(map(str, (None,) + choices[:-1])) + f" or {choices[-1]}"
+        raise ValueError(f"{where}: {name} must be {allowed}, got {v!r}")
+    return n
+
+
+def as_low_dtype(where: str, name: str, v) -> torch.dtype | None:
+    """None (FP32), torch.bfloat16 or torch.float16: a recipe's autocast /
+    low dtype. TypeError for a non-dtype (a str such as 'bf16'),
+    ValueError for another dtype."""
+    if v is not None and not isinstance(v, torch.dtype):
+        raise TypeError(f"{where}: {name} must be None (FP32) or a torch.dtype, got {type(v).__name__} {v!r}")
+    if v not in (None, torch.bfloat16, torch.float16):
+        raise ValueError(f"{where}: {name} must be None (FP32), torch.bfloat16 or torch.float16, got {v!r}")
+    return v
+
+
+def as_list_of(where: str, name: str, v, cls, what: str, *, empty: bool = False) -> list:
+    """``v`` (an iterable of ``cls``: not a str, not one ``cls``) as a list,
+    each entry checked (``name[i]`` named); with ``empty=False`` at least one."""
+    from collections.abc import Iterable
+
+    def shown(x) -> str:  # (no tensor's repr in a message: it can be huge)
+        return type(x).__name__ + ("" if isinstance(x, torch.Tensor) else f" {x!r}")
+
+    if isinstance(v, (str, bytes, cls)) or not isinstance(v, Iterable):
+        raise TypeError(f"{where}: {name} must be a sequence of {what}, got {shown(v)}")
+    items = list(v)
+    for i, x in enumerate(items):
+        if not isinstance(x, cls):
+            raise TypeError(f"{where}: {name}[{i}] must be a {what}, got {shown(x)}")
+    if not items and not empty:
+        raise ValueError(f"{where}: {name} must hold at least one {what}, got none")
+    return items
+
+
+def check_module(where: str, name: str, v) -> None:
+    """TypeError unless ``v`` is an ``nn.Module`` (a model argument)."""
+    if not isinstance(v, torch.nn.Module):
+        raise TypeError(f"{where}: {name} must be a torch.nn.Module, got {type(v).__name__}")
 
 
 def check_tensor(where: str, name: str, v, *, none: bool = False) -> None:

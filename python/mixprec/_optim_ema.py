@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ._optim_lean import _takes
+from ._args import _takes, check_module
 
 __all__ = ["ema_model"]
 
@@ -115,8 +115,7 @@ def ema_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     optimizes none of ``model``'s parameters (another model: a plain copy
     would pass for the EMA). A model the optimizer trains only part of (a
     frozen backbone) is fine: the rest is copied as it is."""
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"mixprec.optim.ema_model: model must be a torch.nn.Module, got {type(model).__name__}")
+    check_module("mixprec.optim.ema_model", "model", model)
     if not isinstance(optimizer, _WeightsEma):
         raise TypeError(
             f"mixprec.optim.ema_model: optimizer must be mixprec.optim.AdamW or SGD, got {type(optimizer).__name__}"

@@ -19,7 +19,7 @@ import operator
 import torch
 
 from ._distributed import local
-from ._optim_lean import _takes
+from ._args import _takes
 
 _VERSION = operator.attrgetter("_version")
 

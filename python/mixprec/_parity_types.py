@@ -12,7 +12,7 @@ from typing import Any, Union
 
 import torch
 
-from ._args import as_float, as_int
+from ._args import as_bool, as_choice, as_float, as_int, as_low_dtype, as_name
 
 _W = "mixprec.parity.parity"  # the callable errors name (parity's arguments)
 _W_PARSE = "mixprec.parity.Recipe.parse"
@@ -78,23 +78,11 @@ def _checked_fields(r: Recipe, where: str, at: str) -> dict[str, Any]:
     ``parity``'s of a recipe built past it): errors name ``where`` and the
     field as ``<at><field>``; returns ``act_bits``, ``batch_multiplier``
     and ``lr_scale`` converted (``8.0`` -> ``8``, a tensor -> a float)."""
-    if not isinstance(r.name, str):
-        raise TypeError(f"{where}: {at}name must be a non-empty str, got {type(r.name).__name__} {r.name!r}")
-    if not r.name:
-        raise ValueError(f"{where}: {at}name must be a non-empty str, got ''")
-    if r.dtype is not None and not isinstance(r.dtype, torch.dtype):
-        raise TypeError(f"{where}: {at}dtype must be None (FP32) or a torch.dtype, got "
-                        f"{type(r.dtype).__name__} {r.dtype!r}")
-    if r.dtype not in (None, torch.float16, torch.bfloat16):
-        raise ValueError(f"{where}: {at}dtype must be None (FP32), torch.float16 or torch.bfloat16, got {r.dtype!r}")
-    if not isinstance(r.params_cast, bool):
-        raise TypeError(f"{where}: {at}params_cast must be a bool, got {type(r.params_cast).__name__} "
-                        f"{r.params_cast!r}")
-    if r.params_cast and r.dtype is None:
+    as_name(where, f"{at}name", r.name)
+    as_low_dtype(where, f"{at}dtype", r.dtype)
+    if as_bool(where, f"{at}params_cast", r.params_cast) and r.dtype is None:
         raise ValueError(f"{where}: {at}params_cast=True needs a dtype (the parameters' low dtype)")
-    bits = None if r.act_bits is None else as_int(where, f"{at}act_bits", r.act_bits)
-    if bits not in (None, 8, 4):
-        raise ValueError(f"{where}: {at}act_bits must be None, 8 or 4, got {r.act_bits!r}")
+    bits = as_choice(where, f"{at}act_bits", r.act_bits, (8, 4))
     k = as_int(where, f"{at}batch_multiplier", r.batch_multiplier, low=1)
     rule = None if r.lr_scale is None else _lr_rule(where, f"{at}lr_scale", r.lr_scale)
     return {"act_bits": bits, "batch_multiplier": k, "lr_scale": rule}

@@ -93,7 +93,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from . import _overflow
-from ._args import _takes, as_int
+from ._args import _takes, as_bool, as_int, check_module
 from ._library import FLOAT_DTYPES as _FLOAT
 
 __all__ = ["ForwardGuard", "OverflowReport", "FallbackEvent"]
@@ -272,12 +272,10 @@ class ForwardGuard:
         process_group=None,
     ) -> None:
         w = "mixprec.guard.ForwardGuard"
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"{w}: model must be a torch.nn.Module, got {type(model).__name__}")
+        check_module(w, "model", model)
         after = as_int(w, "after", after, low=1)
-        for name, flag in (("fallback", fallback), ("backward", backward)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{w}: {name} must be a bool, got {type(flag).__name__} {flag!r}")
+        as_bool(w, "fallback", fallback)
+        as_bool(w, "backward", backward)
         if move_params is not None and not isinstance(move_params, bool):
             raise TypeError(f"{w}: move_params must be a bool or None, got {type(move_params).__name__} {move_params!r}")
         if not isinstance(fallback_dtype, torch.dtype):

@@ -242,6 +242,28 @@ def _compiled_unpack(p):
     return flat.view([shape[d] for d in order]).permute(inverse)
 
 
+def compiled_saved_bytes(loss: torch.Tensor, exclude=()) -> int:
+    """Bytes of the distinct storages that torch.compile's compiled
+    functions in ``loss``'s autograd graph saved for backward (their packed
+    forms when a block was on), storages whose ``data_ptr`` is in
+    ``exclude`` (parameters) left out. For tests and benchmarks: no Python
+    hook runs for a compiled region, so the block's ``stats`` do not see it."""
+    total, seen, todo, visited = 0, set(exclude), [loss.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in visited:
+            continue
+        visited.add(node)
+        if "CompiledFunction" in type(node).__name__:
+            for t in node.saved_tensors:
+                key = t.untyped_storage().data_ptr()
+                if key not in seen:
+                    seen.add(key)
+                    total += t.untyped_storage().nbytes()
+        todo.extend(n for n, _ in node.next_functions)
+    return total
+
+
 # ---- the hook modules -------------------------------------------------------
 
 

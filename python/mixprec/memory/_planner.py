@@ -19,14 +19,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-from collections.abc import Iterable
 from typing import Callable, Sequence
 
 import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from .._args import as_float, as_int
+from .._args import as_bool, as_choice, as_float, as_int, as_list_of, as_low_dtype, as_name, check_module
 from ._tracker import LiveTracker
 
 __all__ = ["Recipe", "RECIPES", "RecipeRow", "plan", "format_plan", "checkpoint_blocks"]
@@ -35,18 +34,6 @@ _W_RECIPE = "mixprec.memory.Recipe"
 _W_PLAN = "mixprec.memory.plan"
 _W_FORMAT = "mixprec.memory.format_plan"
 _W_CKPT = "mixprec.memory.checkpoint_blocks"
-
-
-def _check_bool(where: str, name: str, v) -> bool:
-    if not isinstance(v, bool):
-        raise TypeError(f"{where}: {name} must be a bool, got {type(v).__name__} {v!r}")
-    return v
-
-
-def _check_module(where: str, name: str, v) -> nn.Module:
-    if not isinstance(v, nn.Module):
-        raise TypeError(f"{where}: {name} must be a torch.nn.Module, got {type(v).__name__} {v!r}")
-    return v
 
 
 def _check_callable(where: str, name: str, v):
@@ -85,28 +72,13 @@ class Recipe:
     def __post_init__(self):
         # checked when built (TypeError / ValueError naming the field); integral floats converted (8.0 -> 8)
         w = _W_RECIPE
-        if not isinstance(self.name, str):
-            raise TypeError(f"{w}: name must be a non-empty str, got {type(self.name).__name__} {self.name!r}")
-        if not self.name:
-            raise ValueError(f"{w}: name must be a non-empty str, got ''")
-        if self.autocast is not None and not isinstance(self.autocast, torch.dtype):
-            raise TypeError(f"{w}: autocast must be None (FP32) or a torch.dtype, got "
-                            f"{type(self.autocast).__name__} {self.autocast!r}")
-        if self.autocast not in (None, torch.bfloat16, torch.float16):
-            raise ValueError(f"{w}: autocast must be None (FP32), torch.bfloat16 or torch.float16, "
-                             f"got {self.autocast!r}")
-        bits = None if self.bits is None else as_int(w, "bits", self.bits)
-        if bits not in (None, 8, 4):
-            raise ValueError(f"{w}: bits must be None, 8 or 4, got {self.bits!r}")
-        widths = {}
-        for key in ("norm_bits", "nonlinear_bits"):
-            v = getattr(self, key)
-            widths[key] = None if v is None else as_int(w, key, v)
-            if widths[key] not in (None, 4, 8, 16):
-                raise ValueError(f"{w}: {key} must be None, 4, 8 or 16, got {v!r}")
-        _check_bool(w, "checkpoint", self.checkpoint)
+        as_name(w, "name", self.name)
+        as_low_dtype(w, "autocast", self.autocast)
+        bits = as_choice(w, "bits", self.bits, (8, 4))
+        widths = {key: as_choice(w, key, getattr(self, key), (4, 8, 16)) for key in ("norm_bits", "nonlinear_bits")}
+        as_bool(w, "checkpoint", self.checkpoint)
         state_bytes = as_int(w, "state_bytes", self.state_bytes, low=0)
-        _check_bool(w, "vision_ops", self.vision_ops)
+        as_bool(w, "vision_ops", self.vision_ops)
         for key, value in dict(bits=bits, **widths, state_bytes=state_bytes).items():
             object.__setattr__(self, key, value)
 
@@ -141,7 +113,7 @@ def checkpoint_blocks(model: nn.Module) -> contextlib.AbstractContextManager:
     ``nn.Sequential`` modules through ``torch.utils.checkpoint``
     (non-reentrant) while active: ResNet's bottlenecks, ViT's encoder blocks,
     DeepLab's backbone blocks and head layers."""
-    _check_module(_W_CKPT, "model", model)
+    check_module(_W_CKPT, "model", model)
 
     @contextlib.contextmanager
     def wrap():
@@ -246,7 +218,7 @@ def plan(
     scalar to differentiate (default: the mean square of every floating
     output). Runs on the CPU; two batch sizes per recipe (``batches``)."""
     # Every argument is checked before anything runs (the model is not touched on a refusal).
-    _check_module(_W_PLAN, "model", model)
+    check_module(_W_PLAN, "model", model)
     shape = None
     if input_shape is not None:
         if isinstance(input_shape, (str, bytes)) or not isinstance(input_shape, Sequence):
@@ -261,15 +233,7 @@ def plan(
         raise ValueError(f"{_W_PLAN}: batches must be two increasing sizes >= 1, got {batches!r}")
     batch = as_int(_W_PLAN, "batch", batch, low=1)
     budget = _check_budget(_W_PLAN, budget)
-    if isinstance(recipes, (str, bytes, Recipe)) or not isinstance(recipes, Iterable):
-        raise TypeError(f"{_W_PLAN}: recipes must be a sequence of mixprec.memory.Recipe, "
-                        f"got {type(recipes).__name__} {recipes!r}")
-    recipes = list(recipes)
-    for i, r in enumerate(recipes):
-        if not isinstance(r, Recipe):
-            raise TypeError(f"{_W_PLAN}: recipes[{i}] must be a mixprec.memory.Recipe, got {type(r).__name__} {r!r}")
-    if not recipes:
-        raise ValueError(f"{_W_PLAN}: recipes must hold at least one Recipe, got an empty {type(recipes).__name__}")
+    recipes = as_list_of(_W_PLAN, "recipes", recipes, Recipe, "mixprec.memory.Recipe")
     _check_callable(_W_PLAN, "make_batch", make_batch)
     _check_callable(_W_PLAN, "loss_fn", loss_fn)
     if make_batch is None:
@@ -305,16 +269,7 @@ def plan(
 def format_plan(rows: Sequence[RecipeRow], budget: float | None = None) -> str:
     """``plan``'s rows as a Markdown table (``budget``, in bytes, is checked
     and not printed: the rows' largest batches are at plan's budget)."""
-    if isinstance(rows, (str, bytes, RecipeRow)) or not isinstance(rows, Iterable):
-        raise TypeError(f"{_W_FORMAT}: rows must be a sequence of RecipeRow (what mixprec.memory.plan returns), "
-                        f"got {type(rows).__name__} {rows!r}")
-    rows = list(rows)
-    for i, r in enumerate(rows):
-        if not isinstance(r, RecipeRow):
-            raise TypeError(f"{_W_FORMAT}: rows[{i}] must be a RecipeRow (from mixprec.memory.plan), "
-                            f"got {type(r).__name__} {r!r}")
-    if not rows:
-        raise ValueError(f"{_W_FORMAT}: rows must hold at least one RecipeRow, got none")
+    rows = as_list_of(_W_FORMAT, "rows", rows, RecipeRow, "RecipeRow (what mixprec.memory.plan returns)")
     _check_budget(_W_FORMAT, budget)
     mb = 1e6
     lines = [

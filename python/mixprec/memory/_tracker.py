@@ -14,11 +14,12 @@ would hold it.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from .._args import as_list_of
 
 __all__ = ["LiveTracker"]
 
@@ -47,15 +48,8 @@ class LiveTracker(TorchDispatchMode):
         (still alive now; e.g. the gradients backward made, which a planner
         counts elsewhere), at whatever point of the run it falls.
         ``tensors``: an iterable of tensors (a list; ``[]`` gives ``peak``)."""
-        where = "mixprec.memory.LiveTracker.peak_excluding"
-        if isinstance(tensors, (str, bytes, torch.Tensor)) or not isinstance(tensors, Iterable):
-            raise TypeError(f"{where}: tensors must be an iterable of tensors (e.g. a list), "
-                            f"got {type(tensors).__name__}" + ("" if isinstance(tensors, torch.Tensor) else
-                                                              f" {tensors!r}"))
-        tensors = list(tensors)
-        for i, t in enumerate(tensors):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{where}: tensors[{i}] must be a torch.Tensor, got {type(t).__name__} {t!r}")
+        tensors = as_list_of("mixprec.memory.LiveTracker.peak_excluding", "tensors", tensors, torch.Tensor,
+                             "torch.Tensor", empty=True)
         skip = set()
         for t in tensors:
             try:

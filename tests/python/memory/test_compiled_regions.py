@@ -38,24 +38,6 @@ class _Net(nn.Module):
         return self.fc(h.flatten(1))
 
 
-def _saved_bytes(loss) -> int:
-    """Bytes of the distinct storages the compiled function saved for backward."""
-    total, seen, todo, visited = 0, set(), [loss.grad_fn], set()
-    while todo:
-        node = todo.pop()
-        if node is None or node in visited:
-            continue
-        visited.add(node)
-        if "CompiledFunction" in type(node).__name__:
-            for t in node.saved_tensors:
-                key = t.untyped_storage().data_ptr()
-                if key not in seen:
-                    seen.add(key)
-                    total += t.untyped_storage().nbytes()
-        todo.extend(n for n, _ in node.next_functions)
-    return total
-
-
 def _step(model, x, y, ctx=None, autocast=torch.bfloat16):
     model.zero_grad(set_to_none=True)
     with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
@@ -64,7 +46,7 @@ def _step(model, x, y, ctx=None, autocast=torch.bfloat16):
         else:
             with ctx:
                 loss = F.cross_entropy(model(x).float(), y)
-    held = _saved_bytes(loss)
+    held = _compiled.compiled_saved_bytes(loss)
     loss.backward()
     return held, {n.removeprefix("_orig_mod."): p.grad.detach().double().clone() for n, p in model.named_parameters()}
 
